@@ -1,0 +1,96 @@
+"""Algorithm: owns the model, the optimizer and the device; turns batches into actions and costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from flare2.core.model import Model
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Experience:
+    """A batch of B sequences of T consecutive steps, as tensors on the algorithm's device.
+
+    Every tensor is ``[B, T, ...]``. ``next_inputs`` holds the observation
+    after each step: the final observation when the episode ended there, so a
+    time-limit truncation can still bootstrap from it. ``terminated`` marks
+    steps after which the return is zero (no bootstrapping); ``truncated`` marks
+    steps where the episode was cut by a time limit (bootstrap from
+    ``next_inputs``). ``states`` are the model states before each step (empty
+    for a model without memory).
+    """
+
+    inputs: Tensors
+    next_inputs: Tensors
+    actions: Tensors
+    rewards: Tensors
+    states: Tensors
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+
+    @property
+    def episode_ends(self) -> torch.Tensor:
+        """Steps after which the next step belongs to another episode."""
+        return self.terminated | self.truncated
+
+
+class Algorithm:
+    """The math of one learning method.
+
+    Subclasses implement ``predict`` (a batch of inputs and states to actions
+    and next states, under no-grad) and ``learn`` (an Experience to a dict of
+    costs), create ``self.optimizer`` and call ``self.optimize(loss)``.
+    The ComputationTask moves every nn.Module attribute to the device.
+    """
+
+    def __init__(self, model: Model, *, max_grad_norm: float | None = None) -> None:
+        if not isinstance(model, Model):
+            raise TypeError(f"Algorithm needs a flare2 Model, got {type(model).__name__}")
+        self.model = model
+        self.max_grad_norm = max_grad_norm
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.device = torch.device("cpu")
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        """Actions and next states for a batch of ``[B, ...]`` inputs and states."""
+        raise NotImplementedError(f"{type(self).__name__} must define predict()")
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        """One update from ``experience``; returns costs to report (loss terms, entropy...)."""
+        raise NotImplementedError(f"{type(self).__name__} must define learn()")
+
+    def to(self, device: torch.device) -> Algorithm:
+        self.device = device
+        for value in vars(self).values():
+            if isinstance(value, nn.Module):
+                value.to(device)
+        return self
+
+    def optimize(self, loss: torch.Tensor) -> float:
+        """Backpropagate ``loss``, clip gradients to ``max_grad_norm`` and step; returns the gradient norm."""
+        if self.optimizer is None:
+            raise ValueError(f"{type(self).__name__} must create self.optimizer before calling optimize()")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        max_norm = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
+        grad_norm = nn.utils.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        return float(grad_norm)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint holds; extend it for extra networks such as target networks."""
+        state = {"model": self.model.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])

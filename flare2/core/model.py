@@ -1,0 +1,29 @@
+"""Model: a torch.nn.Module that declares the named specs of what it takes and gives."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from flare2.core.specs import Spec
+
+
+class Model(nn.Module):
+    """A network plus its specs.
+
+    Override ``input_specs`` and ``action_specs``; override ``state_specs`` for
+    a model with short-term memory (the agent starts each episode from zeros of
+    these specs and carries the states across steps) and ``reward_specs`` when
+    the environment gives more than one scalar reward.
+    """
+
+    def input_specs(self) -> dict[str, Spec]:
+        raise NotImplementedError(f"{type(self).__name__} must define input_specs()")
+
+    def action_specs(self) -> dict[str, Spec]:
+        raise NotImplementedError(f"{type(self).__name__} must define action_specs()")
+
+    def state_specs(self) -> dict[str, Spec]:
+        return {}
+
+    def reward_specs(self) -> dict[str, Spec]:
+        return {"reward": Spec((), "float32")}

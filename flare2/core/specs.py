@@ -1,0 +1,149 @@
+"""Named array specs: what a ComputationTask takes and returns.
+
+Specs use numpy only, so agent processes can check and build arrays without
+importing torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flare2.errors import SpecError
+from flare2.wire.codec import WIRE_DTYPE_NAMES
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The shape and dtype of one named array, without the leading batch dimension."""
+
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.shape)
+        if not all(isinstance(dim, (int, np.integer)) and dim >= 0 for dim in shape):
+            raise SpecError(f"Spec shape must be a tuple of non-negative ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(int(dim) for dim in shape))
+        try:
+            name = np.dtype(self.dtype).name
+        except TypeError:
+            name = None
+        if name not in WIRE_DTYPE_NAMES:
+            raise SpecError(f"Spec dtype must be one of {', '.join(WIRE_DTYPE_NAMES)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", name)
+
+    def zeros(self, rows: int | None = None) -> np.ndarray:
+        shape = self.shape if rows is None else (rows, *self.shape)
+        return np.zeros(shape, dtype=self.dtype)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Spec:
+        if not isinstance(value, dict) or not isinstance(value.get("shape"), list):
+            raise SpecError(f"a spec is a map with 'shape' and 'dtype', got {value!r}")
+        return cls(shape=tuple(value["shape"]), dtype=value.get("dtype"))
+
+
+Specs = Mapping[str, Spec]
+
+
+def specs_to_wire(specs: Specs) -> dict[str, dict[str, Any]]:
+    return {name: spec.to_wire() for name, spec in specs.items()}
+
+
+def specs_from_wire(value: Any) -> dict[str, Spec]:
+    if not isinstance(value, dict):
+        raise SpecError(f"specs are a map of name to spec, got {type(value).__name__}")
+    return {str(name): Spec.from_wire(spec) for name, spec in value.items()}
+
+
+def check_arrays(
+    group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
+    """Check that ``arrays`` holds exactly the arrays of ``specs``, each with the same leading dims.
+
+    Each array has shape ``leading + spec.shape`` where ``leading`` has
+    ``leading_ndim`` dims (rows, or batch and time). When ``leading`` is None it
+    is taken from the first array. Returns it (None when ``specs`` is empty and
+    nothing fixed it). The error names the group, the key, what was expected
+    and what arrived.
+    """
+    if not isinstance(arrays, dict):
+        raise SpecError(f"{group} must be a map of name to array, got {type(arrays).__name__}")
+    if arrays.keys() != specs.keys():
+        missing = sorted(set(specs) - set(arrays))
+        extra = sorted(set(arrays) - set(specs))
+        raise SpecError(
+            f"{group} keys do not match the specs: expected {sorted(specs)}, got {sorted(arrays)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unexpected {extra}" if extra else "")
+        )
+    for name, spec in specs.items():
+        array = arrays[name]
+        if not isinstance(array, np.ndarray):
+            raise SpecError(f"{group}[{name!r}] must be an array of dtype {spec.dtype}, got {type(array).__name__}")
+        if array.dtype.name != spec.dtype:
+            raise SpecError(f"{group}[{name!r}]: expected dtype {spec.dtype}, got {array.dtype.name}")
+        head, tail = array.shape[:leading_ndim], array.shape[leading_ndim:]
+        if len(head) != leading_ndim or tail != spec.shape:
+            dims = ", ".join(["N"] * leading_ndim) + ("," if leading_ndim == 1 else "")
+            raise SpecError(
+                f"{group}[{name!r}]: expected shape ({dims}) + {spec.shape} "
+                f"({leading_ndim} leading dim(s), then the spec's shape), got {array.shape}"
+            )
+        if leading is None:
+            leading = head
+        elif head != leading:
+            raise SpecError(f"{group}[{name!r}]: expected leading dims {leading} like the other arrays, got {head}")
+    return leading
+
+
+@dataclass(frozen=True)
+class CTSpecs:
+    """Everything an agent must know to talk to one ComputationTask."""
+
+    inputs: dict[str, Spec]
+    actions: dict[str, Spec]
+    states: dict[str, Spec]
+    rewards: dict[str, Spec]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "inputs": specs_to_wire(self.inputs),
+            "actions": specs_to_wire(self.actions),
+            "states": specs_to_wire(self.states),
+            "rewards": specs_to_wire(self.rewards),
+        }
+
+    @classmethod
+    def from_wire(cls, value: Any) -> CTSpecs:
+        if not isinstance(value, dict):
+            raise SpecError(f"CT specs are a map, got {type(value).__name__}")
+        return cls(**{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")})
+
+    def check_predict(self, payload: dict[str, Any]) -> int:
+        """Validate a predict request ``{"inputs": ..., "states": ...}``; returns its row count."""
+        (rows,) = check_arrays("inputs", self.inputs, payload.get("inputs"))
+        check_arrays("states", self.states, payload.get("states", {}), leading=(rows,))
+        return rows
+
+    def check_learn(self, payload: dict[str, Any]) -> int:
+        """Validate a learn request (a sequence of T steps, see ``Experience``); returns T."""
+        (steps,) = check_arrays("inputs", self.inputs, payload.get("inputs"))
+        leading = (steps,)
+        check_arrays("next_inputs", self.inputs, payload.get("next_inputs"), leading=leading)
+        check_arrays("actions", self.actions, payload.get("actions"), leading=leading)
+        check_arrays("rewards", self.rewards, payload.get("rewards"), leading=leading)
+        check_arrays("states", self.states, payload.get("states", {}), leading=leading)
+        flags = {"terminated": payload.get("terminated"), "truncated": payload.get("truncated")}
+        check_arrays("episode flags", _EPISODE_FLAG_SPECS, flags, leading=leading)
+        return steps
+
+
+_EPISODE_FLAG_SPECS = {"terminated": Spec((), "bool"), "truncated": Spec((), "bool")}

@@ -1,0 +1,61 @@
+"""Every error flare2 raises on purpose derives from :class:`FlareError`.
+
+The tree::
+
+    FlareError
+    ├── ConfigError        a setting or an import path is wrong (fix the call or the CLI option)
+    ├── SpecError          an array does not match its Spec (fix the agent or the model's specs)
+    ├── TransportError     a socket-level problem: timeout, unreachable endpoint
+    │   ├── DecodeError    bytes from the network that are not a valid flare2 message
+    │   └── PeerDiedError  the other side is gone (distinct from a slow peer)
+    ├── RemoteError        user code raised in another process; carries its traceback
+    └── EncodeError        a value that cannot travel on the wire (fix what is sent)
+"""
+
+from __future__ import annotations
+
+
+class FlareError(Exception):
+    """Base of every error flare2 raises on purpose."""
+
+
+class ConfigError(FlareError, ValueError):
+    """A configuration value, option or import path is wrong."""
+
+
+class SpecError(FlareError, ValueError):
+    """An array does not match the Spec it was checked against."""
+
+
+class TransportError(FlareError):
+    """A message could not be sent or received in time."""
+
+
+class DecodeError(TransportError):
+    """Bytes received from a peer are not a valid flare2 message."""
+
+
+class PeerDiedError(TransportError):
+    """The peer process is gone, as opposed to merely slow."""
+
+
+class RemoteError(FlareError):
+    """User code raised in another process.
+
+    ``remote_traceback`` holds the traceback text as formatted over there, so
+    the line of user code that failed is visible here.
+    """
+
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.remote_traceback:
+            return f"{text}\n--- remote traceback ---\n{self.remote_traceback.rstrip()}"
+        return text
+
+
+class EncodeError(FlareError, TypeError):
+    """A value cannot travel on the wire (only plain data and numeric numpy arrays can)."""

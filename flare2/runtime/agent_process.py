@@ -1,0 +1,261 @@
+"""The agent process: one Agent, its env, and its sockets. Imports no torch.
+
+Started by the manager (``python -m flare2.runtime.agent_process ...``) or by
+``flare2 attach`` on another machine; both paths run :func:`run_agent`. The
+agent registers with the manager (hello/welcome: specs and CDP endpoints),
+then runs episodes. Between steps, at most every ``control_interval_s``, it
+reports counters to the manager and looks for a STOP; while it waits for a
+reply it does the same, so a STOP or a dead manager is noticed even when a
+CDP never answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from flare2.core.agent import Agent, AgentHelper
+from flare2.core.specs import CTSpecs
+from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError
+from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
+from flare2.wire.protocol import BYE, ERROR, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
+from flare2.wire.sockets import Requester, context
+
+logger = logging.getLogger(__name__)
+
+EXIT_STOPPED = 0
+EXIT_AGENT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_MANAGER_LOST = 3
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    control_endpoint: str
+    agent_id: str
+    agent_path: str
+    agent_kwargs: dict[str, Any]
+    seed: int
+    parent_pid: int = 0
+    """PID of a local manager to die with; 0 for an attached agent on another machine."""
+    hello_timeout_s: float = 10.0
+
+
+class StopRequested(Exception):
+    """The manager asked this agent to stop; unwinds the episode in progress."""
+
+
+class EpisodeRecorder:
+    """Wraps the env to count steps and the return and length of each finished episode."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.steps = 0
+        self.finished: list[tuple[float, int]] = []
+        self._return = 0.0
+        self._length = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._return, self._length = 0.0, 0
+        return self.env.reset(*args, **kwargs)
+
+    def step(self, action: Any) -> Any:
+        result = self.env.step(action)
+        self.steps += 1
+        self._return += float(result[1])
+        self._length += 1
+        if result[2] or result[3]:
+            self.finished.append((self._return, self._length))
+            self._return, self._length = 0.0, 0
+        return result
+
+    def take_stats(self) -> dict[str, Any]:
+        stats = {"steps": self.steps, "episodes": [list(item) for item in self.finished]}
+        self.steps, self.finished = 0, []
+        return stats
+
+
+class _Control:
+    """The agent's link to the manager: stats, stop requests, manager liveness."""
+
+    def __init__(self, requester: Requester, settings: AgentSettings, interval_s: float) -> None:
+        self.requester = requester
+        self.settings = settings
+        self.interval_s = interval_s
+        self.recorder: EpisodeRecorder | None = None
+        self._next_at = time.monotonic() + interval_s
+
+    def maybe_service(self) -> None:
+        if time.monotonic() >= self._next_at:
+            self.service()
+
+    def service(self) -> None:
+        self._next_at = time.monotonic() + self.interval_s
+        if self.settings.parent_pid and os.getppid() != self.settings.parent_pid:
+            raise PeerDiedError("the manager process is gone")
+        self.send_stats()
+        sock = self.requester.socket
+        while sock.poll(0):
+            try:
+                message = unpack(sock.recv_multipart(), max_bytes=1 << 20)
+            except DecodeError as exc:
+                logger.warning("dropped a malformed control message: %s", exc)
+                continue
+            if message.kind == STOP:
+                raise StopRequested()
+
+    def send_stats(self) -> None:
+        if self.recorder is not None:
+            self.requester.send(STATS, {"role": "agent", **self.recorder.take_stats()})
+
+
+class _Port:
+    """One CT as the agent sees it: a predict and a learn requester."""
+
+    def __init__(self, ctx: zmq.Context, ct: str, info: dict[str, Any], agent_id: str, control: _Control, reply_timeout_s: float, max_bytes: int) -> None:
+        self.ct = ct
+        self.control = control
+        self.reply_timeout_s = reply_timeout_s
+        self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes)
+        self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes)
+
+    def _ask(self, requester: Requester, kind: str, payload: dict[str, Any], what: str) -> dict[str, Any]:
+        seq = requester.send(kind, payload, ct=self.ct)
+        reply = requester.wait_reply(
+            seq,
+            timeout_s=self.reply_timeout_s,
+            what=what,
+            idle_every_s=self.control.interval_s,
+            on_idle=self.control.service,
+        )
+        self.control.maybe_service()
+        return reply.payload
+
+    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._ask(self.predictor, PREDICT, payload, f"predict on CT {self.ct!r}")
+
+    def learn(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._ask(self.learner, LEARN, payload, f"learn on CT {self.ct!r}")
+
+    def close(self) -> None:
+        self.predictor.close()
+        self.learner.close()
+
+
+def run_agent(settings: AgentSettings) -> int:
+    """Run one agent until the manager stops it; returns the process exit code."""
+    if settings.parent_pid:
+        die_with_parent(settings.parent_pid)
+    ignore_interrupts()
+    with context() as ctx:
+        requester = Requester(ctx, settings.control_endpoint, identity=settings.agent_id)
+        try:
+            return _run(ctx, requester, settings)
+        finally:
+            requester.close()
+
+
+def _report(requester: Requester, payload: dict[str, str]) -> None:
+    requester.send(ERROR, payload)
+    # A lingering close lets ZeroMQ deliver the error before the process ends.
+    requester.socket.setsockopt(zmq.LINGER, 2000)
+
+
+def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int:
+    try:
+        agent_class = import_object(settings.agent_path)
+        if not (isinstance(agent_class, type) and issubclass(agent_class, Agent)):
+            raise ConfigError(f"{settings.agent_path!r} is not a flare2 Agent subclass")
+        try:
+            agent = agent_class(**settings.agent_kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"cannot create {settings.agent_path} with kwargs {settings.agent_kwargs}: {exc}") from None
+        helpers: dict[str, AgentHelper] = agent.helpers()
+        welcome = requester.request(
+            HELLO,
+            {"role": "agent", "pid": os.getpid(), "host": socket.gethostname(), "cts": sorted(helpers)},
+            timeout_s=settings.hello_timeout_s,
+            what="hello to the manager",
+        ).payload
+    except PeerDiedError:
+        logger.error(
+            "cannot reach the manager at %s within %.0fs: check the address and that the run is up",
+            settings.control_endpoint, settings.hello_timeout_s,
+        )
+        return EXIT_MANAGER_LOST
+    except FlareError as exc:
+        logger.error("agent %s cannot start: %s", settings.agent_id, exc)
+        _report(requester, error_payload(str(exc), code="config"))
+        return EXIT_CONFIG
+
+    control = _Control(requester, settings, float(welcome.get("control_interval_s", 0.2)))
+    max_bytes = int(welcome.get("max_message_bytes", 1 << 24))
+    ports: dict[str, _Port] = {}
+    try:
+        cts = welcome["cts"]
+        for name in helpers:
+            ports[name] = _Port(ctx, name, cts[name], settings.agent_id, control, float(welcome.get("reply_timeout_s", 60.0)), max_bytes)
+        specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
+        recorder = EpisodeRecorder(agent.make_env())
+        agent.env = control.recorder = recorder
+        agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
+        while True:
+            agent.run_episode()
+            control.maybe_service()
+    except StopRequested:
+        control.send_stats()
+        requester.send(BYE, {"reason": "stopped"})
+        requester.socket.setsockopt(zmq.LINGER, 2000)
+        return EXIT_STOPPED
+    except PeerDiedError as exc:
+        logger.error("agent %s: %s; exiting", settings.agent_id, exc)
+        return EXIT_MANAGER_LOST
+    except FlareError as exc:
+        logger.error("agent %s: %s", settings.agent_id, exc)
+        _report(requester, error_payload(str(exc), code="config"))
+        return EXIT_CONFIG
+    except Exception as exc:
+        text = traceback.format_exc()
+        logger.error("agent %s raised in its episode code:\n%s", settings.agent_id, text)
+        _report(requester, error_payload(f"agent {settings.agent_id} raised {exc!r}", traceback=text, code="user_code"))
+        return EXIT_AGENT_FAILED
+    finally:
+        for port in ports.values():
+            port.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one flare2 agent process (the manager starts these).")
+    parser.add_argument("--control", required=True, help="manager control endpoint, tcp://HOST:PORT")
+    parser.add_argument("--agent-id", required=True)
+    parser.add_argument("--agent", required=True, help="package.module:Class or file.py:Class")
+    parser.add_argument("--agent-kwargs", default="{}", help="JSON object of keyword arguments")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=0)
+    args = parser.parse_args(argv)
+    configure_child_logging()
+    try:
+        kwargs = json.loads(args.agent_kwargs)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--agent-kwargs is not valid JSON: {exc}")
+    if not isinstance(kwargs, dict):
+        parser.error("--agent-kwargs must be a JSON object")
+    settings = AgentSettings(args.control, args.agent_id, args.agent, kwargs, args.seed, args.parent_pid)
+    return run_agent(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

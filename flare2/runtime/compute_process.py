@@ -1,0 +1,184 @@
+"""The compute process: hosts every ComputationTask and one CDP per CT.
+
+A single loop polls the control socket and every CDP socket; its poll timeout
+is the nearest batch deadline, so a batch waits at most ``max_wait`` plus one
+wake-up. Predictions and learning of a CT share that loop, so they never race
+on the model's parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from flare2.errors import DecodeError, FlareError
+from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.config import CTConfig
+from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
+from flare2.wire.protocol import BYE, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
+from flare2.wire.sockets import connect_dealer, context
+
+logger = logging.getLogger(__name__)
+
+COMPUTE_IDENTITY = "compute"
+_IDLE_POLL_S = 0.1
+_ERROR_LINGER_MS = 2000
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    control_endpoint: str
+    cts: tuple[CTConfig, ...]
+    device: str
+    seed: int
+    host: str
+    checkpoint_dir: str
+    resume_dir: str | None
+    torch_threads: int
+    max_message_bytes: int
+    parent_pid: int
+    stats_interval_s: float = 1.0
+
+
+def checkpoint_path(directory: str | os.PathLike, ct_name: str) -> Path:
+    return Path(directory) / f"{ct_name}.pt"
+
+
+def compute_main(settings: ComputeSettings) -> None:
+    """Entry point of the compute process (started with the spawn method)."""
+    die_with_parent(settings.parent_pid)
+    ignore_interrupts()
+    configure_child_logging()
+    with context() as ctx:
+        control = connect_dealer(ctx, settings.control_endpoint, identity=COMPUTE_IDENTITY, max_bytes=settings.max_message_bytes)
+        try:
+            _serve(ctx, control, settings)
+        except UserCodeError as exc:
+            _report_failure(control, error_payload(str(exc).splitlines()[0], traceback=exc.remote_traceback, code="user_code"))
+        except FlareError as exc:
+            _report_failure(control, error_payload(str(exc), code="config"))
+        except Exception as exc:
+            _report_failure(control, error_payload(f"the compute process crashed: {exc!r}", traceback=traceback.format_exc(), code="crash"))
+        else:
+            control.close(linger=0)
+
+
+def _report_failure(control: zmq.Socket, payload: dict[str, str]) -> None:
+    control.send_multipart(pack(Message(ERROR, payload)))
+    # A lingering close lets ZeroMQ deliver the error before the context ends.
+    control.close(linger=_ERROR_LINGER_MS)
+    raise SystemExit(1)
+
+
+def _build(settings: ComputeSettings) -> list[Any]:
+    import torch
+
+    from flare2.core.computation_task import ComputationTask, resolve_device
+
+    torch.set_num_threads(settings.torch_threads)
+    torch.manual_seed(settings.seed)
+    device = resolve_device(settings.device)
+    cts = []
+    for config in settings.cts:
+        ct = ComputationTask(config.name, config.build(), device=device)
+        cts.append(ct)
+    return cts
+
+
+def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> None:
+    cts = _build(settings)
+    counters: dict[str, Any] = {}
+    if settings.resume_dir:
+        for ct in cts:
+            counters = ct.load(checkpoint_path(settings.resume_dir, ct.name))
+    cdps = []
+    try:
+        for ct, config in zip(cts, settings.cts):
+            cdps.append(
+                ComputationDataProcessor(ct, ctx, host=settings.host, config=config.batching, max_bytes=settings.max_message_bytes)
+            )
+        hello = {
+            "role": "compute",
+            "pid": os.getpid(),
+            "device": str(cts[0].device),
+            "counters": counters,
+            "cts": {
+                cdp.ct.name: {
+                    "specs": cdp.ct.specs.to_wire(),
+                    "predict_endpoint": cdp.predict_endpoint,
+                    "learn_endpoint": cdp.learn_endpoint,
+                }
+                for cdp in cdps
+            },
+        }
+        control.send_multipart(pack(Message(HELLO, hello)))
+        _loop(control, cdps, settings)
+    finally:
+        for cdp in cdps:
+            cdp.close()
+
+
+def _loop(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: ComputeSettings) -> None:
+    poller = zmq.Poller()
+    poller.register(control, zmq.POLLIN)
+    owner: dict[zmq.Socket, ComputationDataProcessor] = {}
+    for cdp in cdps:
+        for sock in (cdp.predict_socket, cdp.learn_socket):
+            poller.register(sock, zmq.POLLIN)
+            owner[sock] = cdp
+    next_stats = time.monotonic() + settings.stats_interval_s
+    while True:
+        now = time.monotonic()
+        deadlines = [d for d in (cdp.next_deadline() for cdp in cdps) if d is not None]
+        wake = min([next_stats, *deadlines])
+        timeout_ms = max(0.0, min(wake - now, _IDLE_POLL_S)) * 1000
+        events = poller.poll(timeout_ms)
+        now = time.monotonic()
+        for sock, _ in events:
+            if sock is control:
+                if _handle_control(control, cdps, settings):
+                    return
+            else:
+                owner[sock].drain(sock, now)
+        now = time.monotonic()
+        for cdp in cdps:
+            cdp.serve_ready(now)
+        if now >= next_stats:
+            next_stats = now + settings.stats_interval_s
+            if os.getppid() != settings.parent_pid:
+                logger.error("the manager is gone; the compute process exits")
+                return
+            report = {"role": "compute", "cts": {cdp.ct.name: cdp.stats.take_report() for cdp in cdps}}
+            control.send_multipart(pack(Message(STATS, report)))
+
+
+def _handle_control(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: ComputeSettings) -> bool:
+    """Apply one manager message; True when the process must stop."""
+    try:
+        message = unpack(control.recv_multipart(), max_bytes=settings.max_message_bytes)
+    except DecodeError as exc:
+        logger.warning("dropped a malformed control message: %s", exc)
+        return False
+    if message.kind == LIVE:
+        live = message.payload.get("cts", {})
+        for cdp in cdps:
+            agents = live.get(cdp.ct.name, [])
+            cdp.live = frozenset(a for a in agents if isinstance(a, str))
+        return False
+    if message.kind == STOP:
+        counters = message.payload.get("counters", {})
+        for cdp in cdps:
+            cdp.ct.save(checkpoint_path(settings.checkpoint_dir, cdp.ct.name), counters)
+        report = {"role": "compute", "cts": {cdp.ct.name: cdp.stats.take_report() for cdp in cdps}}
+        control.send_multipart(pack(Message(STATS, report)))
+        control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
+        return True
+    logger.warning("ignored control message of kind %r", message.kind)
+    return False

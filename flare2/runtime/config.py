@@ -1,0 +1,125 @@
+"""What a run is made of: frozen, validated configs with documented fields."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flare2.errors import ConfigError
+from flare2.wire.codec import DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How one CT batches requests (DESIGN §5)."""
+
+    max_batch: int = 64
+    """Flush a prediction batch once it holds this many requests."""
+    max_wait_ms: float = 2.0
+    """Flush a prediction batch once its oldest request has waited this long."""
+    learn_max_batch: int = 64
+    """Flush a learn batch once it holds this many requests (one per agent)."""
+    learn_max_wait_ms: float = 20.0
+    """Flush a learn batch once its oldest request has waited this long."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "learn_max_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"BatchingConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_wait_ms", "learn_max_wait_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"BatchingConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class CTConfig:
+    """One ComputationTask of a run."""
+
+    name: str
+    """Name agents use to ask this CT (``Agent.predict(name, ...)``)."""
+    build: Callable[[], Any]
+    """Returns the Algorithm; called in the compute process. Must be picklable:
+    a module-level function or a functools.partial of one."""
+    batching: BatchingConfig = BatchingConfig()
+    """When prediction and learn batches are flushed."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.isidentifier():
+            raise ConfigError(f"CT name must be a non-empty identifier, got {self.name!r}")
+        if not callable(self.build):
+            raise ConfigError(f"CTConfig.build of CT {self.name!r} must be callable, got {type(self.build).__name__}")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Which agent class the run starts, and how many."""
+
+    path: str
+    """Import path of the Agent class: ``package.module:Class`` or ``path/to/file.py:Class``."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the class; plain JSON data so the same recipe works on any machine."""
+    num_agents: int = 8
+    """How many agent processes this machine runs."""
+
+    def __post_init__(self) -> None:
+        if ":" not in self.path:
+            raise ConfigError(f"agent path must look like package.module:Class, got {self.path!r}")
+        if self.num_agents < 0:
+            raise ConfigError(f"num_agents must be >= 0, got {self.num_agents}")
+        try:
+            json.dumps(self.kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"agent kwargs must be plain JSON data ({exc})") from None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run: its CTs, its agents, when it stops and where it writes."""
+
+    cts: tuple[CTConfig, ...]
+    """The ComputationTasks, all hosted by one compute process."""
+    agents: AgentConfig
+    """The local agent processes."""
+    log_dir: str = "runs/latest"
+    """Where progress.csv, manager.log and checkpoints go."""
+    max_steps: int | None = None
+    """Stop after this many env steps in total."""
+    max_episodes: int | None = None
+    """Stop after this many episodes in total."""
+    device: str = "auto"
+    """Device of the compute process: cpu, cuda, cuda:N or auto."""
+    seed: int = 0
+    """Seeds torch in the compute process and each agent's first env reset."""
+    host: str = "127.0.0.1"
+    """Address the manager and the CDPs bind to."""
+    port: int = 0
+    """Port of the manager's control endpoint (0: a free one)."""
+    progress_interval_s: float = 5.0
+    """Seconds between progress lines (and progress.csv rows)."""
+    torch_threads: int = 1
+    """Threads torch uses in the compute process (1 is fastest for small models on few cores)."""
+    max_message_bytes: int = DEFAULT_MAX_BYTES
+    """Largest message any socket accepts."""
+    startup_timeout_s: float = 120.0
+    """How long the compute process and the agents may take to come up."""
+    stop_timeout_s: float = 5.0
+    """How long children get to exit after being asked before they are killed."""
+
+    def __post_init__(self) -> None:
+        if not self.cts:
+            raise ConfigError("a run needs at least one CTConfig")
+        names = [ct.name for ct in self.cts]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"CT names must be unique, got {names}")
+        for name in ("max_steps", "max_episodes"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be > 0, got {value}")
+        if self.max_steps is None and self.max_episodes is None:
+            raise ConfigError("a run needs a budget: set max_steps or max_episodes")
+        if self.progress_interval_s <= 0:
+            raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")

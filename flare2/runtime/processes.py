@@ -1,0 +1,66 @@
+"""Process plumbing shared by the manager, the compute process and agent processes."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from flare2.errors import ConfigError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux), and check the parent is still there.
+
+    A child must not outlive its manager even when the manager is killed with
+    SIGKILL and gets no chance to clean up.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def ignore_interrupts() -> None:
+    """Children ignore Ctrl+C (the terminal sends it to the whole group) and obey the manager's STOP instead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def import_object(path: str) -> Any:
+    """Resolve ``package.module:Name`` or ``path/to/file.py:Name``."""
+    module_name, sep, attr = path.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"import path must look like package.module:Name or file.py:Name, got {path!r}")
+    try:
+        if module_name.endswith(".py"):
+            file = Path(module_name)
+            if not file.is_file():
+                raise ConfigError(f"cannot import {path!r}: no file {file}")
+            spec = importlib.util.spec_from_file_location(f"flare2_user_{file.stem}", file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {path!r}: {exc}. Check the module path and that it is installed") from None
+    try:
+        value = module
+        for part in attr.split("."):
+            value = getattr(value, part)
+        return value
+    except AttributeError:
+        raise ConfigError(f"cannot import {path!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def configure_child_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s")

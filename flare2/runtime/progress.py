@@ -1,0 +1,114 @@
+"""Run statistics as the manager aggregates them, and the files and lines they become."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("flare2.progress")
+
+PROGRESS_COLUMNS = (
+    "wall_time",
+    "env_steps",
+    "episodes",
+    "return_mean",
+    "steps_per_s",
+    "batch_size_mean",
+    "learn_steps",
+    "agents",
+    "rejected_requests",
+    "max_predict_wait_ms",
+)
+RETURN_WINDOW = 100
+
+
+@dataclass
+class RunTotals:
+    """What the manager knows of the run so far."""
+
+    started: float = field(default_factory=time.monotonic)
+    env_steps: int = 0
+    episodes: int = 0
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
+    ct_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_predict_wait_ms: float = 0.0
+    """Longest a prediction request waited in a CDP queue since the last progress row."""
+
+    def add_compute_stats(self, reports: dict[str, dict[str, Any]]) -> None:
+        self.ct_reports.update(reports)
+        for report in reports.values():
+            self.max_predict_wait_ms = max(self.max_predict_wait_ms, float(report.get("max_predict_wait_ms", 0.0)))
+
+    def add_agent_stats(self, steps: int, episodes: list[tuple[float, int]]) -> None:
+        self.env_steps += steps
+        self.episodes += len(episodes)
+        self.recent_returns.extend(episode_return for episode_return, _ in episodes)
+
+    @property
+    def return_mean(self) -> float:
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
+
+    def ct_total(self, key: str) -> float:
+        return sum(report.get(key, 0) for report in self.ct_reports.values())
+
+
+class ProgressLog:
+    """Writes progress.csv (one row per report) and learn.csv (one row per cost), and logs a progress line."""
+
+    def __init__(self, log_dir: str | Path, *, resumed_from: dict[str, int] | None = None) -> None:
+        self.dir = Path(log_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._progress_file = open(self.dir / "progress.csv", "w", newline="", encoding="utf-8")
+        self._progress = csv.writer(self._progress_file)
+        self._progress.writerow(PROGRESS_COLUMNS)
+        self._learn_file = open(self.dir / "learn.csv", "w", newline="", encoding="utf-8")
+        self._learn = csv.writer(self._learn_file)
+        self._learn.writerow(("wall_time", "ct", "learn_steps", "cost", "value"))
+        self._last_time = time.monotonic()
+        self._last_steps = 0
+        self._last_rows = 0.0
+        self._last_batches = 0.0
+
+    def report(self, totals: RunTotals, *, agents: int) -> dict[str, Any]:
+        now = time.monotonic()
+        rows, batches = totals.ct_total("predict_rows"), totals.ct_total("predict_batches")
+        elapsed = max(now - self._last_time, 1e-9)
+        row = {
+            "wall_time": round(now - totals.started, 3),
+            "env_steps": totals.env_steps,
+            "episodes": totals.episodes,
+            "return_mean": round(totals.return_mean, 3),
+            "steps_per_s": round((totals.env_steps - self._last_steps) / elapsed, 1),
+            "batch_size_mean": round((rows - self._last_rows) / (batches - self._last_batches), 3)
+            if batches > self._last_batches
+            else float("nan"),
+            "learn_steps": int(totals.ct_total("learn_calls")),
+            "agents": agents,
+            "rejected_requests": int(totals.ct_total("rejected")),
+            "max_predict_wait_ms": round(totals.max_predict_wait_ms, 3),
+        }
+        totals.max_predict_wait_ms = 0.0
+        self._last_time, self._last_steps, self._last_rows, self._last_batches = now, totals.env_steps, rows, batches
+        self._progress.writerow([row[column] for column in PROGRESS_COLUMNS])
+        self._progress_file.flush()
+        costs_text = []
+        for ct, report in totals.ct_reports.items():
+            for cost, value in report.get("costs", {}).items():
+                self._learn.writerow((row["wall_time"], ct, report.get("learn_calls", 0), cost, value))
+                costs_text.append(f"{cost} {value:.3g}")
+        self._learn_file.flush()
+        logger.info(
+            "steps %d | %.0f steps/s | episodes %d | return %.1f | batch %.2f | learn %d | agents %d%s",
+            row["env_steps"], row["steps_per_s"], row["episodes"], row["return_mean"], row["batch_size_mean"],
+            row["learn_steps"], agents, (" | " + " ".join(costs_text)) if costs_text else "",
+        )
+        return row
+
+    def close(self) -> None:
+        self._progress_file.close()
+        self._learn_file.close()

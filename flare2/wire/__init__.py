@@ -1,0 +1,1 @@
+"""The wire: codec, protocol and sockets. Imports no torch."""

@@ -1,0 +1,137 @@
+"""msgpack codec for nested plain data with numpy arrays.
+
+What travels: dicts with str keys, lists, str, bytes, int, float, bool, None
+and numpy arrays of bool / integer / float dtypes. An array travels as a
+msgpack ext value: one byte of dtype code, one byte of ndim, the dims as
+little-endian uint32, then the raw little-endian bytes. Nothing is pickled,
+and nothing decoded is trusted: dtype codes come from a fixed table, the byte
+count must match the shape exactly, nesting is bounded, and any other type
+(msgpack timestamps, unknown ext codes) is rejected with a DecodeError.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from flare2.errors import DecodeError, EncodeError
+
+ARRAY_EXT_CODE = 1
+MAX_NDIM = 32
+MAX_DEPTH = 32
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+
+# The wire order of this table is part of the protocol: append only.
+_WIRE_DTYPES = tuple(
+    np.dtype(name)
+    for name in (
+        "bool", "int8", "int16", "int32", "int64",
+        "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64",
+    )
+)
+_CODE_OF_DTYPE = {dtype: code for code, dtype in enumerate(_WIRE_DTYPES)}
+WIRE_DTYPE_NAMES = tuple(dtype.name for dtype in _WIRE_DTYPES)
+
+
+def _array_to_ext(array: np.ndarray) -> msgpack.ExtType:
+    dtype = array.dtype.newbyteorder("=") if array.dtype.byteorder == ">" else array.dtype
+    code = _CODE_OF_DTYPE.get(np.dtype(dtype.name)) if dtype.kind in "biuf" else None
+    if code is None:
+        raise EncodeError(
+            f"cannot send an array of dtype {array.dtype}: flare2 sends only {', '.join(WIRE_DTYPE_NAMES)}"
+        )
+    if array.ndim > MAX_NDIM:
+        raise EncodeError(f"cannot send an array with {array.ndim} dimensions (at most {MAX_NDIM})")
+    little = np.ascontiguousarray(array, dtype=_WIRE_DTYPES[code].newbyteorder("<"))
+    head = struct.pack(f"<BB{array.ndim}I", code, array.ndim, *array.shape)
+    return msgpack.ExtType(ARRAY_EXT_CODE, head + little.tobytes())
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return _array_to_ext(value)
+    if isinstance(value, np.generic):
+        return _array_to_ext(np.asarray(value))
+    if isinstance(value, tuple):
+        return list(value)
+    raise EncodeError(
+        f"cannot send a value of type {type(value).__name__}: flare2 messages carry dicts with str keys, "
+        "lists, str, bytes, int, float, bool, None and numpy arrays"
+    )
+
+
+def encode(value: Any) -> bytes:
+    """Encode plain data with numpy arrays into msgpack bytes."""
+    try:
+        return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=False)
+    except EncodeError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise EncodeError(f"cannot encode message: {exc}") from exc
+
+
+def _ext_to_array(code: int, data: bytes) -> np.ndarray:
+    if code != ARRAY_EXT_CODE:
+        raise DecodeError(f"unknown msgpack ext type {code}")
+    if len(data) < 2:
+        raise DecodeError("array header is truncated")
+    dtype_code, ndim = data[0], data[1]
+    if dtype_code >= len(_WIRE_DTYPES):
+        raise DecodeError(f"unknown array dtype code {dtype_code}")
+    if ndim > MAX_NDIM:
+        raise DecodeError(f"array has {ndim} dimensions, at most {MAX_NDIM} are allowed")
+    head_len = 2 + 4 * ndim
+    if len(data) < head_len:
+        raise DecodeError("array shape is truncated")
+    shape = struct.unpack_from(f"<{ndim}I", data, 2)
+    dtype = _WIRE_DTYPES[dtype_code].newbyteorder("<")
+    expected = dtype.itemsize
+    for dim in shape:
+        expected *= dim
+    if len(data) - head_len != expected:
+        raise DecodeError(
+            f"array of shape {shape} and dtype {dtype.name} needs {expected} bytes, got {len(data) - head_len}"
+        )
+    return np.frombuffer(data, dtype=dtype, offset=head_len).reshape(shape)
+
+
+_PLAIN_TYPES = (str, bytes, int, float, bool, type(None), np.ndarray)
+
+
+def _check_plain(value: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise DecodeError(f"message nests deeper than {MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise DecodeError(f"map key {key!r} is not a str")
+            _check_plain(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_plain(item, depth + 1)
+    elif not isinstance(value, _PLAIN_TYPES):
+        raise DecodeError(f"values of type {type(value).__name__} are not accepted")
+
+
+def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """Decode bytes made by :func:`encode`; raise DecodeError for anything else."""
+    if len(data) > max_bytes:
+        raise DecodeError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        value = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_ext_to_array,
+            use_list=True,
+        )
+    except DecodeError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise DecodeError(f"not a valid msgpack message ({type(exc).__name__}: {exc})") from None
+    _check_plain(value, 0)
+    return value

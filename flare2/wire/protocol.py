@@ -1,0 +1,98 @@
+"""The flare2 message: a msgpack header frame followed by a payload frame.
+
+Header: ``[protocol_version, kind, agent_id, seq, ct]``. ``agent_id`` names one
+incarnation of an agent process ("" for the manager and the compute process),
+``seq`` lets a requester match a reply to its request, ``ct`` names the
+ComputationTask a predict/learn message is for ("" otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from flare2.errors import DecodeError
+from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
+
+PROTOCOL_VERSION = 1
+MAX_NAME_CHARS = 128
+MAX_HEADER_BYTES = 1024
+_MAX_SEQ = 2**63 - 1
+
+HELLO = "hello"  # a peer registers: role, versions, what it needs
+WELCOME = "welcome"  # the manager answers a hello: specs, endpoints, settings
+PREDICT = "predict"
+PREDICTION = "prediction"
+LEARN = "learn"
+LEARNED = "learned"
+STATS = "stats"  # counters and episode results, to the manager
+HEARTBEAT = "heartbeat"
+LIVE = "live"  # manager -> compute process: the live agents of each CT
+STOP = "stop"  # manager -> anyone: finish and exit
+ERROR = "error"  # a request failed; the payload says why
+BYE = "bye"  # a peer leaves on purpose
+
+KINDS = frozenset({HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, STATS, HEARTBEAT, LIVE, STOP, ERROR, BYE})
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    kind: str
+    payload: Any = field(default_factory=dict)
+    agent_id: str = ""
+    seq: int = 0
+    ct: str = ""
+
+
+def pack(message: Message) -> list[bytes]:
+    """The frames of ``message`` (a ROUTER prepends the peer identity itself)."""
+    header = msgpack.packb(
+        [PROTOCOL_VERSION, message.kind, message.agent_id, message.seq, message.ct], use_bin_type=True
+    )
+    return [header, encode(message.payload)]
+
+
+def _decode_header(frame: bytes) -> tuple[str, str, int, str]:
+    if len(frame) > MAX_HEADER_BYTES:
+        raise DecodeError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES} bytes")
+    try:
+        header = msgpack.unpackb(frame, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise DecodeError(f"header is not valid msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, list) or len(header) != 5:
+        raise DecodeError("header must be a list [version, kind, agent_id, seq, ct]")
+    version, kind, agent_id, seq, ct = header
+    if type(version) is not int:
+        raise DecodeError("header version is not an int")
+    if version != PROTOCOL_VERSION:
+        raise DecodeError(
+            f"peer speaks flare2 protocol {version}, this side speaks {PROTOCOL_VERSION}: "
+            "install the same flare2 version on both sides"
+        )
+    if kind not in KINDS:
+        raise DecodeError(f"unknown message kind {kind!r}")
+    if not isinstance(agent_id, str) or len(agent_id) > MAX_NAME_CHARS:
+        raise DecodeError("header agent_id must be a str of at most 128 characters")
+    if type(seq) is not int or not 0 <= seq <= _MAX_SEQ:
+        raise DecodeError("header seq must be a non-negative 64-bit int")
+    if not isinstance(ct, str) or len(ct) > MAX_NAME_CHARS:
+        raise DecodeError("header ct must be a str of at most 128 characters")
+    return kind, agent_id, seq, ct
+
+
+def unpack(frames: list[bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
+    """Strictly decode the frames of one message (without a ROUTER identity frame)."""
+    if len(frames) != 2:
+        raise DecodeError(f"a message has 2 frames (header, payload), got {len(frames)}")
+    kind, agent_id, seq, ct = _decode_header(frames[0])
+    payload = decode(frames[1], max_bytes=max_bytes)
+    if not isinstance(payload, dict):
+        raise DecodeError("payload must be a map")
+    return Message(kind=kind, payload=payload, agent_id=agent_id, seq=seq, ct=ct)
+
+
+def error_payload(reason: str, *, traceback: str = "", code: str = "bad_request") -> dict[str, str]:
+    """The payload of an ERROR reply. ``code`` lets the receiver choose an exception type."""
+    return {"code": code, "reason": reason, "traceback": traceback}

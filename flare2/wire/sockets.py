@@ -1,0 +1,165 @@
+"""ROUTER/DEALER helpers: every socket has linger 0 and a size limit, every wait a timeout."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import zmq
+
+from flare2.errors import ConfigError, DecodeError, PeerDiedError, RemoteError, SpecError, TransportError
+from flare2.wire.codec import DEFAULT_MAX_BYTES
+from flare2.wire.protocol import ERROR, Message, pack, unpack
+
+logger = logging.getLogger(__name__)
+
+# Frames above this are cut by ZeroMQ itself before Python sees them; the
+# codec checks the exact payload limit again.
+_FRAME_SLACK_BYTES = 4096
+
+
+def _configure(sock: zmq.Socket, max_bytes: int) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes + _FRAME_SLACK_BYTES)
+
+
+def bind_router(ctx: zmq.Context, host: str, *, port: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound on ``host`` (a random free port when ``port`` is 0) and its endpoint."""
+    sock = ctx.socket(zmq.ROUTER)
+    _configure(sock, max_bytes)
+    # Sending to a peer that is gone fails loudly instead of vanishing.
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    try:
+        if port:
+            sock.bind(f"tcp://{host}:{port}")
+        else:
+            port = sock.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot bind tcp://{host}:{port or '*'} ({exc}): pick a free port or an address of this machine"
+        ) from None
+    return sock, f"tcp://{host}:{port}"
+
+
+def connect_dealer(ctx: zmq.Context, endpoint: str, *, identity: str, max_bytes: int = DEFAULT_MAX_BYTES) -> zmq.Socket:
+    """A DEALER with routing id ``identity`` connected to ``endpoint``."""
+    sock = ctx.socket(zmq.DEALER)
+    _configure(sock, max_bytes)
+    sock.setsockopt(zmq.IDENTITY, identity.encode())
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        sock.close()
+        raise ConfigError(f"cannot connect to {endpoint!r} ({exc}): expected tcp://HOST:PORT") from None
+    return sock
+
+
+def router_send(sock: zmq.Socket, identity: bytes, message: Message) -> bool:
+    """Send to one ROUTER peer without blocking; False when the peer is gone or its queue is full."""
+    try:
+        sock.send_multipart([identity, *pack(message)], flags=zmq.NOBLOCK)
+        return True
+    except zmq.ZMQError as exc:
+        if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+            return False
+        raise
+
+
+def recv_frames(sock: zmq.Socket, timeout_s: float) -> list[bytes] | None:
+    """The next multipart message, or None when nothing arrived within ``timeout_s``."""
+    if not sock.poll(max(0, int(timeout_s * 1000))):
+        return None
+    return sock.recv_multipart(copy=True)
+
+
+def raise_for_error(message: Message, what: str) -> None:
+    """Turn an ERROR reply into the matching exception."""
+    if message.kind != ERROR:
+        return
+    payload = message.payload
+    reason = str(payload.get("reason", "no reason given"))
+    code = payload.get("code")
+    if code == "user_code":
+        raise RemoteError(f"{what} failed in user code: {reason}", str(payload.get("traceback", "")))
+    if code == "spec":
+        raise SpecError(f"{what} was rejected: {reason}")
+    if code == "config":
+        raise ConfigError(f"{what} was rejected: {reason}")
+    raise TransportError(f"{what} was rejected: {reason}")
+
+
+class Requester:
+    """One DEALER that sends requests and waits for the reply with the same ``seq``.
+
+    Replies to earlier requests that timed out are dropped, so a late answer
+    is never taken for the answer to a newer question.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, *, identity: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.endpoint = endpoint
+        self.identity = identity
+        self._max_bytes = max_bytes
+        self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes)
+        self._seq = 0
+
+    @property
+    def socket(self) -> zmq.Socket:
+        return self._sock
+
+    def send(self, kind: str, payload: dict, *, ct: str = "") -> int:
+        self._seq += 1
+        self._sock.send_multipart(pack(Message(kind, payload, self.identity, self._seq, ct)))
+        return self._seq
+
+    def request(self, kind: str, payload: dict, *, ct: str = "", timeout_s: float, what: str) -> Message:
+        seq = self.send(kind, payload, ct=ct)
+        return self.wait_reply(seq, timeout_s=timeout_s, what=what)
+
+    def wait_reply(
+        self,
+        seq: int,
+        *,
+        timeout_s: float,
+        what: str,
+        idle_every_s: float | None = None,
+        on_idle: Callable[[], None] | None = None,
+    ) -> Message:
+        """The reply to request ``seq``; ``on_idle`` runs every ``idle_every_s`` while waiting."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PeerDiedError(
+                    f"no reply to {what} from {self.endpoint} within {timeout_s:.1f}s: the peer is gone or unreachable"
+                )
+            frames = recv_frames(self._sock, remaining if idle_every_s is None else min(remaining, idle_every_s))
+            if frames is None:
+                if on_idle is not None:
+                    on_idle()
+                continue
+            try:
+                reply = unpack(frames, max_bytes=self._max_bytes)
+            except DecodeError as exc:
+                logger.warning("dropped a malformed reply from %s: %s", self.endpoint, exc)
+                continue
+            if reply.seq != seq:
+                continue
+            raise_for_error(reply, what)
+            return reply
+
+    def close(self) -> None:
+        # Keeps the socket's own LINGER: 0 unless a final message must still go out.
+        self._sock.close()
+
+
+@contextmanager
+def context() -> Iterator[zmq.Context]:
+    """A ZeroMQ context that is terminated (not left to the garbage collector) on exit."""
+    ctx = zmq.Context()
+    try:
+        yield ctx
+    finally:
+        ctx.destroy(linger=0)

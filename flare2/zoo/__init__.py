@@ -1,0 +1,1 @@
+"""Stock algorithms and models, each short enough to read top to bottom."""

@@ -1,0 +1,85 @@
+"""A2C: synchronous advantage actor-critic with n-step returns.
+
+Each learn() call receives B sequences of T steps (one per agent, from the
+online helper), computes n-step returns that bootstrap from the value of the
+observation after the sequence (or after a time-limit truncation, never after
+a termination), and takes one gradient step on
+
+    policy loss  + value_coef * value loss  - entropy_coef * entropy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.errors import ConfigError
+from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.returns import n_step_returns
+
+
+@dataclass(frozen=True)
+class A2CConfig:
+    lr: float = 7e-4
+    """Learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Gradients are clipped to this global norm."""
+    optimizer: str = "rmsprop"
+    """``rmsprop`` (as in the A2C paper, alpha 0.99, eps 1e-5) or ``adam``."""
+    normalize_advantages: bool = False
+    """Standardise advantages within each batch."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"A2CConfig.lr must be > 0, got {self.lr}")
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"A2CConfig.gamma must be in [0, 1], got {self.gamma}")
+        if self.optimizer not in ("rmsprop", "adam"):
+            raise ConfigError(f"A2CConfig.optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}")
+
+
+class A2C(Algorithm):
+    def __init__(self, model: MLPActorCritic, config: A2CConfig = A2CConfig()) -> None:
+        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        self.config = config
+        if config.optimizer == "rmsprop":
+            self.optimizer = torch.optim.RMSprop(model.parameters(), lr=config.lr, alpha=0.99, eps=1e-5)
+        else:
+            self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        return {"action": self.model.sample(self.model.policy(inputs["obs"]))}, {}
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        config = self.config
+        obs, next_obs = experience.inputs["obs"], experience.next_inputs["obs"]
+        rewards = experience.rewards["reward"]
+        with torch.no_grad():
+            next_values = self.model.value(next_obs)
+            returns = n_step_returns(rewards, next_values, experience.terminated, experience.truncated, config.gamma)
+        values = self.model.value(obs)
+        advantages = (returns - values).detach()
+        if config.normalize_advantages and advantages.numel() > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        log_prob, entropy = self.model.log_prob_and_entropy(self.model.policy(obs), experience.actions["action"])
+        policy_loss = -(log_prob * advantages).mean()
+        value_loss = F.mse_loss(values, returns)
+        entropy_mean = entropy.mean()
+        loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
+        grad_norm = self.optimize(loss)
+        return {
+            "loss": loss.item(),
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": entropy_mean.item(),
+            "grad_norm": grad_norm,
+        }

@@ -1,0 +1,110 @@
+"""Stock models: MLP actor-critic for Box or Discrete observations and actions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from flare2.core.model import Model
+from flare2.core.specs import Spec
+from flare2.errors import ConfigError
+
+
+def mlp(sizes: Sequence[int], *, out_gain: float = 1.0) -> nn.Sequential:
+    """tanh MLP with orthogonal init (the usual choice for on-policy control)."""
+    layers: list[nn.Module] = []
+    for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        last = index == len(sizes) - 2
+        linear = nn.Linear(fan_in, fan_out)
+        nn.init.orthogonal_(linear.weight, out_gain if last else math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        layers.append(linear)
+        if not last:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+def observation_spec(space: gym.Space) -> Spec:
+    if isinstance(space, gym.spaces.Box):
+        return Spec(space.shape, "float32")
+    if isinstance(space, gym.spaces.Discrete):
+        return Spec((), "int64")
+    raise ConfigError(f"observation space {space} is not supported: use a Box or Discrete space")
+
+
+def action_spec(space: gym.Space) -> Spec:
+    if isinstance(space, gym.spaces.Discrete):
+        return Spec((), "int64")
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return Spec(space.shape, "float32")
+    raise ConfigError(f"action space {space} is not supported: use Discrete or a 1-d Box")
+
+
+class MLPActorCritic(Model):
+    """Separate policy and value MLPs over one observation ``obs``.
+
+    Discrete actions get logits; Box actions get a Gaussian mean with a learned,
+    state-independent log standard deviation. A Discrete observation is
+    one-hot encoded.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        hidden: Sequence[int] = (64, 64),
+        initial_log_std: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self._obs_spec = observation_spec(observation_space)
+        self._action_spec = action_spec(action_space)
+        self.one_hot_size = int(observation_space.n) if isinstance(observation_space, gym.spaces.Discrete) else 0
+        obs_size = self.one_hot_size or int(np.prod(self._obs_spec.shape))
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        policy_out = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        self.policy_net = mlp([obs_size, *hidden, policy_out], out_gain=0.01)
+        self.value_net = mlp([obs_size, *hidden, 1], out_gain=1.0)
+        self.log_std = None if self.discrete else nn.Parameter(torch.full((policy_out,), float(initial_log_std)))
+
+    def input_specs(self) -> dict[str, Spec]:
+        return {"obs": self._obs_spec}
+
+    def action_specs(self) -> dict[str, Spec]:
+        return {"action": self._action_spec}
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.one_hot_size:
+            return F.one_hot(obs.long(), self.one_hot_size).float()
+        return obs.flatten(start_dim=obs.dim() - len(self._obs_spec.shape)).float()
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits (Discrete) or the Gaussian mean (Box)."""
+        return self.policy_net(self._features(obs))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value_net(self._features(obs)).squeeze(-1)
+
+    def sample(self, policy_out: torch.Tensor) -> torch.Tensor:
+        if self.discrete:
+            # softmax + multinomial costs about half of torch.distributions.Categorical at batch 1.
+            return torch.multinomial(F.softmax(policy_out, dim=-1), 1).squeeze(-1)
+        return policy_out + self.log_std.exp() * torch.randn_like(policy_out)
+
+    def log_prob_and_entropy(self, policy_out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.discrete:
+            log_probs = F.log_softmax(policy_out, dim=-1)
+            log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+            return log_prob, entropy
+        log_std = self.log_std.expand_as(policy_out)
+        var = (2 * log_std).exp()
+        log_prob = -((action - policy_out) ** 2) / (2 * var) - log_std - 0.5 * math.log(2 * math.pi)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+        return log_prob.sum(-1), entropy

@@ -1,0 +1,20 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="flare2",
+    version="0.1.0",
+    description="A reinforcement-learning runtime: agent processes, ZeroMQ, batched ComputationTasks.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["flare2", "flare2.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.0",
+        "numpy>=1.24",
+        "pyzmq>=25",
+        "msgpack>=1.0",
+        "gymnasium>=0.29",
+    ],
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    entry_points={"console_scripts": ["flare2=flare2.cli:main"]},
+)

@@ -1,0 +1,1 @@
+"""See the package docstring of flare2 for the public names."""

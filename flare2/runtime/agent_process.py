@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent-kwargs", default="{}", help="JSON object of keyword arguments")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=0)
+    parser.add_argument("--hello-timeout", type=float, default=10.0, help="seconds to wait for the manager's welcome")
     args = parser.parse_args(argv)
     configure_child_logging()
     try:
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--agent-kwargs is not valid JSON: {exc}")
     if not isinstance(kwargs, dict):
         parser.error("--agent-kwargs must be a JSON object")
-    settings = AgentSettings(args.control, args.agent_id, args.agent, kwargs, args.seed, args.parent_pid)
+    settings = AgentSettings(args.control, args.agent_id, args.agent, kwargs, args.seed, args.parent_pid, args.hello_timeout)
     return run_agent(settings)
 
 

@@ -1,0 +1,389 @@
+"""The Manager: control plane of a run.
+
+It binds the control endpoint, starts the compute process (spawn start
+method: the manager never forks once torch may be loaded) and the agent
+processes, answers their hellos, keeps the registry of live agents that the
+CDPs batch by, aggregates stats into progress lines and ``progress.csv``, and
+stops everything at the budget or on Ctrl+C/SIGTERM.
+
+Stopping is ordered so that no data in flight is lost: agents are stopped
+first (each sends its final stats and a bye), then the compute process, which
+saves its checkpoints with the final counters before it says bye. A child
+that does not leave within ``stop_timeout_s`` is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from flare2.errors import DecodeError
+from flare2.runtime.agent_process import EXIT_CONFIG
+from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
+from flare2.runtime.config import RunConfig
+from flare2.runtime.progress import ProgressLog, RunTotals
+from flare2.wire.protocol import BYE, ERROR, HELLO, LIVE, STATS, STOP, WELCOME, Message, error_payload, unpack
+from flare2.wire.sockets import bind_router, context, router_send
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG_ERROR = 2
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+# How often agents report to the manager (and notice a STOP or a dead manager).
+AGENT_CONTROL_INTERVAL_S = 0.25
+# How long an agent waits for a CDP reply before it takes the compute process for dead.
+AGENT_REPLY_TIMEOUT_S = 60.0
+# The manager wakes at least this often to look at its children.
+_SUPERVISE_INTERVAL_S = 0.2
+
+
+class RunFailed(Exception):
+    """The run cannot go on; ``exit_code`` says why."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class _AgentSlot:
+    """One local agent process and what the manager knows of it."""
+
+    slot: int
+    agent_id: str
+    process: subprocess.Popen
+    registered: bool = False
+    said_bye: bool = False
+
+
+class Manager:
+    """Runs one :class:`RunConfig` to its budget: ``Manager(config).run()`` returns the exit code."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.log_dir = Path(config.log_dir)
+        self.checkpoint_dir = self.log_dir / "checkpoints"
+        self.totals = RunTotals()
+        self.control_endpoint = ""
+        self._stop_signal: int | None = None
+        self._agents: dict[str, _AgentSlot] = {}
+        self._compute: multiprocessing.process.BaseProcess | None = None
+        self._compute_hello: dict[str, Any] | None = None
+        self._pending_hellos: list[Message] = []
+        self._progress: ProgressLog | None = None
+        self._dropped_messages = 0
+
+    # ---- public ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the run, supervise it to the end and return the process exit code."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_handler = _attach_log_file(self.log_dir / "manager.log")
+        previous_handlers = _install_signal_handlers(self._on_signal)
+        try:
+            with context() as ctx:
+                control, self.control_endpoint = bind_router(
+                    ctx, self.config.host, port=self.config.port, max_bytes=self.config.max_message_bytes
+                )
+                try:
+                    return self._run(control)
+                finally:
+                    self._shutdown(control)
+                    control.close(linger=0)
+        finally:
+            _restore_signal_handlers(previous_handlers)
+            if self._progress is not None:
+                self._progress.close()
+            logging.getLogger("flare2").removeHandler(log_handler)
+            log_handler.close()
+
+    # ---- the run ---------------------------------------------------------------------
+
+    def _run(self, control: zmq.Socket) -> int:
+        config = self.config
+        logger.info("control endpoint %s, log dir %s", self.control_endpoint, self.log_dir)
+        self._start_compute()
+        for slot in range(config.agents.num_agents):
+            self._start_agent(slot)
+        self._progress = ProgressLog(self.log_dir)
+        startup_deadline = time.monotonic() + config.startup_timeout_s
+        next_progress = time.monotonic() + config.progress_interval_s
+        try:
+            while not self._budget_reached():
+                if self._stop_signal is not None:
+                    logger.warning("stopping on %s", signal.Signals(self._stop_signal).name)
+                    return EXIT_SIGINT if self._stop_signal == signal.SIGINT else EXIT_SIGTERM
+                now = time.monotonic()
+                if self._compute_hello is None and now > startup_deadline:
+                    raise RunFailed(
+                        f"the compute process did not come up within {config.startup_timeout_s:.0f}s "
+                        "(startup_timeout_s): building the Algorithm takes too long or hangs"
+                    )
+                if now >= next_progress:
+                    next_progress = now + config.progress_interval_s
+                    self._report_progress()
+                timeout_s = min(_SUPERVISE_INTERVAL_S, max(0.0, next_progress - now))
+                if control.poll(int(timeout_s * 1000)):
+                    self._drain(control)
+                self._check_children()
+            logger.info("budget reached: %d env steps, %d episodes", self.totals.env_steps, self.totals.episodes)
+            return EXIT_OK
+        except RunFailed as exc:
+            logger.error("%s", exc)
+            return exc.exit_code
+
+    def _budget_reached(self) -> bool:
+        config = self.config
+        return (config.max_steps is not None and self.totals.env_steps >= config.max_steps) or (
+            config.max_episodes is not None and self.totals.episodes >= config.max_episodes
+        )
+
+    def _report_progress(self) -> None:
+        if self._progress is not None:
+            agents = sum(slot.registered and not slot.said_bye for slot in self._agents.values())
+            self._progress.report(self.totals, agents=agents)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._stop_signal = signum
+
+    # ---- children --------------------------------------------------------------------
+
+    def _start_compute(self) -> None:
+        config = self.config
+        settings = ComputeSettings(
+            control_endpoint=self.control_endpoint,
+            cts=config.cts,
+            device=config.device,
+            seed=config.seed,
+            host=config.host,
+            checkpoint_dir=str(self.checkpoint_dir),
+            resume_dir=None,
+            torch_threads=config.torch_threads,
+            max_message_bytes=config.max_message_bytes,
+            parent_pid=os.getpid(),
+        )
+        process = multiprocessing.get_context("spawn").Process(target=compute_main, args=(settings,), name="flare2-compute")
+        process.start()
+        self._compute = process
+        logger.info("compute process started (pid %d)", process.pid)
+
+    def _start_agent(self, slot: int) -> None:
+        config = self.config
+        # The incarnation suffix makes a restarted agent a new peer for the CDPs.
+        agent_id = f"a{slot}.0"
+        command = [
+            sys.executable, "-m", "flare2.runtime.agent_process",
+            "--control", self.control_endpoint,
+            "--agent-id", agent_id,
+            "--agent", config.agents.path,
+            "--agent-kwargs", json.dumps(config.agents.kwargs),
+            "--seed", str(config.seed * 1000 + slot),
+            "--parent-pid", str(os.getpid()),
+            "--hello-timeout", str(config.startup_timeout_s),
+        ]
+        env = dict(os.environ)
+        # A file.py:Class agent path is resolved against the manager's working directory.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        self._agents[agent_id] = _AgentSlot(slot, agent_id, process)
+
+    def _check_children(self) -> None:
+        compute = self._compute
+        if compute is not None and compute.exitcode is not None:
+            raise RunFailed(f"the compute process exited with code {compute.exitcode} (see its log above)")
+        for slot in self._agents.values():
+            code = slot.process.poll()
+            if code is not None and not slot.said_bye:
+                raise RunFailed(
+                    f"agent {slot.agent_id} (pid {slot.process.pid}) exited with code {code}",
+                    EXIT_CONFIG_ERROR if code == EXIT_CONFIG else EXIT_FAILED,
+                )
+
+    # ---- messages --------------------------------------------------------------------
+
+    def _drain(self, control: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = control.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, frames = frames[0], frames[1:]
+            try:
+                message = unpack(frames, max_bytes=self.config.max_message_bytes)
+            except DecodeError as exc:
+                self._drop(identity, f"malformed message: {exc}")
+                continue
+            if identity == COMPUTE_IDENTITY.encode():
+                self._on_compute(control, message)
+            else:
+                self._on_agent(control, identity, message)
+
+    def _drop(self, identity: bytes, reason: str) -> None:
+        self._dropped_messages += 1
+        logger.warning("dropped a control message from %r: %s", identity, reason)
+
+    def _on_compute(self, control: zmq.Socket, message: Message) -> None:
+        if message.kind == HELLO:
+            self._compute_hello = message.payload
+            logger.info(
+                "compute process is up on %s, CTs %s", message.payload.get("device"), sorted(message.payload.get("cts", {}))
+            )
+            pending, self._pending_hellos = self._pending_hellos, []
+            for hello in pending:
+                self._welcome(control, hello)
+        elif message.kind == STATS:
+            self.totals.add_compute_stats(message.payload.get("cts", {}))
+        elif message.kind == BYE:
+            logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
+        elif message.kind == ERROR:
+            raise RunFailed(f"the compute process failed: {_error_text(message)}", _error_exit_code(message))
+        else:
+            self._drop(COMPUTE_IDENTITY.encode(), f"unexpected kind {message.kind!r}")
+
+    def _on_agent(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
+        agent_id = identity.decode(errors="replace")
+        slot = self._agents.get(agent_id)
+        if slot is None:
+            self._drop(identity, "not an agent of this run")
+            return
+        if message.kind == HELLO:
+            if self._compute_hello is None:
+                self._pending_hellos.append(message)
+            else:
+                self._welcome(control, message)
+        elif message.kind == STATS:
+            steps = message.payload.get("steps", 0)
+            episodes = message.payload.get("episodes", [])
+            if not isinstance(steps, int) or not isinstance(episodes, list):
+                self._drop(identity, "stats with wrong field types")
+                return
+            self.totals.add_agent_stats(steps, [(float(ret), int(length)) for ret, length in episodes])
+        elif message.kind == BYE:
+            slot.said_bye = True
+            self._send_live(control)
+        elif message.kind == ERROR:
+            raise RunFailed(f"agent {agent_id} failed: {_error_text(message)}", _error_exit_code(message))
+        else:
+            self._drop(identity, f"unexpected kind {message.kind!r}")
+
+    def _welcome(self, control: zmq.Socket, hello: Message) -> None:
+        slot = self._agents[hello.agent_id]
+        served = self._compute_hello["cts"]
+        wanted = hello.payload.get("cts", [])
+        unknown = sorted(str(ct) for ct in wanted if ct not in served)
+        if unknown:
+            reason = f"agent asks for CT(s) {unknown}, but this run serves {sorted(served)}"
+            router_send(control, hello.agent_id.encode(), Message(ERROR, error_payload(reason, code="config"), seq=hello.seq))
+            return
+        welcome = {
+            "cts": {name: served[name] for name in wanted},
+            "control_interval_s": AGENT_CONTROL_INTERVAL_S,
+            "reply_timeout_s": AGENT_REPLY_TIMEOUT_S,
+            "max_message_bytes": self.config.max_message_bytes,
+        }
+        slot.registered = True
+        # The CDPs learn of the agent before it can send its first request.
+        self._send_live(control)
+        router_send(control, hello.agent_id.encode(), Message(WELCOME, welcome, seq=hello.seq))
+
+    def _send_live(self, control: zmq.Socket) -> None:
+        live = sorted(slot.agent_id for slot in self._agents.values() if slot.registered and not slot.said_bye)
+        cts = {name: live for name in self._compute_hello["cts"]}
+        router_send(control, COMPUTE_IDENTITY.encode(), Message(LIVE, {"cts": cts}))
+
+    # ---- stopping --------------------------------------------------------------------
+
+    def _shutdown(self, control: zmq.Socket) -> None:
+        """Stop agents, then the compute process (which writes the checkpoint); kill what does not leave."""
+        timeout_s = self.config.stop_timeout_s
+        for slot in self._agents.values():
+            if slot.process.poll() is None:
+                router_send(control, slot.agent_id.encode(), Message(STOP, {}))
+        deadline = time.monotonic() + timeout_s
+        while any(slot.process.poll() is None for slot in self._agents.values()) and time.monotonic() < deadline:
+            self._drain_quietly(control, 0.05)
+        self._drain_quietly(control, 0.0)
+        for slot in self._agents.values():
+            if slot.process.poll() is None:
+                logger.warning("agent %s did not stop within %.1fs; killing it", slot.agent_id, timeout_s)
+                slot.process.kill()
+            slot.process.wait()
+        compute = self._compute
+        if compute is not None and compute.exitcode is None:
+            if self._compute_hello is not None:
+                counters = {"env_steps": self.totals.env_steps, "episodes": self.totals.episodes}
+                router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters}))
+                # Saving a checkpoint may take a while for a big model; the process tells us when it is done.
+                compute.join(timeout_s * 4)
+            if compute.exitcode is None:
+                logger.warning("the compute process did not stop; killing it")
+                compute.kill()
+            compute.join()
+            self._drain_quietly(control, 0.0)
+        if self._progress is not None:
+            self._report_progress()
+        if self._dropped_messages:
+            logger.warning("dropped %d malformed or unexpected control messages", self._dropped_messages)
+
+    def _drain_quietly(self, control: zmq.Socket, timeout_s: float) -> None:
+        """Take final stats while stopping; a failure report now is only logged."""
+        if not control.poll(int(timeout_s * 1000)):
+            return
+        try:
+            self._drain(control)
+        except RunFailed as exc:
+            logger.error("while stopping: %s", exc)
+
+
+def _error_text(message: Message) -> str:
+    text = str(message.payload.get("reason", "no reason given"))
+    if message.payload.get("traceback"):
+        text += "\n" + str(message.payload["traceback"]).rstrip()
+    return text
+
+
+def _error_exit_code(message: Message) -> int:
+    return EXIT_CONFIG_ERROR if message.payload.get("code") == "config" else EXIT_FAILED
+
+
+def _attach_log_file(path: Path) -> logging.Handler:
+    """Everything flare2 logs also goes to the run's manager.log; stderr gets it too unless the user set logging up."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    flare_logger = logging.getLogger("flare2")
+    flare_logger.addHandler(handler)
+    if flare_logger.getEffectiveLevel() > logging.INFO:
+        flare_logger.setLevel(logging.INFO)
+    return handler
+
+
+def _install_signal_handlers(handler: Any) -> dict[int, Any]:
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except ValueError:  # not the main thread: the caller handles signals
+            pass
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)

@@ -14,8 +14,7 @@ import argparse
 import sys
 from functools import partial
 
-import gymnasium as gym
-
+from flare2.core.envs import make_gym_env
 from flare2.runtime.config import AgentConfig, BatchingConfig, CTConfig, RunConfig
 from flare2.runtime.manager import Manager
 from flare2.zoo.a2c import A2C, A2CConfig
@@ -25,7 +24,7 @@ from flare2.zoo.models import MLPActorCritic
 # 1. The Algorithm, built inside the compute process. A module-level function
 #    so the compute process (started with the spawn method) can import it.
 def build_a2c(env_id: str, lr: float) -> A2C:
-    env = gym.make(env_id)
+    env = make_gym_env(env_id)
     model = MLPActorCritic(env.observation_space, env.action_space, hidden=(64, 64))
     return A2C(model, A2CConfig(lr=lr))
 

@@ -189,7 +189,9 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
             {"role": "agent", "pid": os.getpid(), "host": socket.gethostname(), "cts": sorted(helpers)},
             timeout_s=settings.hello_timeout_s,
             what="hello to the manager",
-        ).payload
+        )
+        if welcome.kind == STOP:
+            return EXIT_STOPPED
     except PeerDiedError:
         logger.error(
             "cannot reach the manager at %s within %.0fs: check the address and that the run is up",
@@ -201,6 +203,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         _report(requester, error_payload(str(exc), code="config"))
         return EXIT_CONFIG
 
+    welcome = welcome.payload
     control = _Control(requester, settings, float(welcome.get("control_interval_s", 0.2)))
     max_bytes = int(welcome.get("max_message_bytes", 1 << 24))
     ports: dict[str, _Port] = {}

@@ -87,6 +87,7 @@ class Manager:
         self._pending_hellos: list[Message] = []
         self._progress: ProgressLog | None = None
         self._dropped_messages = 0
+        self._stopping = False
 
     # ---- public ----------------------------------------------------------------------
 
@@ -262,7 +263,10 @@ class Manager:
             self._drop(identity, "not an agent of this run")
             return
         if message.kind == HELLO:
-            if self._compute_hello is None:
+            if self._stopping:
+                # Answer in place of the welcome, so an agent still starting up leaves at once.
+                router_send(control, identity, Message(STOP, {}, seq=message.seq))
+            elif self._compute_hello is None:
                 self._pending_hellos.append(message)
             else:
                 self._welcome(control, message)
@@ -311,6 +315,10 @@ class Manager:
     def _shutdown(self, control: zmq.Socket) -> None:
         """Stop agents, then the compute process (which writes the checkpoint); kill what does not leave."""
         timeout_s = self.config.stop_timeout_s
+        self._stopping = True
+        pending, self._pending_hellos = self._pending_hellos, []
+        for hello in pending:
+            router_send(control, hello.agent_id.encode(), Message(STOP, {}, seq=hello.seq))
         for slot in self._agents.values():
             if slot.process.poll() is None:
                 router_send(control, slot.agent_id.encode(), Message(STOP, {}))

@@ -1,0 +1,206 @@
+"""The CDP batching rule of DESIGN §5, over real ZeroMQ sockets on loopback.
+
+The CDP runs in this thread: the test drives its poll loop the way the
+compute process does, and agents are DEALER sockets of the same context.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from flare2.core.algorithm import Algorithm
+from flare2.core.computation_task import ComputationTask
+from flare2.core.model import Model
+from flare2.core.specs import Spec
+from flare2.runtime.cdp import ComputationDataProcessor
+from flare2.runtime.config import BatchingConfig
+from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
+from flare2.wire.sockets import connect_dealer
+
+
+class Doubler(Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def input_specs(self):
+        return {"x": Spec((2,), "float32")}
+
+    def action_specs(self):
+        return {"y": Spec((2,), "float32")}
+
+
+class DoublerAlgorithm(Algorithm):
+    """Doubles its input; learn() reports the batch shape it was given."""
+
+    def predict(self, inputs, states):
+        return {"y": inputs["x"] * self.model.scale}, {}
+
+    def learn(self, experience):
+        batch, steps = experience.inputs["x"].shape[:2]
+        return {"batch": batch, "steps": steps}
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def make_cdp(ctx, **batching) -> ComputationDataProcessor:
+    ct = ComputationTask("RL", DoublerAlgorithm(Doubler()), device="cpu")
+    return ComputationDataProcessor(ct, ctx, config=BatchingConfig(**batching))
+
+
+class Agents:
+    """DEALER sockets posing as agents, plus the CDP's serving loop."""
+
+    def __init__(self, ctx, cdp: ComputationDataProcessor, names: list[str]) -> None:
+        self.cdp = cdp
+        self.predict = {name: connect_dealer(ctx, cdp.predict_endpoint, identity=name) for name in names}
+        self.learn = {name: connect_dealer(ctx, cdp.learn_endpoint, identity=name) for name in names}
+        self.replies: dict[str, Message] = {}
+        self._seq = 0
+
+    def send_predict(self, name: str, x: np.ndarray, *, header_id: str | None = None) -> None:
+        self._seq += 1
+        payload = {"inputs": {"x": x}, "states": {}}
+        self.predict[name].send_multipart(pack(Message(PREDICT, payload, header_id or name, self._seq, "RL")))
+
+    def send_learn(self, name: str, steps: int) -> None:
+        self._seq += 1
+        payload = {
+            "inputs": {"x": np.zeros((steps, 2), np.float32)},
+            "next_inputs": {"x": np.zeros((steps, 2), np.float32)},
+            "actions": {"y": np.zeros((steps, 2), np.float32)},
+            "rewards": {"reward": np.zeros(steps, np.float32)},
+            "states": {},
+            "terminated": np.zeros(steps, bool),
+            "truncated": np.zeros(steps, bool),
+        }
+        self.learn[name].send_multipart(pack(Message(LEARN, payload, name, self._seq, "RL")))
+
+    def serve(self, until, timeout_s: float) -> bool:
+        """Run the CDP loop until ``until()`` holds (True) or ``timeout_s`` passes (False)."""
+        poller = zmq.Poller()
+        for sock in (self.cdp.predict_socket, self.cdp.learn_socket, *self.predict.values(), *self.learn.values()):
+            poller.register(sock, zmq.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        while not until():
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            wake = min(deadline, self.cdp.next_deadline() or deadline)
+            for sock, _ in poller.poll(max(0.0, wake - now) * 1000):
+                if sock in (self.cdp.predict_socket, self.cdp.learn_socket):
+                    self.cdp.drain(sock, time.monotonic())
+                else:
+                    name = sock.getsockopt(zmq.IDENTITY).decode()
+                    self.replies[name] = unpack(sock.recv_multipart())
+            self.cdp.serve_ready(time.monotonic())
+        return True
+
+    def have_replies(self, *names: str):
+        return lambda: all(name in self.replies for name in names)
+
+
+def test_a_batch_is_flushed_when_it_holds_max_batch_requests(ctx):
+    cdp = make_cdp(ctx, max_batch=2, max_wait_ms=60_000)
+    cdp.live = frozenset({"a", "b", "c"})
+    agents = Agents(ctx, cdp, ["a", "b", "c"])
+    agents.send_predict("a", np.ones((1, 2), np.float32))
+    agents.send_predict("b", np.full((1, 2), 3, np.float32))
+
+    # Agent c never asks and max_wait is a minute: only the size rule can flush.
+    assert agents.serve(agents.have_replies("a", "b"), timeout_s=10)
+    assert cdp.stats.predict_batches == 1 and cdp.stats.predict_rows == 2
+    assert agents.replies["a"].kind == PREDICTION
+    np.testing.assert_array_equal(agents.replies["b"].payload["actions"]["y"], np.full((1, 2), 6, np.float32))
+
+
+def test_a_batch_is_flushed_when_every_live_agent_is_waiting(ctx):
+    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=60_000)
+    cdp.live = frozenset({"a", "b"})
+    agents = Agents(ctx, cdp, ["a", "b"])
+    agents.send_predict("a", np.ones((1, 2), np.float32))
+    # With one of two live agents waiting, nothing is flushed.
+    assert not agents.serve(agents.have_replies("a"), timeout_s=0.2)
+    agents.send_predict("b", np.ones((1, 2), np.float32))
+
+    assert agents.serve(agents.have_replies("a", "b"), timeout_s=10)
+    assert cdp.stats.predict_batches == 1 and cdp.stats.predict_rows == 2
+
+
+def test_a_batch_is_flushed_when_its_oldest_request_has_waited_max_wait(ctx):
+    max_wait_ms = 150
+    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=max_wait_ms)
+    # Agent b is live but never asks, like a dead or slow agent.
+    cdp.live = frozenset({"a", "b"})
+    agents = Agents(ctx, cdp, ["a"])
+    sent = time.monotonic()
+    agents.send_predict("a", np.ones((1, 2), np.float32))
+
+    assert agents.serve(agents.have_replies("a"), timeout_s=10)
+    waited = time.monotonic() - sent
+    assert waited >= max_wait_ms / 1000
+    assert cdp.stats.predict_batches == 1 and cdp.stats.predict_rows == 1
+    assert cdp.stats.max_predict_wait_ms >= max_wait_ms
+
+
+def test_each_agent_gets_its_own_rows_of_a_batch(ctx):
+    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=60_000)
+    cdp.live = frozenset({"a", "b"})
+    agents = Agents(ctx, cdp, ["a", "b"])
+    agents.send_predict("a", np.array([[1, 2], [3, 4]], np.float32))
+    agents.send_predict("b", np.array([[5, 6]], np.float32))
+
+    assert agents.serve(agents.have_replies("a", "b"), timeout_s=10)
+    np.testing.assert_array_equal(agents.replies["a"].payload["actions"]["y"], [[2, 4], [6, 8]])
+    np.testing.assert_array_equal(agents.replies["b"].payload["actions"]["y"], [[10, 12]])
+
+
+def test_a_request_that_breaks_the_specs_gets_an_error_naming_key_expected_and_received(ctx):
+    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=1)
+    agents = Agents(ctx, cdp, ["a", "b"])
+    agents.send_predict("a", np.ones((1, 3), np.float32))
+
+    assert agents.serve(agents.have_replies("a"), timeout_s=10)
+    error = agents.replies["a"]
+    assert error.kind == ERROR and error.payload["code"] == "spec"
+    reason = error.payload["reason"]
+    assert "inputs['x']" in reason and "(2,)" in reason and "(1, 3)" in reason
+    assert cdp.stats.rejected == 1
+    # The CDP keeps serving others.
+    agents.send_predict("b", np.ones((1, 2), np.float32))
+    assert agents.serve(agents.have_replies("b"), timeout_s=10)
+    assert agents.replies["b"].kind == PREDICTION
+
+
+def test_a_request_whose_header_names_another_agent_is_rejected(ctx):
+    cdp = make_cdp(ctx, max_wait_ms=1)
+    agents = Agents(ctx, cdp, ["a"])
+    agents.send_predict("a", np.ones((1, 2), np.float32), header_id="someone-else")
+
+    assert agents.serve(agents.have_replies("a"), timeout_s=10)
+    assert agents.replies["a"].kind == ERROR
+    assert "identity" in agents.replies["a"].payload["reason"]
+
+
+def test_learn_requests_of_all_live_agents_become_one_learn_call(ctx):
+    cdp = make_cdp(ctx, learn_max_batch=64, learn_max_wait_ms=60_000)
+    cdp.live = frozenset({"a", "b", "c"})
+    agents = Agents(ctx, cdp, ["a", "b", "c"])
+    for name in ("a", "b", "c"):
+        agents.send_learn(name, steps=5)
+
+    assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
+    assert cdp.stats.learn_calls == 1
+    reply = agents.replies["c"]
+    assert reply.kind == LEARNED
+    assert reply.payload["costs"] == {"batch": 3.0, "steps": 5.0}

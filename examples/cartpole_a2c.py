@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
     parser.add_argument("--num-agents", type=int, default=8, help="agent processes, one env each")
     parser.add_argument("--max-steps", type=int, default=500_000, help="stop after this many env steps in total")
+    parser.add_argument("--stop-return", type=float, default=None, help="also stop once the mean return of the last 100 episodes reaches this")
     parser.add_argument("--device", default="auto", help="where the model runs: cpu, cuda, cuda:N or auto (cuda when there is one)")
     parser.add_argument("--log-dir", default="runs/cartpole_a2c", help="where progress.csv, manager.log and checkpoints go")
     parser.add_argument("--max-batch", type=int, default=64, help="a prediction batch is flushed once it holds this many requests")
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         agents=agents,
         log_dir=args.log_dir,
         max_steps=args.max_steps,
+        stop_return=args.stop_return,
         device=args.device,
         seed=args.seed,
         progress_interval_s=args.progress_interval,

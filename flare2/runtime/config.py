@@ -88,6 +88,8 @@ class RunConfig:
     """Stop after this many env steps in total."""
     max_episodes: int | None = None
     """Stop after this many episodes in total."""
+    stop_return: float | None = None
+    """Also stop once the mean return of the last 100 episodes reaches this."""
     device: str = "auto"
     """Device of the compute process: cpu, cuda, cuda:N or auto."""
     seed: int = 0
@@ -118,7 +120,7 @@ class RunConfig:
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
         if self.max_steps is None and self.max_episodes is None:
-            raise ConfigError("a run needs a budget: set max_steps or max_episodes")
+            raise ConfigError("a run needs a budget: set max_steps or max_episodes (stop_return alone may never be met)")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
         if not 0 <= self.port <= 65535:

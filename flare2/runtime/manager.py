@@ -142,16 +142,21 @@ class Manager:
                 if control.poll(int(timeout_s * 1000)):
                     self._drain(control)
                 self._check_children()
-            logger.info("budget reached: %d env steps, %d episodes", self.totals.env_steps, self.totals.episodes)
+            logger.info(
+                "budget reached: %d env steps, %d episodes, return_mean %.1f",
+                self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
+            )
             return EXIT_OK
         except RunFailed as exc:
             logger.error("%s", exc)
             return exc.exit_code
 
     def _budget_reached(self) -> bool:
-        config = self.config
-        return (config.max_steps is not None and self.totals.env_steps >= config.max_steps) or (
-            config.max_episodes is not None and self.totals.episodes >= config.max_episodes
+        config, totals = self.config, self.totals
+        return (
+            (config.max_steps is not None and totals.env_steps >= config.max_steps)
+            or (config.max_episodes is not None and totals.episodes >= config.max_episodes)
+            or (config.stop_return is not None and totals.window_full and totals.return_mean >= config.stop_return)
         )
 
     def _report_progress(self) -> None:
@@ -333,17 +338,19 @@ class Manager:
             slot.process.wait()
         compute = self._compute
         if compute is not None and compute.exitcode is None:
+            wait_s = timeout_s
             if self._compute_hello is not None:
                 counters = {"env_steps": self.totals.env_steps, "episodes": self.totals.episodes}
                 router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters}))
-                # Saving a checkpoint may take a while for a big model; the process tells us when it is done.
-                compute.join(timeout_s * 4)
+                # Saving a checkpoint of a big model takes a while.
+                wait_s = timeout_s * 4
+            compute.join(wait_s)
             if compute.exitcode is None:
                 logger.warning("the compute process did not stop; killing it")
                 compute.kill()
             compute.join()
             self._drain_quietly(control, 0.0)
-        if self._progress is not None:
+        if self._compute_hello is not None:
             self._report_progress()
         if self._dropped_messages:
             logger.warning("dropped %d malformed or unexpected control messages", self._dropped_messages)

@@ -53,6 +53,10 @@ class RunTotals:
     def return_mean(self) -> float:
         return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
 
+    @property
+    def window_full(self) -> bool:
+        return len(self.recent_returns) == RETURN_WINDOW
+
     def ct_total(self, key: str) -> float:
         return sum(report.get(key, 0) for report in self.ct_reports.values())
 

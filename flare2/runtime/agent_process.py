@@ -183,6 +183,11 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
             agent = agent_class(**settings.agent_kwargs)
         except TypeError as exc:
             raise ConfigError(f"cannot create {settings.agent_path} with kwargs {settings.agent_kwargs}: {exc}") from None
+        if "torch" in sys.modules:
+            logger.warning(
+                "agent module of %s imports torch: agent processes then start slower and use about 140 MB more; "
+                "keep Agent classes in modules that do not import torch", settings.agent_path,
+            )
         helpers: dict[str, AgentHelper] = agent.helpers()
         welcome = requester.request(
             HELLO,

@@ -336,6 +336,7 @@ class Manager:
                 logger.warning("agent %s did not stop within %.1fs; killing it", slot.agent_id, timeout_s)
                 slot.process.kill()
             slot.process.wait()
+        logger.info("agents stopped in %.2fs", timeout_s - (deadline - time.monotonic()))
         compute = self._compute
         if compute is not None and compute.exitcode is None:
             wait_s = timeout_s

@@ -1,0 +1,24 @@
+"""Agent processes stay small: what they import must not pull in torch (DESIGN §10: about 140 MB each)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+CHECK = """
+import sys
+import flare2
+import flare2.runtime.agent_process
+import flare2.core.envs
+import flare2.core.helpers
+# The lazy package exports that agents use must not pull torch in either.
+flare2.Spec, flare2.CTSpecs, flare2.Agent, flare2.AgentHelper, flare2.OnlineHelper, flare2.GymAgent
+loaded = sorted(name for name in sys.modules if name == "torch" or name.startswith("torch."))
+print(",".join(loaded))
+sys.exit(1 if loaded else 0)
+"""
+
+
+def test_importing_the_agent_side_of_flare2_does_not_import_torch():
+    result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"torch modules imported: {result.stdout.strip()}\n{result.stderr}"

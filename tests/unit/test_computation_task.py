@@ -1,0 +1,245 @@
+"""ComputationTask around a tiny real A2C: numpy in and out, costs, checkpoints, misbehaving Algorithms."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from flare2.core.algorithm import Algorithm
+from flare2.core.computation_task import ComputationTask
+from flare2.core.specs import Spec, check_arrays
+from flare2.errors import ConfigError, SpecError
+from flare2.zoo.a2c import A2C
+from flare2.zoo.models import MLPActorCritic
+
+OBS_SPACE = gym.spaces.Box(-1, 1, (4,))
+ACTION_SPACE = gym.spaces.Discrete(2)
+
+
+def make_model(seed: int = 0) -> MLPActorCritic:
+    torch.manual_seed(seed)
+    return MLPActorCritic(OBS_SPACE, ACTION_SPACE, hidden=(8,))
+
+
+def make_ct(seed: int = 0, name: str = "RL") -> ComputationTask:
+    return ComputationTask(name, A2C(make_model(seed)), device="cpu")
+
+
+def learn_batch(batch: int = 2, steps: int = 5, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    terminated = np.zeros((batch, steps), bool)
+    terminated[0, 2] = True
+    truncated = np.zeros((batch, steps), bool)
+    truncated[-1, 1] = True
+    return {
+        "inputs": {"obs": rng.standard_normal((batch, steps, 4), dtype=np.float32)},
+        "next_inputs": {"obs": rng.standard_normal((batch, steps, 4), dtype=np.float32)},
+        "actions": {"action": rng.integers(0, 2, (batch, steps), dtype=np.int64)},
+        "rewards": {"reward": rng.standard_normal((batch, steps), dtype=np.float32)},
+        "states": {},
+        "terminated": terminated,
+        "truncated": truncated,
+    }
+
+
+def parameters(ct: ComputationTask) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in ct.algorithm.model.named_parameters()}
+
+
+def assert_same_state(a, b, where: str = "state") -> None:
+    """Recursive equality for state dicts: tensors exactly equal, everything else ==."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for index, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{index}]")
+    else:
+        assert a == b, where
+
+
+# --- predict ---------------------------------------------------------------------------------------
+
+
+def test_the_ct_specs_come_from_the_model():
+    ct = make_ct()
+    assert ct.specs.inputs == {"obs": Spec((4,), "float32")}
+    assert ct.specs.actions == {"action": Spec((), "int64")}
+    assert ct.specs.states == {}
+    assert ct.specs.rewards == {"reward": Spec((), "float32")}
+
+
+def test_predict_returns_arrays_that_match_the_action_specs():
+    ct = make_ct()
+    actions, states = ct.predict({"obs": np.zeros((3, 4), np.float32)}, {})
+
+    assert check_arrays("actions", ct.specs.actions, actions) == (3,)
+    assert set(np.unique(actions["action"])) <= {0, 1}
+    assert states == {}
+    assert ct.predict_calls == 1
+
+
+def test_a_wrong_input_shape_is_caught_by_the_ct_specs_before_it_reaches_the_model():
+    # CT.predict trusts its caller (the CDP validates every request with check_predict first).
+    ct = make_ct()
+    request = {"inputs": {"obs": np.zeros((3, 5), np.float32)}, "states": {}}
+    with pytest.raises(SpecError) as caught:
+        ct.specs.check_predict(request)
+    assert "inputs['obs']" in str(caught.value) and "(4,)" in str(caught.value) and "(3, 5)" in str(caught.value)
+
+    # Called directly, a wrong shape still fails rather than returning something.
+    with pytest.raises((SpecError, RuntimeError)):
+        ct.predict(request["inputs"], {})
+
+
+# --- learn -----------------------------------------------------------------------------------------
+
+
+def test_learn_returns_float_costs_and_counts_the_call():
+    ct = make_ct()
+    before = parameters(ct)
+
+    costs = ct.learn(learn_batch())
+
+    assert set(costs) == {"loss", "policy_loss", "value_loss", "entropy", "grad_norm"}
+    assert all(type(value) is float and np.isfinite(value) for value in costs.values())
+    assert ct.learn_calls == 1
+    assert any(not torch.equal(before[name], after) for name, after in parameters(ct).items())
+
+    ct.learn(learn_batch(seed=1))
+    assert ct.learn_calls == 2
+
+
+def test_learn_hands_the_algorithm_batch_by_time_tensors_with_the_episode_flags():
+    seen = {}
+
+    class Recorder(Algorithm):
+        def predict(self, inputs, states):
+            raise AssertionError("not called")
+
+        def learn(self, experience):
+            seen["experience"] = experience
+            return {"n": torch.tensor(3)}
+
+    ct = ComputationTask("RL", Recorder(make_model()))
+    batch = learn_batch(batch=2, steps=5)
+    assert ct.learn(batch) == {"n": 3.0}
+
+    experience = seen["experience"]
+    assert experience.inputs["obs"].shape == (2, 5, 4) and experience.actions["action"].dtype == torch.int64
+    assert torch.equal(experience.terminated, torch.from_numpy(batch["terminated"]))
+    assert torch.equal(experience.truncated, torch.from_numpy(batch["truncated"]))
+    assert torch.equal(experience.episode_ends, torch.from_numpy(batch["terminated"] | batch["truncated"]))
+
+
+def test_learn_that_returns_no_dict_raises_spec_error_naming_the_algorithm():
+    class NoCosts(Algorithm):
+        def learn(self, experience):
+            return 1.0
+
+    ct = ComputationTask("RL", NoCosts(make_model()))
+    with pytest.raises(SpecError, match="NoCosts.learn must return a dict of costs, got float"):
+        ct.learn(learn_batch())
+
+
+# --- checkpoints -----------------------------------------------------------------------------------
+
+
+def test_save_then_load_restores_parameters_optimizer_state_and_counters(tmp_path):
+    ct = make_ct(seed=0)
+    ct.predict({"obs": np.zeros((3, 4), np.float32)}, {})
+    ct.learn(learn_batch(seed=0))
+    ct.learn(learn_batch(seed=1))
+    path = tmp_path / "checkpoints" / "RL.pt"
+    ct.save(path, counters={"env_steps": 1234, "episodes": 7})
+
+    fresh = make_ct(seed=1)
+    assert any(not torch.equal(a, b) for a, b in zip(parameters(ct).values(), parameters(fresh).values()))
+    counters = fresh.load(path)
+
+    assert counters == {"env_steps": 1234, "episodes": 7, "predict_calls": 1, "learn_calls": 2}
+    assert (fresh.predict_calls, fresh.learn_calls) == (1, 2)
+    assert_same_state(fresh.algorithm.model.state_dict(), ct.algorithm.model.state_dict(), "model")
+    assert_same_state(fresh.algorithm.optimizer.state_dict(), ct.algorithm.optimizer.state_dict(), "optimizer")
+
+    # The restored optimizer state matters: one more identical step keeps both CTs identical.
+    ct.learn(learn_batch(seed=2))
+    fresh.learn(learn_batch(seed=2))
+    assert_same_state(fresh.algorithm.model.state_dict(), ct.algorithm.model.state_dict(), "model after a step")
+
+
+def test_save_leaves_only_the_checkpoint_behind(tmp_path):
+    ct = make_ct()
+    ct.save(tmp_path / "RL.pt", counters={})
+    ct.save(tmp_path / "RL.pt", counters={"again": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["RL.pt"]
+    assert make_ct().load(tmp_path / "RL.pt")["again"] == 1
+
+
+def test_loading_a_checkpoint_of_another_ct_raises_config_error(tmp_path):
+    make_ct(name="RL").save(tmp_path / "RL.pt", counters={})
+    with pytest.raises(ConfigError, match="belongs to CT 'RL', not 'other'"):
+        make_ct(name="other").load(tmp_path / "RL.pt")
+
+
+def test_loading_a_missing_checkpoint_raises_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no checkpoint at"):
+        make_ct().load(tmp_path / "missing.pt")
+
+
+# --- misbehaving Algorithms ------------------------------------------------------------------------
+
+
+class ShapeBreaker(Algorithm):
+    """Returns actions of shape [B, 1] where the spec says [B]."""
+
+    def predict(self, inputs, states):
+        rows = inputs["obs"].shape[0]
+        return {"action": torch.zeros(rows, 1, dtype=torch.int64)}, {}
+
+
+class DtypeBreaker(Algorithm):
+    def predict(self, inputs, states):
+        return {"action": torch.zeros(inputs["obs"].shape[0], dtype=torch.float32)}, {}
+
+
+class KeyBreaker(Algorithm):
+    def predict(self, inputs, states):
+        return {"act": torch.zeros(inputs["obs"].shape[0], dtype=torch.int64)}, {}
+
+
+class StateBreaker(Algorithm):
+    def predict(self, inputs, states):
+        return {"action": torch.zeros(inputs["obs"].shape[0], dtype=torch.int64)}, {"h": torch.zeros(1)}
+
+
+@pytest.mark.parametrize(
+    "algorithm, expected",
+    [
+        (ShapeBreaker, r"ShapeBreaker\.predict returned actions\['action'\] with shape \(3, 1\) .*shape \(3,\)"),
+        (DtypeBreaker, r"DtypeBreaker\.predict returned actions\['action'\] .*dtype float32.*dtype int64"),
+        (KeyBreaker, r"KeyBreaker\.predict must return actions with keys \['action'\], got \['act'\]"),
+        (StateBreaker, r"StateBreaker\.predict must return states with keys \[\], got \['h'\]"),
+    ],
+)
+def test_an_algorithm_whose_predict_breaks_the_specs_gets_an_error_naming_it(algorithm, expected):
+    ct = ComputationTask("RL", algorithm(make_model()))
+    with pytest.raises(SpecError, match=expected):
+        ct.predict({"obs": np.zeros((3, 4), np.float32)}, {})
+
+
+def test_a_ct_needs_an_algorithm():
+    with pytest.raises(ConfigError, match="needs a flare2 Algorithm, got MLPActorCritic"):
+        ComputationTask("RL", make_model())
+
+
+@pytest.mark.parametrize("device", ["tpu", "nonsense"])
+def test_an_unknown_device_raises_config_error(device):
+    with pytest.raises(ConfigError, match="device"):
+        ComputationTask("RL", A2C(make_model()), device=device)

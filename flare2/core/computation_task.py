@@ -94,9 +94,9 @@ class ComputationTask:
         )
         self.algorithm.model.train()
         costs = self.algorithm.learn(experience)
-        self.learn_calls += 1
         if not isinstance(costs, dict):
             raise SpecError(f"{type(self.algorithm).__name__}.learn must return a dict of costs, got {type(costs).__name__}")
+        self.learn_calls += 1
         return {str(key): float(value) for key, value in costs.items()}
 
     def save(self, path: str | os.PathLike, counters: dict[str, int]) -> None:

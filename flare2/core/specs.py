@@ -24,12 +24,15 @@ class Spec:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        shape = tuple(self.shape)
-        if not all(isinstance(dim, (int, np.integer)) and dim >= 0 for dim in shape):
-            raise SpecError(f"Spec shape must be a tuple of non-negative ints, got {self.shape!r}")
+        shape = self.shape
+        if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0 for dim in shape
+        ):
+            raise SpecError(f"Spec shape must be a tuple of non-negative ints such as (4,) or (), got {self.shape!r}")
         object.__setattr__(self, "shape", tuple(int(dim) for dim in shape))
         try:
-            name = np.dtype(self.dtype).name
+            # np.dtype(None) would silently mean float64.
+            name = np.dtype(self.dtype).name if self.dtype is not None else None
         except TypeError:
             name = None
         if name not in WIRE_DTYPE_NAMES:
@@ -45,8 +48,8 @@ class Spec:
 
     @classmethod
     def from_wire(cls, value: Any) -> Spec:
-        if not isinstance(value, dict) or not isinstance(value.get("shape"), list):
-            raise SpecError(f"a spec is a map with 'shape' and 'dtype', got {value!r}")
+        if not isinstance(value, dict) or not isinstance(value.get("shape"), list) or not isinstance(value.get("dtype"), str):
+            raise SpecError(f"a spec is a map with 'shape' and 'dtype' (a list and a str), got {value!r}")
         return cls(shape=tuple(value["shape"]), dtype=value.get("dtype"))
 
 
@@ -87,7 +90,10 @@ def check_arrays(
     for name, spec in specs.items():
         array = arrays[name]
         if not isinstance(array, np.ndarray):
-            raise SpecError(f"{group}[{name!r}] must be an array of dtype {spec.dtype}, got {type(array).__name__}")
+            raise SpecError(
+                f"{group}[{name!r}] must be an array of dtype {spec.dtype} with the leading dims first, "
+                f"got {type(array).__name__}"
+            )
         if array.dtype.name != spec.dtype:
             raise SpecError(f"{group}[{name!r}]: expected dtype {spec.dtype}, got {array.dtype.name}")
         head, tail = array.shape[:leading_ndim], array.shape[leading_ndim:]

@@ -23,7 +23,7 @@ from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
-from flare2.wire.sockets import connect_dealer, context
+from flare2.wire.sockets import connect_dealer, context, poll_timeout_ms
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +138,7 @@ def _loop(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: C
         now = time.monotonic()
         deadlines = [d for d in (cdp.next_deadline() for cdp in cdps) if d is not None]
         wake = min([next_stats, *deadlines])
-        timeout_ms = max(0.0, min(wake - now, _IDLE_POLL_S)) * 1000
-        events = poller.poll(timeout_ms)
+        events = poller.poll(poll_timeout_ms(min(wake - now, _IDLE_POLL_S)))
         now = time.monotonic()
         for sock, _ in events:
             if sock is control:

@@ -34,7 +34,7 @@ from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, co
 from flare2.runtime.config import RunConfig
 from flare2.runtime.progress import ProgressLog, RunTotals
 from flare2.wire.protocol import BYE, ERROR, HELLO, LIVE, STATS, STOP, WELCOME, Message, error_payload, unpack
-from flare2.wire.sockets import bind_router, context, router_send
+from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_send
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Manager:
                     next_progress = now + config.progress_interval_s
                     self._report_progress()
                 timeout_s = min(_SUPERVISE_INTERVAL_S, max(0.0, next_progress - now))
-                if control.poll(int(timeout_s * 1000)):
+                if control.poll(poll_timeout_ms(timeout_s)):
                     self._drain(control)
                 self._check_children()
             logger.info(
@@ -358,7 +358,7 @@ class Manager:
 
     def _drain_quietly(self, control: zmq.Socket, timeout_s: float) -> None:
         """Take final stats while stopping; a failure report now is only logged."""
-        if not control.poll(int(timeout_s * 1000)):
+        if not control.poll(poll_timeout_ms(timeout_s)):
             return
         try:
             self._drain(control)

@@ -23,6 +23,7 @@ ARRAY_EXT_CODE = 1
 MAX_NDIM = 32
 MAX_DEPTH = 32
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+_MAX_DIM = 2**32 - 1
 
 # The wire order of this table is part of the protocol: append only.
 _WIRE_DTYPES = tuple(
@@ -46,6 +47,8 @@ def _array_to_ext(array: np.ndarray) -> msgpack.ExtType:
         )
     if array.ndim > MAX_NDIM:
         raise EncodeError(f"cannot send an array with {array.ndim} dimensions (at most {MAX_NDIM})")
+    if any(dim > _MAX_DIM for dim in array.shape):
+        raise EncodeError(f"cannot send an array of shape {array.shape}: each dimension must be below 2**32")
     little = np.ascontiguousarray(array, dtype=_WIRE_DTYPES[code].newbyteorder("<"))
     head = struct.pack(f"<BB{array.ndim}I", code, array.ndim, *array.shape)
     return msgpack.ExtType(ARRAY_EXT_CODE, head + little.tobytes())
@@ -58,14 +61,31 @@ def _default(value: Any) -> Any:
         return _array_to_ext(np.asarray(value))
     if isinstance(value, tuple):
         return list(value)
+    if isinstance(value, int):
+        raise EncodeError(f"cannot send the int {value}: it is outside the 64-bit range")
     raise EncodeError(
         f"cannot send a value of type {type(value).__name__}: flare2 messages carry dicts with str keys, "
         "lists, str, bytes, int, float, bool, None and numpy arrays"
     )
 
 
+def _check_sendable(value: Any, depth: int) -> None:
+    """Refuse what decode() would refuse, so the sender gets the error rather than its peer."""
+    if depth > MAX_DEPTH:
+        raise EncodeError(f"cannot send a message nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise EncodeError(f"cannot send a map with key {key!r}: map keys must be str")
+            _check_sendable(item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_sendable(item, depth + 1)
+
+
 def encode(value: Any) -> bytes:
     """Encode plain data with numpy arrays into msgpack bytes."""
+    _check_sendable(value, 0)
     try:
         return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=False)
     except EncodeError:

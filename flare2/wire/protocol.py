@@ -71,7 +71,7 @@ def _decode_header(frame: bytes) -> tuple[str, str, int, str]:
             f"peer speaks flare2 protocol {version}, this side speaks {PROTOCOL_VERSION}: "
             "install the same flare2 version on both sides"
         )
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise DecodeError(f"unknown message kind {kind!r}")
     if not isinstance(agent_id, str) or len(agent_id) > MAX_NAME_CHARS:
         raise DecodeError("header agent_id must be a str of at most 128 characters")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,9 +69,19 @@ def router_send(sock: zmq.Socket, identity: bytes, message: Message) -> bool:
         raise
 
 
+def poll_timeout_ms(seconds: float) -> int:
+    """A ZeroMQ poll timeout in whole milliseconds, rounded up.
+
+    ZeroMQ polls in whole milliseconds and pyzmq truncates a float, so a wait
+    of 0.4 ms would become a busy loop of zero-timeout polls that takes a core
+    from the processes it waits for.
+    """
+    return max(0, math.ceil(seconds * 1000))
+
+
 def recv_frames(sock: zmq.Socket, timeout_s: float) -> list[bytes] | None:
     """The next multipart message, or None when nothing arrived within ``timeout_s``."""
-    if not sock.poll(max(0, int(timeout_s * 1000))):
+    if not sock.poll(poll_timeout_ms(timeout_s)):
         return None
     return sock.recv_multipart(copy=True)
 

@@ -20,7 +20,7 @@ from flare2.core.specs import Spec
 from flare2.runtime.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
-from flare2.wire.sockets import connect_dealer
+from flare2.wire.sockets import connect_dealer, poll_timeout_ms
 
 
 class Doubler(Model):
@@ -97,7 +97,7 @@ class Agents:
             if now >= deadline:
                 return False
             wake = min(deadline, self.cdp.next_deadline() or deadline)
-            for sock, _ in poller.poll(max(0.0, wake - now) * 1000):
+            for sock, _ in poller.poll(poll_timeout_ms(wake - now)):
                 if sock in (self.cdp.predict_socket, self.cdp.learn_socket):
                     self.cdp.drain(sock, time.monotonic())
                 else:

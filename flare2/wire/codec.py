@@ -69,23 +69,9 @@ def _default(value: Any) -> Any:
     )
 
 
-def _check_sendable(value: Any, depth: int) -> None:
-    """Refuse what decode() would refuse, so the sender gets the error rather than its peer."""
-    if depth > MAX_DEPTH:
-        raise EncodeError(f"cannot send a message nested deeper than {MAX_DEPTH} levels")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise EncodeError(f"cannot send a map with key {key!r}: map keys must be str")
-            _check_sendable(item, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _check_sendable(item, depth + 1)
-
-
 def encode(value: Any) -> bytes:
     """Encode plain data with numpy arrays into msgpack bytes."""
-    _check_sendable(value, 0)
+    _check_structure(value, 0, EncodeError, leaves=False)
     try:
         return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=False)
     except EncodeError:
@@ -122,19 +108,24 @@ def _ext_to_array(code: int, data: bytes) -> np.ndarray:
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None), np.ndarray)
 
 
-def _check_plain(value: Any, depth: int) -> None:
+def _check_structure(value: Any, depth: int, error: type[Exception], leaves: bool) -> None:
+    """Str map keys and bounded nesting (and, when ``leaves``, only plain leaf types), else ``error``.
+
+    encode() runs it too (without leaf checks, which msgpack does), so a
+    sender learns of a message its peer would refuse.
+    """
     if depth > MAX_DEPTH:
-        raise DecodeError(f"message nests deeper than {MAX_DEPTH} levels")
+        raise error(f"message nests deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise DecodeError(f"map key {key!r} is not a str")
-            _check_plain(item, depth + 1)
-    elif isinstance(value, list):
+                raise error(f"map key {key!r} is not a str")
+            _check_structure(item, depth + 1, error, leaves)
+    elif isinstance(value, (list, tuple)):
         for item in value:
-            _check_plain(item, depth + 1)
-    elif not isinstance(value, _PLAIN_TYPES):
-        raise DecodeError(f"values of type {type(value).__name__} are not accepted")
+            _check_structure(item, depth + 1, error, leaves)
+    elif leaves and not isinstance(value, _PLAIN_TYPES):
+        raise error(f"values of type {type(value).__name__} are not accepted")
 
 
 def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
@@ -153,5 +144,5 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise DecodeError(f"not a valid msgpack message ({type(exc).__name__}: {exc})") from None
-    _check_plain(value, 0)
+    _check_structure(value, 0, DecodeError, leaves=True)
     return value

@@ -205,7 +205,8 @@ class Manager:
         env = dict(os.environ)
         # A file.py:Class agent path is resolved against the manager's working directory.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        # A session of its own keeps the terminal's Ctrl+C away from the agent: the manager stops it with STOP.
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         self._agents[agent_id] = _AgentSlot(slot, agent_id, process)
 
     def _check_children(self) -> None:

@@ -26,7 +26,7 @@ import zmq
 
 from flare2.core.agent import Agent, AgentHelper
 from flare2.core.specs import CTSpecs
-from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError
+from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
 from flare2.wire.sockets import Requester, context
@@ -37,6 +37,7 @@ EXIT_STOPPED = 0
 EXIT_AGENT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_MANAGER_LOST = 3
+EXIT_REMOTE_FAILED = 4
 
 
 @dataclass(frozen=True)
@@ -89,21 +90,25 @@ class EpisodeRecorder:
 
 
 class _Control:
-    """The agent's link to the manager: stats, stop requests, manager liveness."""
+    """The agent's link to the manager: stats (which double as heartbeats), stop requests, manager liveness."""
 
-    def __init__(self, requester: Requester, settings: AgentSettings, interval_s: float) -> None:
+    def __init__(self, requester: Requester, settings: AgentSettings, interval_s: float, manager_timeout_s: float) -> None:
         self.requester = requester
         self.settings = settings
         self.interval_s = interval_s
+        self.manager_timeout_s = manager_timeout_s
         self.recorder: EpisodeRecorder | None = None
-        self._next_at = time.monotonic() + interval_s
+        now = time.monotonic()
+        self._next_at = now + interval_s
+        self._last_heard = now
 
     def maybe_service(self) -> None:
         if time.monotonic() >= self._next_at:
             self.service()
 
     def service(self) -> None:
-        self._next_at = time.monotonic() + self.interval_s
+        now = time.monotonic()
+        self._next_at = now + self.interval_s
         if self.settings.parent_pid and os.getppid() != self.settings.parent_pid:
             raise PeerDiedError("the manager process is gone")
         self.send_stats()
@@ -114,8 +119,11 @@ class _Control:
             except DecodeError as exc:
                 logger.warning("dropped a malformed control message: %s", exc)
                 continue
+            self._last_heard = now
             if message.kind == STOP:
                 raise StopRequested()
+        if now - self._last_heard > self.manager_timeout_s:
+            raise PeerDiedError(f"no word from the manager for {self.manager_timeout_s:.0f}s")
 
     def send_stats(self) -> None:
         if self.recorder is not None:
@@ -209,7 +217,12 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         return EXIT_CONFIG
 
     welcome = welcome.payload
-    control = _Control(requester, settings, float(welcome.get("control_interval_s", 0.2)))
+    control = _Control(
+        requester,
+        settings,
+        interval_s=float(welcome.get("control_interval_s", 0.25)),
+        manager_timeout_s=float(welcome.get("heartbeat_timeout_s", 10.0)),
+    )
     max_bytes = int(welcome.get("max_message_bytes", 1 << 24))
     ports: dict[str, _Port] = {}
     try:
@@ -231,6 +244,10 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
     except PeerDiedError as exc:
         logger.error("agent %s: %s; exiting", settings.agent_id, exc)
         return EXIT_MANAGER_LOST
+    except RemoteError as exc:
+        # The compute process reports the failure to the manager, which stops the run and shows the traceback.
+        logger.error("agent %s: %s", settings.agent_id, str(exc).splitlines()[0])
+        return EXIT_REMOTE_FAILED
     except FlareError as exc:
         logger.error("agent %s: %s", settings.agent_id, exc)
         _report(requester, error_payload(str(exc), code="config"))

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 # Messages taken from one socket per wake-up, so that one flooding peer cannot
 # keep the loop away from the other socket and from flushing.
 _MAX_DRAIN = 256
+_MAX_PENDING_PER_AGENT = 4
 
 
 @dataclass
@@ -83,6 +84,16 @@ class _BatchQueue:
         batch, self.requests = self.requests[: self.max_batch], self.requests[self.max_batch :]
         return batch
 
+    def discard(self, agent_ids: frozenset[str]) -> int:
+        """Drop the requests of ``agent_ids``; returns how many there were."""
+        kept = [request for request in self.requests if request.agent_id not in agent_ids]
+        dropped = len(self.requests) - len(kept)
+        self.requests = kept
+        return dropped
+
+    def pending(self, agent_id: str) -> int:
+        return sum(request.agent_id == agent_id for request in self.requests)
+
 
 @dataclass
 class CDPStats:
@@ -94,6 +105,8 @@ class CDPStats:
     learn_requests: int = 0
     learn_calls: int = 0
     rejected: int = 0
+    discarded: int = 0
+    """Requests of agents that left (died, were restarted) before they were served."""
     max_predict_wait_ms: float = 0.0
     costs_sum: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     costs_count: int = 0
@@ -107,6 +120,7 @@ class CDPStats:
             "learn_requests": self.learn_requests,
             "learn_calls": self.learn_calls,
             "rejected": self.rejected,
+            "discarded": self.discarded,
             "max_predict_wait_ms": self.max_predict_wait_ms,
             "costs": {key: value / self.costs_count for key, value in self.costs_sum.items()} if self.costs_count else {},
         }
@@ -131,8 +145,8 @@ class ComputationDataProcessor:
         self.ct = ct
         self.config = config
         self.max_bytes = max_bytes
-        self.live: frozenset[str] = frozenset()
-        self.stats = CDPStats()
+        self._live: frozenset[str] = frozenset()
+        self.stats = CDPStats(learn_calls=ct.learn_calls)
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
         self.predict_socket, self.predict_endpoint = bind_router(ctx, host, max_bytes=max_bytes)
@@ -141,6 +155,20 @@ class ComputationDataProcessor:
         except BaseException:
             self.predict_socket.close(linger=0)
             raise
+
+    @property
+    def live(self) -> frozenset[str]:
+        """The agents the batching rule waits for (the manager's registry)."""
+        return self._live
+
+    @live.setter
+    def live(self, agents: frozenset[str]) -> None:
+        # An agent that left will never be read from again: its queued requests go, never to reach learn().
+        gone = self._live - agents
+        if gone:
+            for queue in (self._predict_queue, *self._learn_queues.values()):
+                self.stats.discarded += queue.discard(gone)
+        self._live = agents
 
     def close(self) -> None:
         self.predict_socket.close(linger=0)
@@ -188,18 +216,24 @@ class ComputationDataProcessor:
         except SpecError as exc:
             self._reject(sock, identity, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return
-        request = _Request(identity, message.agent_id, message.seq, message.payload, now, size)
         if learn:
-            self.stats.learn_requests += 1
             queue = self._learn_queues.get(size)
             if queue is None:
                 queue = self._learn_queues[size] = _BatchQueue(
                     self.config.learn_max_batch, self.config.learn_max_wait_ms / 1000
                 )
-            queue.add(request)
+        else:
+            queue = self._predict_queue
+        # An agent waits for each reply before it asks again; more than this is a flood, and
+        # refusing it keeps one peer from filling the batches of everyone else.
+        if queue.pending(message.agent_id) >= _MAX_PENDING_PER_AGENT:
+            self._reject(sock, identity, message.seq, f"more than {_MAX_PENDING_PER_AGENT} requests waiting", "bad_request")
+            return
+        if learn:
+            self.stats.learn_requests += 1
         else:
             self.stats.predict_requests += 1
-            self._predict_queue.add(request)
+        queue.add(_Request(identity, message.agent_id, message.seq, message.payload, now, size))
 
     # ---- serving ---------------------------------------------------------------------
 
@@ -263,7 +297,8 @@ class ComputationDataProcessor:
             costs = self.ct.learn(experience)
         except Exception:
             self._fail_batch(self.learn_socket, batch, "learn")
-        self.stats.learn_calls += 1
+        # The CT's count, which a resumed run continues.
+        self.stats.learn_calls = self.ct.learn_calls
         for key, value in costs.items():
             self.stats.costs_sum[key] += value
         self.stats.costs_count += 1

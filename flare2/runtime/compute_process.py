@@ -18,11 +18,11 @@ from typing import Any
 
 import zmq
 
-from flare2.errors import DecodeError, FlareError
+from flare2.errors import ConfigError, DecodeError, FlareError
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
-from flare2.wire.protocol import BYE, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
+from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
 from flare2.wire.sockets import connect_dealer, context, poll_timeout_ms
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,17 @@ class ComputeSettings:
 
 def checkpoint_path(directory: str | os.PathLike, ct_name: str) -> Path:
     return Path(directory) / f"{ct_name}.pt"
+
+
+def resume_checkpoint_path(resume_dir: str | os.PathLike, ct_name: str) -> Path:
+    """The checkpoint of ``ct_name`` in a run's log directory or in its checkpoints/ folder."""
+    for directory in (Path(resume_dir) / "checkpoints", Path(resume_dir)):
+        if checkpoint_path(directory, ct_name).is_file():
+            return checkpoint_path(directory, ct_name)
+    raise ConfigError(
+        f"no checkpoint of CT {ct_name!r} in {resume_dir}: --resume takes the log directory of an earlier run "
+        f"(it holds checkpoints/{ct_name}.pt)"
+    )
 
 
 def compute_main(settings: ComputeSettings) -> None:
@@ -97,7 +108,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
     counters: dict[str, Any] = {}
     if settings.resume_dir:
         for ct in cts:
-            counters = ct.load(checkpoint_path(settings.resume_dir, ct.name))
+            counters = ct.load(resume_checkpoint_path(settings.resume_dir, ct.name))
     cdps = []
     try:
         for ct, config in zip(cts, settings.cts):
@@ -119,6 +130,8 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             },
         }
         control.send_multipart(pack(Message(HELLO, hello)))
+        # The counters a resumed run continues reach the manager before its first progress row.
+        _send_stats(control, cdps)
         _loop(control, cdps, settings)
     finally:
         for cdp in cdps:
@@ -140,12 +153,14 @@ def _loop(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: C
         wake = min([next_stats, *deadlines])
         events = poller.poll(poll_timeout_ms(min(wake - now, _IDLE_POLL_S)))
         now = time.monotonic()
-        for sock, _ in events:
-            if sock is control:
+        ready = {sock for sock, _ in events}
+        # Control first: a LIVE update must reach the CDPs before the requests of the agents it names.
+        if control in ready:
+            while control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 if _handle_control(control, cdps, settings):
                     return
-            else:
-                owner[sock].drain(sock, now)
+        for sock in ready - {control}:
+            owner[sock].drain(sock, now)
         now = time.monotonic()
         for cdp in cdps:
             cdp.serve_ready(now)
@@ -154,8 +169,18 @@ def _loop(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: C
             if os.getppid() != settings.parent_pid:
                 logger.error("the manager is gone; the compute process exits")
                 return
-            report = {"role": "compute", "cts": {cdp.ct.name: cdp.stats.take_report() for cdp in cdps}}
-            control.send_multipart(pack(Message(STATS, report)))
+            _send_stats(control, cdps)
+
+
+def _send_stats(control: zmq.Socket, cdps: list[ComputationDataProcessor]) -> None:
+    report = {"role": "compute", "cts": {cdp.ct.name: cdp.stats.take_report() for cdp in cdps}}
+    control.send_multipart(pack(Message(STATS, report)))
+
+
+def _save_checkpoints(cdps: list[ComputationDataProcessor], settings: ComputeSettings, counters: Any) -> None:
+    counters = counters if isinstance(counters, dict) else {}
+    for cdp in cdps:
+        cdp.ct.save(checkpoint_path(settings.checkpoint_dir, cdp.ct.name), counters)
 
 
 def _handle_control(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: ComputeSettings) -> bool:
@@ -171,12 +196,13 @@ def _handle_control(control: zmq.Socket, cdps: list[ComputationDataProcessor], s
             agents = live.get(cdp.ct.name, [])
             cdp.live = frozenset(a for a in agents if isinstance(a, str))
         return False
+    if message.kind == CHECKPOINT:
+        _save_checkpoints(cdps, settings, message.payload.get("counters"))
+        control.send_multipart(pack(Message(CHECKPOINT, {"checkpoint_dir": settings.checkpoint_dir}, seq=message.seq)))
+        return False
     if message.kind == STOP:
-        counters = message.payload.get("counters", {})
-        for cdp in cdps:
-            cdp.ct.save(checkpoint_path(settings.checkpoint_dir, cdp.ct.name), counters)
-        report = {"role": "compute", "cts": {cdp.ct.name: cdp.stats.take_report() for cdp in cdps}}
-        control.send_multipart(pack(Message(STATS, report)))
+        _save_checkpoints(cdps, settings, message.payload.get("counters"))
+        _send_stats(control, cdps)
         control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
         return True
     logger.warning("ignored control message of kind %r", message.kind)

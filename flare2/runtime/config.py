@@ -104,6 +104,18 @@ class RunConfig:
     """Threads torch uses in the compute process (1 is fastest for small models on few cores)."""
     max_message_bytes: int = DEFAULT_MAX_BYTES
     """Largest message any socket accepts."""
+    max_restarts: int = 10
+    """Agent restarts allowed over the whole run (an agent that crashes or goes silent is restarted); past it the run fails."""
+    restart_backoff_s: float = 0.5
+    """Wait before the first restart of an agent; it doubles with each further restart of that agent, up to 30 s."""
+    heartbeat_timeout_s: float = 10.0
+    """An agent silent for this long is taken for dead; an agent that hears nothing from the manager for this long exits."""
+    checkpoint_every_s: float | None = None
+    """Write a checkpoint every this many seconds (one is always written at the end)."""
+    checkpoint_every_steps: int | None = None
+    """Write a checkpoint every this many env steps (one is always written at the end)."""
+    resume_dir: str | None = None
+    """Log directory of an earlier run (or its checkpoints/ folder): continue its learning and counters."""
     startup_timeout_s: float = 120.0
     """How long the compute process and the agents may take to come up."""
     stop_timeout_s: float = 5.0
@@ -123,5 +135,11 @@ class RunConfig:
             raise ConfigError("a run needs a budget: set max_steps or max_episodes (stop_return alone may never be met)")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        for name in ("restart_backoff_s", "heartbeat_timeout_s", "checkpoint_every_s", "checkpoint_every_steps"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be > 0, got {value}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")

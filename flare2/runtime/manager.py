@@ -3,8 +3,16 @@
 It binds the control endpoint, starts the compute process (spawn start
 method: the manager never forks once torch may be loaded) and the agent
 processes, answers their hellos, keeps the registry of live agents that the
-CDPs batch by, aggregates stats into progress lines and ``progress.csv``, and
-stops everything at the budget or on Ctrl+C/SIGTERM.
+CDPs batch by, aggregates stats into progress lines and ``progress.csv``,
+writes checkpoints, and stops everything at the budget or on Ctrl+C/SIGTERM.
+
+Supervision (DESIGN §7): an agent that dies, raises in its episode code or
+goes silent for ``heartbeat_timeout_s`` is logged with its cause and started
+again as a new incarnation (a new agent id, so nothing meant for its
+predecessor reaches it), after a backoff that doubles per restart of that
+slot, up to ``max_restarts`` for the run. A failure in the compute process
+(user code in an Algorithm or Model included) stops the run with its
+traceback.
 
 Stopping is ordered so that no data in flight is lost: agents are stopped
 first (each sends its final stats and a bye), then the compute process, which
@@ -28,12 +36,14 @@ from typing import Any
 
 import zmq
 
-from flare2.errors import DecodeError
-from flare2.runtime.agent_process import EXIT_CONFIG
-from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
+from flare2.errors import ConfigError, DecodeError
+from flare2.runtime.agent_process import EXIT_CONFIG, EXIT_MANAGER_LOST, EXIT_REMOTE_FAILED
+from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main, resume_checkpoint_path
 from flare2.runtime.config import RunConfig
 from flare2.runtime.progress import ProgressLog, RunTotals
-from flare2.wire.protocol import BYE, ERROR, HELLO, LIVE, STATS, STOP, WELCOME, Message, error_payload, unpack
+from flare2.wire.protocol import (
+    BYE, CHECKPOINT, ERROR, HEARTBEAT, HELLO, LIVE, STATS, STOP, WELCOME, Message, error_payload, unpack,
+)
 from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_send
 
 logger = logging.getLogger(__name__)
@@ -50,6 +60,9 @@ AGENT_CONTROL_INTERVAL_S = 0.25
 AGENT_REPLY_TIMEOUT_S = 60.0
 # The manager wakes at least this often to look at its children.
 _SUPERVISE_INTERVAL_S = 0.2
+_MAX_RESTART_BACKOFF_S = 30.0
+# Dropped control messages are logged one by one up to this many, then only counted.
+_LOGGED_DROPS = 20
 
 
 class RunFailed(Exception):
@@ -62,13 +75,22 @@ class RunFailed(Exception):
 
 @dataclass
 class _AgentSlot:
-    """One local agent process and what the manager knows of it."""
+    """One local agent process (the current incarnation of its slot) and what the manager knows of it."""
 
     slot: int
+    incarnation: int
     agent_id: str
-    process: subprocess.Popen
+    process: subprocess.Popen | None
+    last_seen: float
     registered: bool = False
     said_bye: bool = False
+    error: str = ""
+    """What the agent reported before it died (a traceback of its episode code)."""
+    restart_at: float | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.registered and not self.said_bye and self.restart_at is None
 
 
 class Manager:
@@ -81,13 +103,17 @@ class Manager:
         self.totals = RunTotals()
         self.control_endpoint = ""
         self._stop_signal: int | None = None
-        self._agents: dict[str, _AgentSlot] = {}
+        self._slots: list[_AgentSlot] = []
+        self._by_id: dict[str, _AgentSlot] = {}
         self._compute: multiprocessing.process.BaseProcess | None = None
         self._compute_hello: dict[str, Any] | None = None
         self._pending_hellos: list[Message] = []
         self._progress: ProgressLog | None = None
         self._dropped_messages = 0
         self._stopping = False
+        self._checkpoint_pending = False
+        self._next_checkpoint_s = float("inf")
+        self._next_checkpoint_steps = float("inf")
 
     # ---- public ----------------------------------------------------------------------
 
@@ -97,6 +123,9 @@ class Manager:
         log_handler = _attach_log_file(self.log_dir / "manager.log")
         previous_handlers = _install_signal_handlers(self._on_signal)
         try:
+            if self.config.resume_dir:
+                for ct in self.config.cts:
+                    resume_checkpoint_path(self.config.resume_dir, ct.name)
             with context() as ctx:
                 control, self.control_endpoint = bind_router(
                     ctx, self.config.host, port=self.config.port, max_bytes=self.config.max_message_bytes
@@ -106,6 +135,12 @@ class Manager:
                 finally:
                     self._shutdown(control)
                     control.close(linger=0)
+        except RunFailed as exc:
+            logger.error("%s", exc)
+            return exc.exit_code
+        except ConfigError as exc:
+            logger.error("%s", exc)
+            return EXIT_CONFIG_ERROR
         finally:
             _restore_signal_handlers(previous_handlers)
             if self._progress is not None:
@@ -120,10 +155,10 @@ class Manager:
         logger.info("control endpoint %s, log dir %s", self.control_endpoint, self.log_dir)
         self._start_compute()
         for slot in range(config.agents.num_agents):
-            self._start_agent(slot)
-        self._progress = ProgressLog(self.log_dir)
+            self._slots.append(self._start_agent(slot, incarnation=0))
         startup_deadline = time.monotonic() + config.startup_timeout_s
         next_progress = time.monotonic() + config.progress_interval_s
+        next_heartbeat = time.monotonic()
         try:
             while not self._budget_reached():
                 if self._stop_signal is not None:
@@ -138,10 +173,14 @@ class Manager:
                 if now >= next_progress:
                     next_progress = now + config.progress_interval_s
                     self._report_progress()
+                if now >= next_heartbeat:
+                    next_heartbeat = now + config.heartbeat_timeout_s / 4
+                    self._send_heartbeats(control)
+                self._maybe_checkpoint(control, now)
                 timeout_s = min(_SUPERVISE_INTERVAL_S, max(0.0, next_progress - now))
                 if control.poll(poll_timeout_ms(timeout_s)):
                     self._drain(control)
-                self._check_children()
+                self._supervise(control)
             logger.info(
                 "budget reached: %d env steps, %d episodes, return_mean %.1f",
                 self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
@@ -161,11 +200,19 @@ class Manager:
 
     def _report_progress(self) -> None:
         if self._progress is not None:
-            agents = sum(slot.registered and not slot.said_bye for slot in self._agents.values())
-            self._progress.report(self.totals, agents=agents)
+            self._progress.report(self.totals, agents=sum(slot.live for slot in self._slots))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
+
+    def _counters(self) -> dict[str, Any]:
+        totals = self.totals
+        return {
+            "env_steps": totals.env_steps,
+            "episodes": totals.episodes,
+            "restarts": totals.restarts,
+            "recent_returns": list(totals.recent_returns),
+        }
 
     # ---- children --------------------------------------------------------------------
 
@@ -178,7 +225,7 @@ class Manager:
             seed=config.seed,
             host=config.host,
             checkpoint_dir=str(self.checkpoint_dir),
-            resume_dir=None,
+            resume_dir=config.resume_dir,
             torch_threads=config.torch_threads,
             max_message_bytes=config.max_message_bytes,
             parent_pid=os.getpid(),
@@ -188,17 +235,18 @@ class Manager:
         self._compute = process
         logger.info("compute process started (pid %d)", process.pid)
 
-    def _start_agent(self, slot: int) -> None:
+    def _start_agent(self, slot: int, incarnation: int) -> _AgentSlot:
         config = self.config
-        # The incarnation suffix makes a restarted agent a new peer for the CDPs.
-        agent_id = f"a{slot}.0"
+        # Each start is a new incarnation with its own id, so it is a new peer for the CDPs.
+        agent_id = f"a{slot}.{incarnation}"
         command = [
             sys.executable, "-m", "flare2.runtime.agent_process",
             "--control", self.control_endpoint,
             "--agent-id", agent_id,
             "--agent", config.agents.path,
             "--agent-kwargs", json.dumps(config.agents.kwargs),
-            "--seed", str(config.seed * 1000 + slot),
+            # A restarted agent plays other episodes than its predecessor.
+            "--seed", str(config.seed * 100_003 + slot * 1009 + incarnation),
             "--parent-pid", str(os.getpid()),
             "--hello-timeout", str(config.startup_timeout_s),
         ]
@@ -207,19 +255,55 @@ class Manager:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
         # A session of its own keeps the terminal's Ctrl+C away from the agent: the manager stops it with STOP.
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        self._agents[agent_id] = _AgentSlot(slot, agent_id, process)
+        agent = _AgentSlot(slot, incarnation, agent_id, process, last_seen=time.monotonic())
+        self._by_id[agent_id] = agent
+        return agent
 
-    def _check_children(self) -> None:
+    def _supervise(self, control: zmq.Socket) -> None:
         compute = self._compute
         if compute is not None and compute.exitcode is not None:
             raise RunFailed(f"the compute process exited with code {compute.exitcode} (see its log above)")
-        for slot in self._agents.values():
-            code = slot.process.poll()
-            if code is not None and not slot.said_bye:
-                raise RunFailed(
-                    f"agent {slot.agent_id} (pid {slot.process.pid}) exited with code {code}",
-                    EXIT_CONFIG_ERROR if code == EXIT_CONFIG else EXIT_FAILED,
+        now = time.monotonic()
+        for agent in self._slots:
+            if agent.restart_at is not None:
+                if now >= agent.restart_at:
+                    self._slots[agent.slot] = self._start_agent(agent.slot, agent.incarnation + 1)
+                continue
+            code = agent.process.poll()
+            if code is not None and not agent.said_bye:
+                self._on_agent_death(control, agent, _describe_exit(code), code)
+            elif agent.registered and now - agent.last_seen > self.config.heartbeat_timeout_s:
+                agent.process.kill()
+                agent.process.wait()
+                self._on_agent_death(
+                    control, agent, f"silent for {self.config.heartbeat_timeout_s:.0f}s (heartbeat timeout); killed", None
                 )
+
+    def _on_agent_death(self, control: zmq.Socket, agent: _AgentSlot, cause: str, exit_code: int | None) -> None:
+        detail = f"\n{agent.error}" if agent.error else ""
+        if exit_code == EXIT_CONFIG:
+            raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error or cause}", EXIT_CONFIG_ERROR)
+        if exit_code == EXIT_REMOTE_FAILED:
+            # The compute process failed; its own report (with the traceback) ends the run.
+            self._drain(control)
+        if exit_code == EXIT_MANAGER_LOST and self._compute_hello is None:
+            raise RunFailed(f"agent {agent.agent_id} could not register with the manager: {cause}")
+        totals = self.totals
+        totals.restarts += 1
+        if totals.restarts > self.config.max_restarts:
+            raise RunFailed(
+                f"agent {agent.agent_id} {cause}; that is {totals.restarts} agent failures, more than "
+                f"max_restarts={self.config.max_restarts}: fix the cause above or raise --max-restarts{detail}"
+            )
+        backoff = min(self.config.restart_backoff_s * 2 ** agent.incarnation, _MAX_RESTART_BACKOFF_S)
+        logger.warning(
+            "agent %s %s; restarting it in %.1fs (restart %d of at most %d)%s",
+            agent.agent_id, cause, backoff, totals.restarts, self.config.max_restarts, detail,
+        )
+        agent.restart_at = time.monotonic() + backoff
+        del self._by_id[agent.agent_id]
+        if self._compute_hello is not None:
+            self._send_live(control)
 
     # ---- messages --------------------------------------------------------------------
 
@@ -242,19 +326,20 @@ class Manager:
 
     def _drop(self, identity: bytes, reason: str) -> None:
         self._dropped_messages += 1
-        logger.warning("dropped a control message from %r: %s", identity, reason)
+        self.totals.dropped_messages += 1
+        if self._dropped_messages <= _LOGGED_DROPS:
+            logger.warning("dropped a control message from %r: %s", identity[:64], reason)
+            if self._dropped_messages == _LOGGED_DROPS:
+                logger.warning("further dropped control messages are only counted")
 
     def _on_compute(self, control: zmq.Socket, message: Message) -> None:
         if message.kind == HELLO:
-            self._compute_hello = message.payload
-            logger.info(
-                "compute process is up on %s, CTs %s", message.payload.get("device"), sorted(message.payload.get("cts", {}))
-            )
-            pending, self._pending_hellos = self._pending_hellos, []
-            for hello in pending:
-                self._welcome(control, hello)
+            self._on_compute_hello(control, message.payload)
         elif message.kind == STATS:
             self.totals.add_compute_stats(message.payload.get("cts", {}))
+        elif message.kind == CHECKPOINT:
+            self._checkpoint_pending = False
+            logger.info("checkpoint written to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == BYE:
             logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == ERROR:
@@ -262,12 +347,39 @@ class Manager:
         else:
             self._drop(COMPUTE_IDENTITY.encode(), f"unexpected kind {message.kind!r}")
 
+    def _on_compute_hello(self, control: zmq.Socket, hello: dict[str, Any]) -> None:
+        self._compute_hello = hello
+        _write_run_file(self.log_dir / "run.json", self.control_endpoint, hello)
+        logger.info("compute process is up on %s, CTs %s", hello.get("device"), sorted(hello.get("cts", {})))
+        counters = hello.get("counters") or {}
+        if counters:
+            self.totals.resume_from(counters)
+            logger.info(
+                "resumed from %s: %d env steps, %d episodes, return_mean %.1f",
+                self.config.resume_dir, self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
+            )
+        self._progress = ProgressLog(
+            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and self._resuming_in_place()
+        )
+        now = time.monotonic()
+        if self.config.checkpoint_every_s:
+            self._next_checkpoint_s = now + self.config.checkpoint_every_s
+        if self.config.checkpoint_every_steps:
+            self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
+        pending, self._pending_hellos = self._pending_hellos, []
+        for message in pending:
+            self._welcome(control, message)
+
+    def _resuming_in_place(self) -> bool:
+        resume = Path(self.config.resume_dir or "")
+        return resume.resolve() in (self.log_dir.resolve(), self.checkpoint_dir.resolve())
+
     def _on_agent(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
-        agent_id = identity.decode(errors="replace")
-        slot = self._agents.get(agent_id)
-        if slot is None:
-            self._drop(identity, "not an agent of this run")
+        agent = self._by_id.get(identity.decode(errors="replace"))
+        if agent is None:
+            self._drop(identity, "not an agent of this run (or one that was already restarted)")
             return
+        agent.last_seen = time.monotonic()
         if message.kind == HELLO:
             if self._stopping:
                 # Answer in place of the welcome, so an agent still starting up leaves at once.
@@ -277,25 +389,36 @@ class Manager:
             else:
                 self._welcome(control, message)
         elif message.kind == STATS:
-            steps = message.payload.get("steps", 0)
-            episodes = message.payload.get("episodes", [])
-            if not isinstance(steps, int) or not isinstance(episodes, list):
-                self._drop(identity, "stats with wrong field types")
-                return
-            self.totals.add_agent_stats(steps, [(float(ret), int(length)) for ret, length in episodes])
+            self._on_agent_stats(identity, message.payload)
         elif message.kind == BYE:
-            slot.said_bye = True
+            agent.said_bye = True
             self._send_live(control)
         elif message.kind == ERROR:
-            raise RunFailed(f"agent {agent_id} failed: {_error_text(message)}", _error_exit_code(message))
+            # The agent exits next; supervision restarts it (or fails the run for a config error).
+            agent.error = _error_text(message)
+            if message.payload.get("code") == "config":
+                raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error}", EXIT_CONFIG_ERROR)
         else:
             self._drop(identity, f"unexpected kind {message.kind!r}")
 
+    def _on_agent_stats(self, identity: bytes, payload: dict[str, Any]) -> None:
+        steps, episodes = payload.get("steps", 0), payload.get("episodes", [])
+        try:
+            if type(steps) is not int or steps < 0 or not isinstance(episodes, list):
+                raise ValueError
+            results = [(float(ret), int(length)) for ret, length in episodes]
+        except (TypeError, ValueError):
+            self._drop(identity, "stats with wrong field types")
+            return
+        self.totals.add_agent_stats(steps, results)
+
     def _welcome(self, control: zmq.Socket, hello: Message) -> None:
-        slot = self._agents[hello.agent_id]
+        agent = self._by_id.get(hello.agent_id)
+        if agent is None:
+            return
         served = self._compute_hello["cts"]
         wanted = hello.payload.get("cts", [])
-        unknown = sorted(str(ct) for ct in wanted if ct not in served)
+        unknown = sorted(str(ct) for ct in wanted if ct not in served) if isinstance(wanted, list) else [repr(wanted)]
         if unknown:
             reason = f"agent asks for CT(s) {unknown}, but this run serves {sorted(served)}"
             router_send(control, hello.agent_id.encode(), Message(ERROR, error_payload(reason, code="config"), seq=hello.seq))
@@ -303,18 +426,36 @@ class Manager:
         welcome = {
             "cts": {name: served[name] for name in wanted},
             "control_interval_s": AGENT_CONTROL_INTERVAL_S,
+            "heartbeat_timeout_s": self.config.heartbeat_timeout_s,
             "reply_timeout_s": AGENT_REPLY_TIMEOUT_S,
             "max_message_bytes": self.config.max_message_bytes,
         }
-        slot.registered = True
+        agent.registered = True
         # The CDPs learn of the agent before it can send its first request.
         self._send_live(control)
         router_send(control, hello.agent_id.encode(), Message(WELCOME, welcome, seq=hello.seq))
 
     def _send_live(self, control: zmq.Socket) -> None:
-        live = sorted(slot.agent_id for slot in self._agents.values() if slot.registered and not slot.said_bye)
+        live = sorted(agent.agent_id for agent in self._slots if agent.live)
         cts = {name: live for name in self._compute_hello["cts"]}
         router_send(control, COMPUTE_IDENTITY.encode(), Message(LIVE, {"cts": cts}))
+
+    def _send_heartbeats(self, control: zmq.Socket) -> None:
+        for agent in self._slots:
+            if agent.live:
+                router_send(control, agent.agent_id.encode(), Message(HEARTBEAT, {}))
+
+    def _maybe_checkpoint(self, control: zmq.Socket, now: float) -> None:
+        if self._compute_hello is None or self._checkpoint_pending:
+            return
+        if now < self._next_checkpoint_s and self.totals.env_steps < self._next_checkpoint_steps:
+            return
+        if self.config.checkpoint_every_s:
+            self._next_checkpoint_s = now + self.config.checkpoint_every_s
+        if self.config.checkpoint_every_steps:
+            self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
+        self._checkpoint_pending = True
+        router_send(control, COMPUTE_IDENTITY.encode(), Message(CHECKPOINT, {"counters": self._counters()}))
 
     # ---- stopping --------------------------------------------------------------------
 
@@ -325,25 +466,26 @@ class Manager:
         pending, self._pending_hellos = self._pending_hellos, []
         for hello in pending:
             router_send(control, hello.agent_id.encode(), Message(STOP, {}, seq=hello.seq))
-        for slot in self._agents.values():
-            if slot.process.poll() is None:
-                router_send(control, slot.agent_id.encode(), Message(STOP, {}))
-        deadline = time.monotonic() + timeout_s
-        while any(slot.process.poll() is None for slot in self._agents.values()) and time.monotonic() < deadline:
+        running = [agent for agent in self._slots if agent.restart_at is None and agent.process.poll() is None]
+        for agent in running:
+            router_send(control, agent.agent_id.encode(), Message(STOP, {}))
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while any(agent.process.poll() is None for agent in running) and time.monotonic() < deadline:
             self._drain_quietly(control, 0.05)
         self._drain_quietly(control, 0.0)
-        for slot in self._agents.values():
-            if slot.process.poll() is None:
-                logger.warning("agent %s did not stop within %.1fs; killing it", slot.agent_id, timeout_s)
-                slot.process.kill()
-            slot.process.wait()
-        logger.info("agents stopped in %.2fs", timeout_s - (deadline - time.monotonic()))
+        for agent in running:
+            if agent.process.poll() is None:
+                logger.warning("agent %s did not stop within %.1fs; killing it", agent.agent_id, timeout_s)
+                agent.process.kill()
+            agent.process.wait()
+        if running:
+            logger.info("agents stopped in %.2fs", time.monotonic() - started)
         compute = self._compute
         if compute is not None and compute.exitcode is None:
             wait_s = timeout_s
             if self._compute_hello is not None:
-                counters = {"env_steps": self.totals.env_steps, "episodes": self.totals.episodes}
-                router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters}))
+                router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": self._counters()}))
                 # Saving a checkpoint of a big model takes a while.
                 wait_s = timeout_s * 4
             compute.join(wait_s)
@@ -352,8 +494,7 @@ class Manager:
                 compute.kill()
             compute.join()
             self._drain_quietly(control, 0.0)
-        if self._compute_hello is not None:
-            self._report_progress()
+        self._report_progress()
         if self._dropped_messages:
             logger.warning("dropped %d malformed or unexpected control messages", self._dropped_messages)
 
@@ -367,6 +508,15 @@ class Manager:
             logger.error("while stopping: %s", exc)
 
 
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def _error_text(message: Message) -> str:
     text = str(message.payload.get("reason", "no reason given"))
     if message.payload.get("traceback"):
@@ -376,6 +526,21 @@ def _error_text(message: Message) -> str:
 
 def _error_exit_code(message: Message) -> int:
     return EXIT_CONFIG_ERROR if message.payload.get("code") == "config" else EXIT_FAILED
+
+
+def _write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, Any]) -> None:
+    """run.json: where this run listens, for tools and for agents attached by hand."""
+    info = {
+        "pid": os.getpid(),
+        "control_endpoint": control_endpoint,
+        "cts": {
+            name: {"predict_endpoint": ct["predict_endpoint"], "learn_endpoint": ct["learn_endpoint"]}
+            for name, ct in compute_hello.get("cts", {}).items()
+        },
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(info, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _attach_log_file(path: Path) -> logging.Handler:

@@ -23,6 +23,8 @@ PROGRESS_COLUMNS = (
     "agents",
     "rejected_requests",
     "max_predict_wait_ms",
+    "restarts",
+    "dropped_messages",
 )
 RETURN_WINDOW = 100
 
@@ -38,6 +40,18 @@ class RunTotals:
     ct_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_predict_wait_ms: float = 0.0
     """Longest a prediction request waited in a CDP queue since the last progress row."""
+    restarts: int = 0
+    """Agent processes restarted after a crash, a kill or a heartbeat timeout."""
+    dropped_messages: int = 0
+    """Malformed or unexpected control messages the manager dropped."""
+    _finished: list = field(default_factory=list)
+
+    def resume_from(self, counters: dict[str, Any]) -> None:
+        """Continue the counters of the run a checkpoint came from."""
+        self.env_steps = int(counters.get("env_steps", 0))
+        self.episodes = int(counters.get("episodes", 0))
+        self.restarts = int(counters.get("restarts", 0))
+        self.recent_returns.extend(float(value) for value in counters.get("recent_returns", []))
 
     def add_compute_stats(self, reports: dict[str, dict[str, Any]]) -> None:
         self.ct_reports.update(reports)
@@ -48,6 +62,12 @@ class RunTotals:
         self.env_steps += steps
         self.episodes += len(episodes)
         self.recent_returns.extend(episode_return for episode_return, _ in episodes)
+        self._finished.extend(episodes)
+
+    def take_finished(self) -> list[tuple[float, int]]:
+        """Episodes (return, length) finished since the last call."""
+        finished, self._finished = self._finished, []
+        return finished
 
     @property
     def return_mean(self) -> float:
@@ -61,20 +81,39 @@ class RunTotals:
         return sum(report.get(key, 0) for report in self.ct_reports.values())
 
 
-class ProgressLog:
-    """Writes progress.csv (one row per report) and learn.csv (one row per cost), and logs a progress line."""
+def _has_header(path: Path, columns: tuple[str, ...]) -> bool:
+    try:
+        with open(path, newline="", encoding="utf-8") as file:
+            return tuple(next(csv.reader(file), ())) == columns
+    except OSError:
+        return False
 
-    def __init__(self, log_dir: str | Path, *, resumed_from: dict[str, int] | None = None) -> None:
+
+class ProgressLog:
+    """Writes progress.csv (a row per report), learn.csv (a row per cost) and episodes.csv (a row per episode).
+
+    Each report also logs a progress line.
+    """
+
+    def __init__(self, log_dir: str | Path, *, start_steps: int = 0, append: bool = False) -> None:
+        """``append`` continues the files of a resumed run in the same directory; ``start_steps`` is where it resumed."""
         self.dir = Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._progress_file = open(self.dir / "progress.csv", "w", newline="", encoding="utf-8")
+        progress_path, learn_path = self.dir / "progress.csv", self.dir / "learn.csv"
+        append = append and _has_header(progress_path, PROGRESS_COLUMNS)
+        mode = "a" if append else "w"
+        self._progress_file = open(progress_path, mode, newline="", encoding="utf-8")
         self._progress = csv.writer(self._progress_file)
-        self._progress.writerow(PROGRESS_COLUMNS)
-        self._learn_file = open(self.dir / "learn.csv", "w", newline="", encoding="utf-8")
+        self._learn_file = open(learn_path, mode, newline="", encoding="utf-8")
         self._learn = csv.writer(self._learn_file)
-        self._learn.writerow(("wall_time", "ct", "learn_steps", "cost", "value"))
+        self._episodes_file = open(self.dir / "episodes.csv", mode, newline="", encoding="utf-8")
+        self._episodes = csv.writer(self._episodes_file)
+        if not append:
+            self._progress.writerow(PROGRESS_COLUMNS)
+            self._learn.writerow(("wall_time", "ct", "learn_steps", "cost", "value"))
+            self._episodes.writerow(("wall_time", "env_steps", "return", "length"))
         self._last_time = time.monotonic()
-        self._last_steps = 0
+        self._last_steps = start_steps
         self._last_rows = 0.0
         self._last_batches = 0.0
 
@@ -95,6 +134,8 @@ class ProgressLog:
             "agents": agents,
             "rejected_requests": int(totals.ct_total("rejected")),
             "max_predict_wait_ms": round(totals.max_predict_wait_ms, 3),
+            "restarts": totals.restarts,
+            "dropped_messages": totals.dropped_messages,
         }
         totals.max_predict_wait_ms = 0.0
         self._last_time, self._last_steps, self._last_rows, self._last_batches = now, totals.env_steps, rows, batches
@@ -106,13 +147,17 @@ class ProgressLog:
                 self._learn.writerow((row["wall_time"], ct, report.get("learn_calls", 0), cost, value))
                 costs_text.append(f"{cost} {value:.3g}")
         self._learn_file.flush()
+        for episode_return, length in totals.take_finished():
+            self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length))
+        self._episodes_file.flush()
         logger.info(
-            "steps %d | %.0f steps/s | episodes %d | return %.1f | batch %.2f | learn %d | agents %d%s",
+            "steps %d | %.0f steps/s | episodes %d | return %.1f | batch %.2f | learn %d | agents %d | restarts %d%s",
             row["env_steps"], row["steps_per_s"], row["episodes"], row["return_mean"], row["batch_size_mean"],
-            row["learn_steps"], agents, (" | " + " ".join(costs_text)) if costs_text else "",
+            row["learn_steps"], agents, row["restarts"], (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row
 
     def close(self) -> None:
         self._progress_file.close()
         self._learn_file.close()
+        self._episodes_file.close()

@@ -28,13 +28,16 @@ PREDICTION = "prediction"
 LEARN = "learn"
 LEARNED = "learned"
 STATS = "stats"  # counters and episode results, to the manager
-HEARTBEAT = "heartbeat"
+HEARTBEAT = "heartbeat"  # manager -> agents: still here (agents' stats are their heartbeats)
+CHECKPOINT = "checkpoint"  # manager -> compute process: save now; the reply says it is done
 LIVE = "live"  # manager -> compute process: the live agents of each CT
 STOP = "stop"  # manager -> anyone: finish and exit
 ERROR = "error"  # a request failed; the payload says why
 BYE = "bye"  # a peer leaves on purpose
 
-KINDS = frozenset({HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, STATS, HEARTBEAT, LIVE, STOP, ERROR, BYE})
+KINDS = frozenset(
+    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
+)
 
 
 @dataclass(frozen=True, slots=True)

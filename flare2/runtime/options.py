@@ -1,0 +1,86 @@
+"""The command-line options every manager script shares, and the RunConfig they make."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+
+from flare2.errors import ConfigError
+from flare2.runtime.config import AgentConfig, BatchingConfig, CTConfig, RunConfig
+
+
+def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
+    """``"300s"`` → every 300 seconds; ``"50000"`` or ``"50000steps"`` → every 50000 env steps."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|steps)?\s*", text)
+    if not match or float(match.group(1)) <= 0 or (match.group(2) != "s" and "." in match.group(1)):
+        raise argparse.ArgumentTypeError(
+            f"--checkpoint-every takes seconds such as 300s or env steps such as 50000, got {text!r}"
+        )
+    if match.group(2) == "s":
+        return float(match.group(1)), None
+    return None, int(match.group(1))
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max_steps: int | None = 500_000,
+                    log_dir: str = "runs/latest") -> None:
+    """Add the options of a run (budget, agents, device, batching, supervision, checkpoints) to ``parser``."""
+    run = parser.add_argument_group("run")
+    run.add_argument("--num-agents", type=int, default=num_agents, help="agent processes on this machine")
+    run.add_argument("--max-steps", type=int, default=max_steps, help="stop after this many env steps in total")
+    run.add_argument("--max-episodes", type=int, default=None, help="stop after this many episodes in total")
+    run.add_argument("--stop-return", type=float, default=None,
+                     help="also stop once the mean return of the last 100 episodes reaches this")
+    run.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")
+    run.add_argument("--log-dir", default=log_dir, help="where progress.csv, manager.log and checkpoints go")
+    run.add_argument("--seed", type=int, default=0, help="seeds the models and each agent's env")
+    run.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    batching = parser.add_argument_group("batching")
+    batching.add_argument("--max-batch", type=int, default=64,
+                          help="a prediction batch is flushed once it holds this many requests")
+    batching.add_argument("--max-wait-ms", type=float, default=2.0,
+                          help="... or once its oldest request has waited this long (or when every live agent waits)")
+    supervision = parser.add_argument_group("supervision and checkpoints")
+    supervision.add_argument("--max-restarts", type=int, default=10,
+                             help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
+    supervision.add_argument("--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
+                             help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
+    supervision.add_argument("--resume", default=None, metavar="DIR",
+                             help="continue the learning and counters of the run whose log dir is DIR")
+    network = parser.add_argument_group("network")
+    network.add_argument("--host", default="127.0.0.1", help="address the manager and the CDPs bind to")
+    network.add_argument("--port", type=int, default=0, help="port of the manager's control endpoint (0: any free one)")
+
+
+def batching_from_args(args: argparse.Namespace) -> BatchingConfig:
+    return BatchingConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+
+
+def run_config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, cts: Sequence[CTConfig],
+                         agent_path: str, agent_kwargs: dict | None = None) -> RunConfig:
+    """The RunConfig of the options added by :func:`add_run_options`; a bad value is a usage error naming it."""
+    try:
+        return _run_config(args, cts, agent_path, agent_kwargs)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: str, agent_kwargs: dict | None) -> RunConfig:
+    every_s, every_steps = args.checkpoint_every
+    return RunConfig(
+        cts=tuple(cts),
+        agents=AgentConfig(path=agent_path, kwargs=agent_kwargs or {}, num_agents=args.num_agents),
+        log_dir=args.log_dir,
+        max_steps=args.max_steps,
+        max_episodes=args.max_episodes,
+        stop_return=args.stop_return,
+        device=args.device,
+        seed=args.seed,
+        host=args.host,
+        port=args.port,
+        progress_interval_s=args.progress_interval,
+        max_restarts=args.max_restarts,
+        checkpoint_every_s=every_s,
+        checkpoint_every_steps=every_steps,
+        resume_dir=args.resume,
+    )

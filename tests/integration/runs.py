@@ -1,0 +1,136 @@
+"""Start a real run as a child process and follow its log, without sleeping to synchronise."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import queue
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CARTPOLE = REPO / "examples" / "cartpole_a2c.py"
+
+
+class RunProcess:
+    """A manager script running in a child process; its stderr is read line by line as it comes."""
+
+    def __init__(self, script: Path, *args: str, log_dir: Path, cwd: Path = REPO) -> None:
+        self.log_dir = log_dir
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), "--log-dir", str(log_dir), *args],
+            cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for_line(self, pattern: str, timeout_s: float) -> str:
+        """The next stderr line matching ``pattern``; fails the test if none comes in time."""
+        deadline = time.monotonic() + timeout_s
+        regex = re.compile(pattern)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no log line matching {pattern!r} within {timeout_s}s:\n{self.text[-4000:]}")
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"the run ended before a line matching {pattern!r}:\n{self.text[-4000:]}")
+            if regex.search(line):
+                return line
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"the run did not end within {timeout_s}s:\n{self.text[-4000:]}") from None
+        self._reader.join(timeout=10)
+        return code
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        """Kill the manager if a test failed half-way (its children die with it)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout=10)
+
+
+def read_csv(path: Path) -> list[dict[str, float]]:
+    with open(path, newline="") as file:
+        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(file)]
+
+
+def finite(values) -> list[float]:
+    return [value for value in values if not math.isnan(value)]
+
+
+def children_of(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # The command name (field 2) may hold spaces; the parent pid follows its closing parenthesis.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def agent_pids(manager_pid: int) -> list[int]:
+    pids = []
+    for pid in children_of(manager_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"flare2.runtime.agent_process" in cmdline:
+            pids.append(pid)
+    return pids
+
+
+def wait_until_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait (on pidfds, no polling loop) until every process in ``pids`` has exited; returns those still alive."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    try:
+        while fds:
+            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for fd in ready:
+                os.close(fd)
+                del fds[fd]
+        return sorted(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -51,6 +51,14 @@ class _Request:
     size: int  # rows of a predict request, steps of a learn request
 
 
+def check_finite(payload: dict[str, Any]) -> None:
+    """Refuse NaN and infinity in the float arrays of a learn request: one would poison the model for good."""
+    for group in ("inputs", "next_inputs", "actions", "rewards", "states"):
+        for key, array in payload[group].items():
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise SpecError(f"{group}[{key!r}] holds NaN or infinity: check the environment or the agent")
+
+
 class UserCodeError(Exception):
     """User code (Algorithm/Model) raised while serving a batch; the run must stop."""
 
@@ -184,7 +192,11 @@ class ComputationDataProcessor:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._accept(frames, now, learn=learn)
+            try:
+                self._accept(frames, now, learn=learn)
+            except Exception:  # a message nobody foresaw must not take the compute process down
+                self.stats.rejected += 1
+                logger.exception("CT %r dropped a request it could not handle", self.ct.name)
 
     def _reject(self, sock: zmq.Socket, identity: bytes, seq: int, reason: str, code: str) -> None:
         self.stats.rejected += 1
@@ -211,8 +223,16 @@ class ComputationDataProcessor:
         if message.agent_id.encode() != identity:
             self._reject(sock, identity, message.seq, "header agent_id does not match the connection's identity", "bad_request")
             return
+        if learn and message.agent_id not in self._live:
+            # Only agents the manager registered may feed learn().
+            self._reject(sock, identity, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config")
+            return
         try:
-            size = self.ct.specs.check_learn(message.payload) if learn else self.ct.specs.check_predict(message.payload)
+            if learn:
+                size = self.ct.specs.check_learn(message.payload)
+                check_finite(message.payload)
+            else:
+                size = self.ct.specs.check_predict(message.payload)
         except SpecError as exc:
             self._reject(sock, identity, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return
@@ -246,9 +266,11 @@ class ComputationDataProcessor:
         """Flush every batch that the batching rule says is ready."""
         while self._predict_queue.ready(now, self.live):
             self._serve_predict(self._predict_queue.take(), now)
-        for queue in self._learn_queues.values():
+        for steps, queue in list(self._learn_queues.items()):
             while queue.ready(now, self.live):
                 self._serve_learn(queue.take())
+            if not queue.requests:
+                del self._learn_queues[steps]
 
     def _fail_batch(self, sock: zmq.Socket, batch: list[_Request], what: str) -> None:
         text = traceback.format_exc()

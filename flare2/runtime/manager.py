@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -237,8 +238,9 @@ class Manager:
 
     def _start_agent(self, slot: int, incarnation: int) -> _AgentSlot:
         config = self.config
-        # Each start is a new incarnation with its own id, so it is a new peer for the CDPs.
-        agent_id = f"a{slot}.{incarnation}"
+        # Each start is a new incarnation with its own id, so it is a new peer for the CDPs; the random
+        # part keeps another peer from taking the id (ZeroMQ refuses a second connection with it).
+        agent_id = f"a{slot}.{incarnation}.{secrets.token_hex(4)}"
         command = [
             sys.executable, "-m", "flare2.runtime.agent_process",
             "--control", self.control_endpoint,

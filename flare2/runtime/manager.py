@@ -230,6 +230,8 @@ class Manager:
             torch_threads=config.torch_threads,
             max_message_bytes=config.max_message_bytes,
             parent_pid=os.getpid(),
+            # At least one compute report per progress row, so each row sees fresh batching figures.
+            stats_interval_s=min(1.0, config.progress_interval_s / 2),
         )
         process = multiprocessing.get_context("spawn").Process(target=compute_main, args=(settings,), name="flare2-compute")
         process.start()
@@ -433,6 +435,8 @@ class Manager:
             "max_message_bytes": self.config.max_message_bytes,
         }
         agent.registered = True
+        # Its heartbeat clock starts now, not when its hello arrived (it may have waited for the compute process).
+        agent.last_seen = time.monotonic()
         # The CDPs learn of the agent before it can send its first request.
         self._send_live(control)
         router_send(control, hello.agent_id.encode(), Message(WELCOME, welcome, seq=hello.seq))

@@ -43,6 +43,8 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
     supervision = parser.add_argument_group("supervision and checkpoints")
     supervision.add_argument("--max-restarts", type=int, default=10,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
+    supervision.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                             help="seconds of silence after which an agent is taken for dead and restarted")
     supervision.add_argument("--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
                              help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
     supervision.add_argument("--resume", default=None, metavar="DIR",
@@ -80,6 +82,7 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         port=args.port,
         progress_interval_s=args.progress_interval,
         max_restarts=args.max_restarts,
+        heartbeat_timeout_s=args.heartbeat_timeout,
         checkpoint_every_s=every_s,
         checkpoint_every_steps=every_steps,
         resume_dir=args.resume,

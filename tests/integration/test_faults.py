@@ -52,6 +52,20 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
           f"(max_wait 2 ms); per row: {[row['max_predict_wait_ms'] for row in rows]}")
 
 
+def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restarted(tmp_path, runs):
+    run = runs(CARTPOLE, "--num-agents", "3", "--max-steps", "6000", "--progress-interval", "0.5",
+               "--heartbeat-timeout", "2", "--device", "cpu", log_dir=tmp_path)
+    run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
+    frozen = agent_pids(run.process.pid)[0]
+    os.kill(frozen, signal.SIGSTOP)
+    run.wait_for_line(r"silent for 2s \(heartbeat timeout\); killed; restarting it", timeout_s=30)
+    assert run.wait(timeout_s=180) == 0, run.text[-4000:]
+    rows = read_csv(tmp_path / "progress.csv")
+    assert rows[-1]["restarts"] == 1 and rows[-1]["env_steps"] >= 6000
+    # While it was frozen the others went on: batches were flushed by max_wait instead of waiting for it.
+    assert max(row["max_predict_wait_ms"] for row in rows) < 1000
+
+
 def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(tmp_path, runs):
     run = runs(HERE / "faulty_run.py", "--device", "cpu", log_dir=tmp_path)
     run.wait_for_line(r"the compute process failed", timeout_s=120)

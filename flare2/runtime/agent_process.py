@@ -253,6 +253,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         _report(requester, error_payload(str(exc), code="config"))
         return EXIT_CONFIG
     except Exception as exc:
+        control.send_stats()  # the steps it played still count
         text = traceback.format_exc()
         logger.error("agent %s raised in its episode code:\n%s", settings.agent_id, text)
         _report(requester, error_payload(f"agent {settings.agent_id} raised {exc!r}", traceback=text, code="user_code"))

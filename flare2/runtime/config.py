@@ -107,7 +107,7 @@ class RunConfig:
     max_restarts: int = 10
     """Agent restarts allowed over the whole run (an agent that crashes or goes silent is restarted); past it the run fails."""
     restart_backoff_s: float = 0.5
-    """Wait before the first restart of an agent; it doubles with each further restart of that agent, up to 30 s."""
+    """Wait before restarting an agent; it doubles for each failure in a row of that agent (up to 30 s)."""
     heartbeat_timeout_s: float = 10.0
     """An agent silent for this long is taken for dead; an agent that hears nothing from the manager for this long exits."""
     checkpoint_every_s: float | None = None

@@ -62,6 +62,7 @@ AGENT_REPLY_TIMEOUT_S = 60.0
 # The manager wakes at least this often to look at its children.
 _SUPERVISE_INTERVAL_S = 0.2
 _MAX_RESTART_BACKOFF_S = 30.0
+_HEALTHY_LIFE_S = 60.0
 # Dropped control messages are logged one by one up to this many, then only counted.
 _LOGGED_DROPS = 20
 
@@ -88,6 +89,9 @@ class _AgentSlot:
     error: str = ""
     """What the agent reported before it died (a traceback of its episode code)."""
     restart_at: float | None = None
+    started_at: float = 0.0
+    failure_streak: int = 0
+    """Restarts of this slot in a row, each after a short life; sets the backoff."""
 
     @property
     def live(self) -> bool:
@@ -259,7 +263,8 @@ class Manager:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
         # A session of its own keeps the terminal's Ctrl+C away from the agent: the manager stops it with STOP.
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        agent = _AgentSlot(slot, incarnation, agent_id, process, last_seen=time.monotonic())
+        now = time.monotonic()
+        agent = _AgentSlot(slot, incarnation, agent_id, process, last_seen=now, started_at=now)
         self._by_id[agent_id] = agent
         return agent
 
@@ -271,7 +276,9 @@ class Manager:
         for agent in self._slots:
             if agent.restart_at is not None:
                 if now >= agent.restart_at:
-                    self._slots[agent.slot] = self._start_agent(agent.slot, agent.incarnation + 1)
+                    successor = self._start_agent(agent.slot, agent.incarnation + 1)
+                    successor.failure_streak = agent.failure_streak
+                    self._slots[agent.slot] = successor
                 continue
             code = agent.process.poll()
             if code is not None and not agent.said_bye:
@@ -299,12 +306,15 @@ class Manager:
                 f"agent {agent.agent_id} {cause}; that is {totals.restarts} agent failures, more than "
                 f"max_restarts={self.config.max_restarts}: fix the cause above or raise --max-restarts{detail}"
             )
-        backoff = min(self.config.restart_backoff_s * 2 ** agent.incarnation, _MAX_RESTART_BACKOFF_S)
+        now = time.monotonic()
+        # An agent that ran a good while before it died starts again at once; one that keeps dying waits longer.
+        agent.failure_streak = 0 if now - agent.started_at > _HEALTHY_LIFE_S else agent.failure_streak + 1
+        backoff = min(self.config.restart_backoff_s * 2 ** max(agent.failure_streak - 1, 0), _MAX_RESTART_BACKOFF_S)
         logger.warning(
             "agent %s %s; restarting it in %.1fs (restart %d of at most %d)%s",
             agent.agent_id, cause, backoff, totals.restarts, self.config.max_restarts, detail,
         )
-        agent.restart_at = time.monotonic() + backoff
+        agent.restart_at = now + backoff
         del self._by_id[agent.agent_id]
         if self._compute_hello is not None:
             self._send_live(control)

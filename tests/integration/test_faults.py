@@ -67,7 +67,7 @@ def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restar
 
 
 def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(tmp_path, runs):
-    run = runs(HERE / "faulty_run.py", "--device", "cpu", log_dir=tmp_path)
+    run = runs(HERE / "faulty_run.py", "--fail-learn-after", "20", "--device", "cpu", log_dir=tmp_path)
     run.wait_for_line(r"the compute process failed", timeout_s=120)
     failed_at = time.monotonic()
     code = run.wait(timeout_s=30)
@@ -77,6 +77,23 @@ def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(
     assert "the user's learn() broke on purpose" in run.text
     assert 'raise ValueError("the user\'s learn() broke on purpose")' in run.text
     assert "faulty_run.py" in run.text
+
+
+def test_an_exception_in_agent_code_restarts_that_agent_and_counts_toward_the_limit(tmp_path, runs):
+    run = runs(HERE / "faulty_run.py", "--agent", f"{HERE / 'flaky_agent.py'}:FlakyAgent", "--num-agents", "2",
+               "--max-steps", "3000", "--max-restarts", "50", "--device", "cpu", log_dir=tmp_path)
+    assert run.wait(timeout_s=180) == 0, run.text[-4000:]
+    rows = read_csv(tmp_path / "progress.csv")
+    assert rows[-1]["restarts"] == 2 and rows[-1]["env_steps"] >= 3000
+    assert "raised KeyError(\"the user's agent broke on purpose\")" in run.text
+    assert 'raise KeyError("the user\'s agent broke on purpose")' in run.text  # the user's line, from the traceback
+
+
+def test_past_max_restarts_the_run_fails_with_a_message_that_says_so(tmp_path, runs):
+    run = runs(HERE / "faulty_run.py", "--agent", f"{HERE / 'flaky_agent.py'}:FlakyAgent", "--num-agents", "3",
+               "--max-restarts", "2", "--device", "cpu", log_dir=tmp_path)
+    assert run.wait(timeout_s=180) == 1
+    assert "more than max_restarts=2" in run.text and "--max-restarts" in run.text
 
 
 @pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -243,3 +243,22 @@ def test_a_ct_needs_an_algorithm():
 def test_an_unknown_device_raises_config_error(device):
     with pytest.raises(ConfigError, match="device"):
         ComputationTask("RL", A2C(make_model()), device=device)
+
+
+def test_a_save_that_dies_half_way_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    path = tmp_path / "RL.pt"
+    ct = make_ct()
+    ct.save(path, {"env_steps": 100})
+    before = path.read_bytes()
+
+    def torn_save(state, file):
+        file.write(b"half a checkpoint")
+        raise KeyboardInterrupt  # the process is interrupted in the middle of writing
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(KeyboardInterrupt):
+        ct.save(path, {"env_steps": 200})
+
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RL.pt"]
+    assert make_ct(seed=1).load(path)["env_steps"] == 100

@@ -114,7 +114,6 @@ class Manager:
         self._compute_hello: dict[str, Any] | None = None
         self._pending_hellos: list[Message] = []
         self._progress: ProgressLog | None = None
-        self._dropped_messages = 0
         self._stopping = False
         self._checkpoint_pending = False
         self._next_checkpoint_s = float("inf")
@@ -339,11 +338,10 @@ class Manager:
                 self._on_agent(control, identity, message)
 
     def _drop(self, identity: bytes, reason: str) -> None:
-        self._dropped_messages += 1
         self.totals.dropped_messages += 1
-        if self._dropped_messages <= _LOGGED_DROPS:
+        if self.totals.dropped_messages <= _LOGGED_DROPS:
             logger.warning("dropped a control message from %r: %s", identity[:64], reason)
-            if self._dropped_messages == _LOGGED_DROPS:
+            if self.totals.dropped_messages == _LOGGED_DROPS:
                 logger.warning("further dropped control messages are only counted")
 
     def _on_compute(self, control: zmq.Socket, message: Message) -> None:
@@ -511,8 +509,8 @@ class Manager:
             compute.join()
             self._drain_quietly(control, 0.0)
         self._report_progress()
-        if self._dropped_messages:
-            logger.warning("dropped %d malformed or unexpected control messages", self._dropped_messages)
+        if self.totals.dropped_messages:
+            logger.warning("dropped %d malformed or unexpected control messages", self.totals.dropped_messages)
 
     def _drain_quietly(self, control: zmq.Socket, timeout_s: float) -> None:
         """Take final stats while stopping; a failure report now is only logged."""

@@ -1,19 +1,76 @@
-"""The ``flare2`` command."""
+"""The ``flare2`` command: ``flare2 attach`` joins a run from another machine, ``flare2 keys`` makes CURVE keys."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 
 from flare2 import __version__
+from flare2.errors import ConfigError
+
+
+def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from flare2.runtime.attach import AttachConfig, attach
+    from flare2.wire.security import load_client
+
+    try:
+        kwargs = json.loads(args.agent_kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        parser.error(f"--agent-kwargs must be a JSON object ({exc})")
+    try:
+        curve = load_client(args.keys, args.key_name) if args.keys else None
+        config = AttachConfig(
+            endpoint=args.endpoint, agent_path=args.agent, agent_kwargs=kwargs, num_agents=args.num_agents,
+            seed=args.seed, curve=curve,
+        )
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return attach(config)
+
+
+def _keys(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from flare2.wire.security import make_keys
+
+    try:
+        written = make_keys(args.directory, args.name)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    for path in written:
+        print(path)
+    print(
+        f"\nOn the manager's machine: --keys {args.directory} (it needs server.key_secret and allowed/).\n"
+        f"On each attaching machine: copy server.key and {args.name}.key_secret into a folder and pass it as --keys."
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flare2", description="flare2: a reinforcement-learning runtime.")
     parser.add_argument("--version", action="version", version=f"flare2 {__version__}")
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    attach = commands.add_parser("attach", help="start agents here that join a run on another machine")
+    attach.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
+    attach.add_argument("--agent", default="flare2.core.envs:GymAgent", help="Agent class: package.module:Class or file.py:Class")
+    attach.add_argument("--agent-kwargs", default="{}", help="JSON object of the agent's keyword arguments")
+    attach.add_argument("--num-agents", type=int, default=1, help="agent processes to start here")
+    attach.add_argument("--seed", type=int, default=0, help="seeds the agents' envs")
+    attach.add_argument("--keys", default=None, metavar="DIR", help="folder with server.key and the client's key_secret")
+    attach.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
+    attach.set_defaults(run=_attach, parser=attach)
+
+    keys = commands.add_parser("keys", help="make CurveZMQ key pairs for a run that other machines join")
+    keys.add_argument("directory", help="where the keys go")
+    keys.add_argument("--name", default="client", help="name of the client pair to add (and allow)")
+    keys.set_defaults(run=_keys, parser=keys)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    return args.run(args, args.parser)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -29,6 +30,7 @@ from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
+from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
 from flare2.wire.sockets import Requester, context
 
 logger = logging.getLogger(__name__)
@@ -48,12 +50,24 @@ class AgentSettings:
     agent_kwargs: dict[str, Any]
     seed: int
     parent_pid: int = 0
-    """PID of a local manager to die with; 0 for an attached agent on another machine."""
+    """PID of the process that started this one (manager or ``flare2 attach``), to die with; 0 for none."""
     hello_timeout_s: float = 10.0
+    remote: bool = False
+    """Started by ``flare2 attach``: the manager registers it as a remote agent."""
+    curve: CurveClient | None = None
 
 
 class StopRequested(Exception):
-    """The manager asked this agent to stop; unwinds the episode in progress."""
+    """The manager (or SIGTERM) asked this agent to stop; unwinds the episode in progress."""
+
+
+_terminate_requested = False
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> None:
+    # Only a flag: raising here could cut a multipart send in half. The next control service stops the agent.
+    global _terminate_requested
+    _terminate_requested = True
 
 
 class EpisodeRecorder:
@@ -109,6 +123,8 @@ class _Control:
     def service(self) -> None:
         now = time.monotonic()
         self._next_at = now + self.interval_s
+        if _terminate_requested:
+            raise StopRequested()
         if self.settings.parent_pid and os.getppid() != self.settings.parent_pid:
             raise PeerDiedError("the manager process is gone")
         self.send_stats()
@@ -133,12 +149,22 @@ class _Control:
 class _Port:
     """One CT as the agent sees it: a predict and a learn requester."""
 
-    def __init__(self, ctx: zmq.Context, ct: str, info: dict[str, Any], agent_id: str, control: _Control, reply_timeout_s: float, max_bytes: int) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        ct: str,
+        info: dict[str, Any],
+        agent_id: str,
+        control: _Control,
+        reply_timeout_s: float,
+        max_bytes: int,
+        curve: CurveClient | None,
+    ) -> None:
         self.ct = ct
         self.control = control
         self.reply_timeout_s = reply_timeout_s
-        self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes)
-        self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes)
+        self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
+        self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
 
     def _ask(self, requester: Requester, kind: str, payload: dict[str, Any], what: str) -> dict[str, Any]:
         seq = requester.send(kind, payload, ct=self.ct)
@@ -168,8 +194,9 @@ def run_agent(settings: AgentSettings) -> int:
     if settings.parent_pid:
         die_with_parent(settings.parent_pid)
     ignore_interrupts()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     with context() as ctx:
-        requester = Requester(ctx, settings.control_endpoint, identity=settings.agent_id)
+        requester = Requester(ctx, settings.control_endpoint, identity=settings.agent_id, curve=settings.curve)
         try:
             return _run(ctx, requester, settings)
         finally:
@@ -199,7 +226,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         helpers: dict[str, AgentHelper] = agent.helpers()
         welcome = requester.request(
             HELLO,
-            {"role": "agent", "pid": os.getpid(), "host": socket.gethostname(), "cts": sorted(helpers)},
+            {"role": "agent", "pid": os.getpid(), "host": socket.gethostname(), "cts": sorted(helpers), "remote": settings.remote},
             timeout_s=settings.hello_timeout_s,
             what="hello to the manager",
         )
@@ -207,7 +234,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
             return EXIT_STOPPED
     except PeerDiedError:
         logger.error(
-            "cannot reach the manager at %s within %.0fs: check the address and that the run is up",
+            "cannot reach the manager at %s within %.0fs: check the address, that the run is up, and the keys",
             settings.control_endpoint, settings.hello_timeout_s,
         )
         return EXIT_MANAGER_LOST
@@ -228,7 +255,10 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
     try:
         cts = welcome["cts"]
         for name in helpers:
-            ports[name] = _Port(ctx, name, cts[name], settings.agent_id, control, float(welcome.get("reply_timeout_s", 60.0)), max_bytes)
+            ports[name] = _Port(
+                ctx, name, cts[name], settings.agent_id, control, float(welcome.get("reply_timeout_s", 60.0)), max_bytes,
+                settings.curve,
+            )
         specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
         recorder = EpisodeRecorder(agent.make_env())
         agent.env = control.recorder = recorder
@@ -272,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parent-pid", type=int, default=0)
     parser.add_argument("--hello-timeout", type=float, default=10.0, help="seconds to wait for the manager's welcome")
+    parser.add_argument("--remote", action="store_true", help="started by flare2 attach on another machine")
     args = parser.parse_args(argv)
     configure_child_logging()
     try:
@@ -280,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--agent-kwargs is not valid JSON: {exc}")
     if not isinstance(kwargs, dict):
         parser.error("--agent-kwargs must be a JSON object")
-    settings = AgentSettings(args.control, args.agent_id, args.agent, kwargs, args.seed, args.parent_pid, args.hello_timeout)
+    curve_env = os.environ.get(AGENT_CURVE_ENV)
+    curve = CurveClient.from_env(curve_env) if curve_env else None
+    settings = AgentSettings(
+        args.control, args.agent_id, args.agent, kwargs, args.seed, args.parent_pid, args.hello_timeout, args.remote, curve
+    )
     return run_agent(settings)
 
 

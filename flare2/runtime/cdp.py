@@ -28,6 +28,7 @@ from flare2.errors import DecodeError, SpecError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload, unpack
+from flare2.wire.security import CurveServer
 from flare2.wire.sockets import bind_router, router_send
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ class ComputationDataProcessor:
         host: str = "127.0.0.1",
         config: BatchingConfig = BatchingConfig(),
         max_bytes: int = DEFAULT_MAX_BYTES,
+        curve: CurveServer | None = None,
     ) -> None:
         self.ct = ct
         self.config = config
@@ -157,9 +159,9 @@ class ComputationDataProcessor:
         self.stats = CDPStats(learn_calls=ct.learn_calls)
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
-        self.predict_socket, self.predict_endpoint = bind_router(ctx, host, max_bytes=max_bytes)
+        self.predict_socket, self.predict_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
         try:
-            self.learn_socket, self.learn_endpoint = bind_router(ctx, host, max_bytes=max_bytes)
+            self.learn_socket, self.learn_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
         except BaseException:
             self.predict_socket.close(linger=0)
             raise

@@ -23,6 +23,7 @@ from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
+from flare2.wire.security import CurveClient, CurveServer, start_authenticator
 from flare2.wire.sockets import connect_dealer, context, poll_timeout_ms
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,11 @@ class ComputeSettings:
     cts: tuple[CTConfig, ...]
     device: str
     seed: int
-    host: str
+    bind: str
+    curve_server: CurveServer | None
+    """CURVE for the CDP sockets (None on loopback without keys)."""
+    curve_client: CurveClient | None
+    """CURVE for this process's own link to the manager."""
     checkpoint_dir: str
     resume_dir: str | None
     torch_threads: int
@@ -68,7 +73,11 @@ def compute_main(settings: ComputeSettings) -> None:
     ignore_interrupts()
     configure_child_logging()
     with context() as ctx:
-        control = connect_dealer(ctx, settings.control_endpoint, identity=COMPUTE_IDENTITY, max_bytes=settings.max_message_bytes)
+        authenticator = start_authenticator(ctx, settings.curve_server) if settings.curve_server else None
+        control = connect_dealer(
+            ctx, settings.control_endpoint, identity=COMPUTE_IDENTITY, max_bytes=settings.max_message_bytes,
+            curve=settings.curve_client,
+        )
         try:
             _serve(ctx, control, settings)
         except UserCodeError as exc:
@@ -79,6 +88,9 @@ def compute_main(settings: ComputeSettings) -> None:
             _report_failure(control, error_payload(f"the compute process crashed: {exc!r}", traceback=traceback.format_exc(), code="crash"))
         else:
             control.close(linger=0)
+        finally:
+            if authenticator is not None:
+                authenticator.stop()
 
 
 def _report_failure(control: zmq.Socket, payload: dict[str, str]) -> None:
@@ -113,7 +125,10 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
     try:
         for ct, config in zip(cts, settings.cts):
             cdps.append(
-                ComputationDataProcessor(ct, ctx, host=settings.host, config=config.batching, max_bytes=settings.max_message_bytes)
+                ComputationDataProcessor(
+                    ct, ctx, host=settings.bind, config=config.batching, max_bytes=settings.max_message_bytes,
+                    curve=settings.curve_server,
+                )
             )
         hello = {
             "role": "compute",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,6 +10,15 @@ from typing import Any
 
 from flare2.errors import ConfigError
 from flare2.wire.codec import DEFAULT_MAX_BYTES
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -94,10 +104,16 @@ class RunConfig:
     """Device of the compute process: cpu, cuda, cuda:N or auto."""
     seed: int = 0
     """Seeds torch in the compute process and each agent's first env reset."""
-    host: str = "127.0.0.1"
-    """Address the manager and the CDPs bind to."""
+    bind: str = "127.0.0.1"
+    """Address the manager and the CDPs bind to. Beyond loopback, CURVE keys (or ``insecure``) are required."""
     port: int = 0
     """Port of the manager's control endpoint (0: a free one)."""
+    advertise: str | None = None
+    """Address agents are told to connect to (default: ``bind``); for a host with several addresses or behind NAT."""
+    keys_dir: str | None = None
+    """Directory made by ``flare2 keys``: serve CURVE with its server pair, accept only the keys in its allowed/ folder."""
+    insecure: bool = False
+    """Allow a non-loopback bind without CURVE: anyone who reaches the port can join the run."""
     progress_interval_s: float = 5.0
     """Seconds between progress lines (and progress.csv rows)."""
     torch_threads: int = 1
@@ -143,3 +159,10 @@ class RunConfig:
                 raise ConfigError(f"{name} must be > 0, got {value}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if not is_loopback(self.bind) and self.keys_dir is None and not self.insecure:
+            raise ConfigError(
+                f"binding {self.bind} lets other machines reach the run: make keys with `flare2 keys DIR` and pass "
+                "--keys DIR (agents attach with the same keys), or pass --insecure to run without authentication"
+            )
+        if self.bind in ("0.0.0.0", "::", "*") and not self.advertise:
+            raise ConfigError(f"--bind {self.bind} listens on every address: pass --advertise ADDRESS that agents can reach")

@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -40,11 +41,13 @@ import zmq
 from flare2.errors import ConfigError, DecodeError
 from flare2.runtime.agent_process import EXIT_CONFIG, EXIT_MANAGER_LOST, EXIT_REMOTE_FAILED
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main, resume_checkpoint_path
-from flare2.runtime.config import RunConfig
+from flare2.runtime.config import RunConfig, is_loopback
 from flare2.runtime.progress import ProgressLog, RunTotals
 from flare2.wire.protocol import (
-    BYE, CHECKPOINT, ERROR, HEARTBEAT, HELLO, LIVE, STATS, STOP, WELCOME, Message, error_payload, unpack,
+    BYE, CHECKPOINT, ERROR, HEARTBEAT, HELLO, LIVE, PROTOCOL_VERSION, STATS, STOP, WELCOME, Message, VersionMismatchError,
+    error_payload, unpack,
 )
+from flare2.wire.security import AGENT_CURVE_ENV, CurveClient, CurveServer, ephemeral_client, load_server, start_authenticator
 from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_send
 
 logger = logging.getLogger(__name__)
@@ -65,6 +68,9 @@ _MAX_RESTART_BACKOFF_S = 30.0
 _HEALTHY_LIFE_S = 60.0
 # Dropped control messages are logged one by one up to this many, then only counted.
 _LOGGED_DROPS = 20
+_MAX_REMOTE_AGENTS = 1024
+# Ids `flare2 attach` gives its agents: printable, bounded, and never like a local agent's ("a<slot>.<n>.<hex>").
+_REMOTE_ID = re.compile(r"r-[A-Za-z0-9_.-]{1,100}")
 
 
 class RunFailed(Exception):
@@ -83,6 +89,7 @@ class _AgentSlot:
     incarnation: int
     agent_id: str
     process: subprocess.Popen | None
+    """None for a remote agent (started by ``flare2 attach`` on another machine)."""
     last_seen: float
     registered: bool = False
     said_bye: bool = False
@@ -97,6 +104,10 @@ class _AgentSlot:
     def live(self) -> bool:
         return self.registered and not self.said_bye and self.restart_at is None
 
+    @property
+    def remote(self) -> bool:
+        return self.process is None
+
 
 class Manager:
     """Runs one :class:`RunConfig` to its budget: ``Manager(config).run()`` returns the exit code."""
@@ -110,6 +121,10 @@ class Manager:
         self._stop_signal: int | None = None
         self._slots: list[_AgentSlot] = []
         self._by_id: dict[str, _AgentSlot] = {}
+        """Every agent the manager listens to: the current incarnation of each local slot, and remote agents."""
+        self._remotes: dict[str, _AgentSlot] = {}
+        self._curve_server: CurveServer | None = None
+        self._local_curve: CurveClient | None = None
         self._compute: multiprocessing.process.BaseProcess | None = None
         self._compute_hello: dict[str, Any] | None = None
         self._pending_hellos: list[Message] = []
@@ -130,15 +145,22 @@ class Manager:
             if self.config.resume_dir:
                 for ct in self.config.cts:
                     resume_checkpoint_path(self.config.resume_dir, ct.name)
+            self._setup_security()
             with context() as ctx:
-                control, self.control_endpoint = bind_router(
-                    ctx, self.config.host, port=self.config.port, max_bytes=self.config.max_message_bytes
-                )
+                authenticator = start_authenticator(ctx, self._curve_server) if self._curve_server else None
                 try:
-                    return self._run(control)
+                    control, self.control_endpoint = bind_router(
+                        ctx, self.config.bind, port=self.config.port, max_bytes=self.config.max_message_bytes,
+                        curve=self._curve_server,
+                    )
+                    try:
+                        return self._run(control)
+                    finally:
+                        self._shutdown(control)
+                        control.close(linger=0)
                 finally:
-                    self._shutdown(control)
-                    control.close(linger=0)
+                    if authenticator is not None:
+                        authenticator.stop()
         except RunFailed as exc:
             logger.error("%s", exc)
             return exc.exit_code
@@ -151,6 +173,18 @@ class Manager:
                 self._progress.close()
             logging.getLogger("flare2").removeHandler(log_handler)
             log_handler.close()
+
+    def _setup_security(self) -> None:
+        config = self.config
+        if config.keys_dir:
+            # The run's own processes get a key pair of their own, allowed next to the listed clients.
+            self._local_curve, self._curve_server = ephemeral_client(load_server(config.keys_dir))
+            logger.info("CURVE on: %d client key(s) allowed from %s/allowed", len(self._curve_server.allowed) - 1, config.keys_dir)
+        elif not is_loopback(config.bind):
+            logger.warning(
+                "INSECURE: listening on %s without CURVE (--insecure): anyone who reaches this address can join the "
+                "run and feed its learning. Use --keys DIR (made by `flare2 keys DIR`) instead.", config.bind,
+            )
 
     # ---- the run ---------------------------------------------------------------------
 
@@ -185,6 +219,7 @@ class Manager:
                 if control.poll(poll_timeout_ms(timeout_s)):
                     self._drain(control)
                 self._supervise(control)
+                self._supervise_remotes(control)
             logger.info(
                 "budget reached: %d env steps, %d episodes, return_mean %.1f",
                 self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
@@ -204,7 +239,11 @@ class Manager:
 
     def _report_progress(self) -> None:
         if self._progress is not None:
-            self._progress.report(self.totals, agents=sum(slot.live for slot in self._slots))
+            self._progress.report(
+                self.totals,
+                agents=sum(agent.live for agent in self._slots),
+                remote_agents=sum(agent.live for agent in self._remotes.values()),
+            )
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
@@ -227,7 +266,9 @@ class Manager:
             cts=config.cts,
             device=config.device,
             seed=config.seed,
-            host=config.host,
+            bind=config.bind,
+            curve_server=self._curve_server,
+            curve_client=self._local_curve,
             checkpoint_dir=str(self.checkpoint_dir),
             resume_dir=config.resume_dir,
             torch_threads=config.torch_threads,
@@ -258,6 +299,8 @@ class Manager:
             "--hello-timeout", str(config.startup_timeout_s),
         ]
         env = dict(os.environ)
+        if self._local_curve is not None:
+            env[AGENT_CURVE_ENV] = self._local_curve.to_env()
         # A file.py:Class agent path is resolved against the manager's working directory.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
         # A session of its own keeps the terminal's Ctrl+C away from the agent: the manager stops it with STOP.
@@ -288,6 +331,20 @@ class Manager:
                 self._on_agent_death(
                     control, agent, f"silent for {self.config.heartbeat_timeout_s:.0f}s (heartbeat timeout); killed", None
                 )
+
+    def _supervise_remotes(self, control: zmq.Socket) -> None:
+        now = time.monotonic()
+        for agent in list(self._remotes.values()):
+            if now - agent.last_seen > self.config.heartbeat_timeout_s:
+                self._forget_remote(control, agent, f"silent for {self.config.heartbeat_timeout_s:.0f}s (link lost?)")
+
+    def _forget_remote(self, control: zmq.Socket, agent: _AgentSlot, why: str) -> None:
+        # Remote agents are not restarted here: their machine's `flare2 attach` owns them, and they may attach again.
+        logger.warning("remote agent %s %s; dropped from the run", agent.agent_id, why)
+        self.totals.remote_dropped += 1
+        del self._remotes[agent.agent_id]
+        del self._by_id[agent.agent_id]
+        self._send_live(control)
 
     def _on_agent_death(self, control: zmq.Socket, agent: _AgentSlot, cause: str, exit_code: int | None) -> None:
         detail = f"\n{agent.error}" if agent.error else ""
@@ -329,6 +386,11 @@ class Manager:
             identity, frames = frames[0], frames[1:]
             try:
                 message = unpack(frames, max_bytes=self.config.max_message_bytes)
+            except VersionMismatchError as exc:
+                # Answer in this side's version: the peer's decoder then names both versions to its user.
+                self._drop(identity, str(exc))
+                router_send(control, identity, Message(ERROR, error_payload(str(exc), code="config")))
+                continue
             except DecodeError as exc:
                 self._drop(identity, f"malformed message: {exc}")
                 continue
@@ -389,7 +451,10 @@ class Manager:
     def _on_agent(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
         agent = self._by_id.get(identity.decode(errors="replace"))
         if agent is None:
-            self._drop(identity, "not an agent of this run (or one that was already restarted)")
+            if message.kind == HELLO and not self._stopping:
+                self._on_stranger_hello(control, identity, message)
+            else:
+                self._drop(identity, "not an agent of this run (or one that was already restarted)")
             return
         agent.last_seen = time.monotonic()
         if message.kind == HELLO:
@@ -403,8 +468,14 @@ class Manager:
         elif message.kind == STATS:
             self._on_agent_stats(identity, message.payload)
         elif message.kind == BYE:
+            if agent.remote:
+                logger.info("remote agent %s detached", agent.agent_id)
+                self._remotes.pop(agent.agent_id, None)
+                self._by_id.pop(agent.agent_id, None)
             agent.said_bye = True
             self._send_live(control)
+        elif message.kind == ERROR and agent.remote:
+            self._forget_remote(control, agent, f"failed: {_error_text(message)}")
         elif message.kind == ERROR:
             # The agent exits next; supervision restarts it (or fails the run for a config error).
             agent.error = _error_text(message)
@@ -412,6 +483,30 @@ class Manager:
                 raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error}", EXIT_CONFIG_ERROR)
         else:
             self._drop(identity, f"unexpected kind {message.kind!r}")
+
+    def _on_stranger_hello(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
+        """A probe from `flare2 attach`, or a remote agent joining (CURVE already vetted the peer, off loopback)."""
+        role = message.payload.get("role")
+        if role == "probe":
+            reply = {"protocol_version": PROTOCOL_VERSION, "cts": sorted((self._compute_hello or {}).get("cts", {}))}
+            router_send(control, identity, Message(WELCOME, reply, seq=message.seq))
+            return
+        agent_id = message.agent_id
+        valid = (
+            role == "agent" and message.payload.get("remote") is True and agent_id.encode() == identity
+            and _REMOTE_ID.fullmatch(agent_id) is not None
+        )
+        if not valid or len(self._remotes) >= _MAX_REMOTE_AGENTS:
+            self._drop(identity, "a hello that is neither a probe nor a remote agent's, or too many remote agents")
+            return
+        agent = _AgentSlot(-1, 0, agent_id, None, last_seen=time.monotonic())
+        self._remotes[agent_id] = agent
+        self._by_id[agent_id] = agent
+        logger.info("remote agent %s (pid %s on %s) attached", agent_id, message.payload.get("pid"), message.payload.get("host"))
+        if self._compute_hello is None:
+            self._pending_hellos.append(message)
+        else:
+            self._welcome(control, message)
 
     def _on_agent_stats(self, identity: bytes, payload: dict[str, Any]) -> None:
         steps, episodes = payload.get("steps", 0), payload.get("episodes", [])
@@ -436,7 +531,7 @@ class Manager:
             router_send(control, hello.agent_id.encode(), Message(ERROR, error_payload(reason, code="config"), seq=hello.seq))
             return
         welcome = {
-            "cts": {name: served[name] for name in wanted},
+            "cts": {name: self._advertised(served[name]) for name in wanted},
             "control_interval_s": AGENT_CONTROL_INTERVAL_S,
             "heartbeat_timeout_s": self.config.heartbeat_timeout_s,
             "reply_timeout_s": AGENT_REPLY_TIMEOUT_S,
@@ -449,13 +544,20 @@ class Manager:
         self._send_live(control)
         router_send(control, hello.agent_id.encode(), Message(WELCOME, welcome, seq=hello.seq))
 
+    def _advertised(self, ct: dict[str, Any]) -> dict[str, Any]:
+        """The CT's endpoints with the address agents must use (``advertise``), not the one bound."""
+        if not self.config.advertise:
+            return ct
+        return {**ct, **{key: _with_host(ct[key], self.config.advertise) for key in ("predict_endpoint", "learn_endpoint")}}
+
     def _send_live(self, control: zmq.Socket) -> None:
-        live = sorted(agent.agent_id for agent in self._slots if agent.live)
+        agents = [*self._slots, *self._remotes.values()]
+        live = sorted(agent.agent_id for agent in agents if agent.live)
         cts = {name: live for name in self._compute_hello["cts"]}
         router_send(control, COMPUTE_IDENTITY.encode(), Message(LIVE, {"cts": cts}))
 
     def _send_heartbeats(self, control: zmq.Socket) -> None:
-        for agent in self._slots:
+        for agent in [*self._slots, *self._remotes.values()]:
             if agent.live:
                 router_send(control, agent.agent_id.encode(), Message(HEARTBEAT, {}))
 
@@ -480,6 +582,9 @@ class Manager:
         pending, self._pending_hellos = self._pending_hellos, []
         for hello in pending:
             router_send(control, hello.agent_id.encode(), Message(STOP, {}, seq=hello.seq))
+        for agent in self._remotes.values():
+            # The run is over for attached agents too; their `flare2 attach` exits when they have.
+            router_send(control, agent.agent_id.encode(), Message(STOP, {}))
         running = [agent for agent in self._slots if agent.restart_at is None and agent.process.poll() is None]
         for agent in running:
             router_send(control, agent.agent_id.encode(), Message(STOP, {}))
@@ -520,6 +625,11 @@ class Manager:
             self._drain(control)
         except RunFailed as exc:
             logger.error("while stopping: %s", exc)
+
+
+def _with_host(endpoint: str, host: str) -> str:
+    port = endpoint.rsplit(":", 1)[1]
+    return f"tcp://{host}:{port}"
 
 
 def _describe_exit(code: int) -> str:

@@ -49,9 +49,15 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
                              help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
     supervision.add_argument("--resume", default=None, metavar="DIR",
                              help="continue the learning and counters of the run whose log dir is DIR")
-    network = parser.add_argument_group("network")
-    network.add_argument("--host", default="127.0.0.1", help="address the manager and the CDPs bind to")
+    network = parser.add_argument_group("network (agents on other machines join with `flare2 attach`)")
+    network.add_argument("--bind", default="127.0.0.1", help="address the manager and the CDPs listen on")
     network.add_argument("--port", type=int, default=0, help="port of the manager's control endpoint (0: any free one)")
+    network.add_argument("--advertise", default=None, metavar="ADDRESS",
+                         help="address agents are told to connect to, when it differs from --bind (NAT, several NICs)")
+    network.add_argument("--keys", default=None, metavar="DIR",
+                         help="CurveZMQ keys made by `flare2 keys DIR`: only clients in DIR/allowed get in")
+    network.add_argument("--insecure", action="store_true",
+                         help="allow a non-loopback --bind without keys (anyone who reaches the port can join)")
 
 
 def batching_from_args(args: argparse.Namespace) -> BatchingConfig:
@@ -78,8 +84,11 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         stop_return=args.stop_return,
         device=args.device,
         seed=args.seed,
-        host=args.host,
+        bind=args.bind,
         port=args.port,
+        advertise=args.advertise,
+        keys_dir=args.keys,
+        insecure=args.insecure,
         progress_interval_s=args.progress_interval,
         max_restarts=args.max_restarts,
         heartbeat_timeout_s=args.heartbeat_timeout,

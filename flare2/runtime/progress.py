@@ -21,10 +21,12 @@ PROGRESS_COLUMNS = (
     "batch_size_mean",
     "learn_steps",
     "agents",
+    "remote_agents",
     "rejected_requests",
     "max_predict_wait_ms",
     "restarts",
     "dropped_messages",
+    "remote_dropped",
 )
 RETURN_WINDOW = 100
 
@@ -44,6 +46,8 @@ class RunTotals:
     """Agent processes restarted after a crash, a kill or a heartbeat timeout."""
     dropped_messages: int = 0
     """Malformed or unexpected control messages the manager dropped."""
+    remote_dropped: int = 0
+    """Remote agents dropped after their link went silent or they failed."""
     _finished: list = field(default_factory=list)
 
     def resume_from(self, counters: dict[str, Any]) -> None:
@@ -117,7 +121,7 @@ class ProgressLog:
         self._last_rows = 0.0
         self._last_batches = 0.0
 
-    def report(self, totals: RunTotals, *, agents: int) -> dict[str, Any]:
+    def report(self, totals: RunTotals, *, agents: int, remote_agents: int = 0) -> dict[str, Any]:
         now = time.monotonic()
         rows, batches = totals.ct_total("predict_rows"), totals.ct_total("predict_batches")
         elapsed = max(now - self._last_time, 1e-9)
@@ -132,10 +136,12 @@ class ProgressLog:
             else float("nan"),
             "learn_steps": int(totals.ct_total("learn_calls")),
             "agents": agents,
+            "remote_agents": remote_agents,
             "rejected_requests": int(totals.ct_total("rejected")),
             "max_predict_wait_ms": round(totals.max_predict_wait_ms, 3),
             "restarts": totals.restarts,
             "dropped_messages": totals.dropped_messages,
+            "remote_dropped": totals.remote_dropped,
         }
         totals.max_predict_wait_ms = 0.0
         self._last_time, self._last_steps, self._last_rows, self._last_batches = now, totals.env_steps, rows, batches
@@ -151,9 +157,10 @@ class ProgressLog:
             self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length))
         self._episodes_file.flush()
         logger.info(
-            "steps %d | %.0f steps/s | episodes %d | return %.1f | batch %.2f | learn %d | agents %d | restarts %d%s",
+            "steps %d | %.0f steps/s | episodes %d | return %.1f | batch %.2f | learn %d | agents %d local, %d remote "
+            "| restarts %d%s",
             row["env_steps"], row["steps_per_s"], row["episodes"], row["return_mean"], row["batch_size_mean"],
-            row["learn_steps"], agents, row["restarts"], (" | " + " ".join(costs_text)) if costs_text else "",
+            row["learn_steps"], agents, remote_agents, row["restarts"], (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row
 

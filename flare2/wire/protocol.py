@@ -40,6 +40,10 @@ KINDS = frozenset(
 )
 
 
+class VersionMismatchError(DecodeError):
+    """The peer speaks another version of the flare2 protocol (the message names both)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     kind: str
@@ -70,7 +74,7 @@ def _decode_header(frame: bytes) -> tuple[str, str, int, str]:
     if type(version) is not int:
         raise DecodeError("header version is not an int")
     if version != PROTOCOL_VERSION:
-        raise DecodeError(
+        raise VersionMismatchError(
             f"peer speaks flare2 protocol {version}, this side speaks {PROTOCOL_VERSION}: "
             "install the same flare2 version on both sides"
         )

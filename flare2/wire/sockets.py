@@ -12,7 +12,8 @@ import zmq
 
 from flare2.errors import ConfigError, DecodeError, PeerDiedError, RemoteError, SpecError, TransportError
 from flare2.wire.codec import DEFAULT_MAX_BYTES
-from flare2.wire.protocol import ERROR, Message, pack, unpack
+from flare2.wire.protocol import ERROR, Message, VersionMismatchError, pack, unpack
+from flare2.wire.security import CurveClient, CurveServer, make_client_socket, make_server_socket
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +27,14 @@ def _configure(sock: zmq.Socket, max_bytes: int) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, max_bytes + _FRAME_SLACK_BYTES)
 
 
-def bind_router(ctx: zmq.Context, host: str, *, port: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[zmq.Socket, str]:
-    """A ROUTER bound on ``host`` (a random free port when ``port`` is 0) and its endpoint."""
+def bind_router(
+    ctx: zmq.Context, host: str, *, port: int = 0, max_bytes: int = DEFAULT_MAX_BYTES, curve: CurveServer | None = None
+) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound on ``host`` (a random free port when ``port`` is 0) and its endpoint; CURVE with ``curve``."""
     sock = ctx.socket(zmq.ROUTER)
     _configure(sock, max_bytes)
+    if curve is not None:
+        make_server_socket(sock, curve)
     # Sending to a peer that is gone fails loudly instead of vanishing.
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     try:
@@ -45,10 +50,14 @@ def bind_router(ctx: zmq.Context, host: str, *, port: int = 0, max_bytes: int = 
     return sock, f"tcp://{host}:{port}"
 
 
-def connect_dealer(ctx: zmq.Context, endpoint: str, *, identity: str, max_bytes: int = DEFAULT_MAX_BYTES) -> zmq.Socket:
-    """A DEALER with routing id ``identity`` connected to ``endpoint``."""
+def connect_dealer(
+    ctx: zmq.Context, endpoint: str, *, identity: str, max_bytes: int = DEFAULT_MAX_BYTES, curve: CurveClient | None = None
+) -> zmq.Socket:
+    """A DEALER with routing id ``identity`` connected to ``endpoint``; CURVE with ``curve``."""
     sock = ctx.socket(zmq.DEALER)
     _configure(sock, max_bytes)
+    if curve is not None:
+        make_client_socket(sock, curve)
     sock.setsockopt(zmq.IDENTITY, identity.encode())
     try:
         sock.connect(endpoint)
@@ -109,11 +118,19 @@ class Requester:
     is never taken for the answer to a newer question.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, *, identity: str, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        *,
+        identity: str,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        curve: CurveClient | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.identity = identity
         self._max_bytes = max_bytes
-        self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes)
+        self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes, curve=curve)
         self._seq = 0
 
     @property
@@ -153,6 +170,8 @@ class Requester:
                 continue
             try:
                 reply = unpack(frames, max_bytes=self._max_bytes)
+            except VersionMismatchError:
+                raise
             except DecodeError as exc:
                 logger.warning("dropped a malformed reply from %s: %s", self.endpoint, exc)
                 continue

@@ -312,7 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(kwargs, dict):
         parser.error("--agent-kwargs must be a JSON object")
     curve_env = os.environ.get(AGENT_CURVE_ENV)
-    curve = CurveClient.from_env(curve_env) if curve_env else None
+    try:
+        curve = CurveClient.from_env(curve_env) if curve_env else None
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return EXIT_CONFIG
     settings = AgentSettings(
         args.control, args.agent_id, args.agent, kwargs, args.seed, args.parent_pid, args.hello_timeout, args.remote, curve
     )

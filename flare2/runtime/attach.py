@@ -92,7 +92,7 @@ def attach(config: AttachConfig) -> int:
     except (TransportError, ConfigError) as exc:
         logger.error("%s", exc)
         return EXIT_UNREACHABLE
-    logger.info("manager at %s serves CTs %s; starting %d agent(s)", config.endpoint, info.get("cts"), config.num_agents)
+    logger.info("manager at %s serves CTs %s; starting %d agent(s)", config.endpoint, sorted(info.get("cts", {})), config.num_agents)
     env = dict(os.environ)
     if config.curve is not None:
         env[AGENT_CURVE_ENV] = config.curve.to_env()

@@ -466,7 +466,7 @@ class Manager:
             else:
                 self._welcome(control, message)
         elif message.kind == STATS:
-            self._on_agent_stats(identity, message.payload)
+            self._on_agent_stats(agent, identity, message.payload)
         elif message.kind == BYE:
             if agent.remote:
                 logger.info("remote agent %s detached", agent.agent_id)
@@ -488,7 +488,8 @@ class Manager:
         """A probe from `flare2 attach`, or a remote agent joining (CURVE already vetted the peer, off loopback)."""
         role = message.payload.get("role")
         if role == "probe":
-            reply = {"protocol_version": PROTOCOL_VERSION, "cts": sorted((self._compute_hello or {}).get("cts", {}))}
+            served = (self._compute_hello or {}).get("cts", {})
+            reply = {"protocol_version": PROTOCOL_VERSION, "cts": {name: self._advertised(ct) for name, ct in served.items()}}
             router_send(control, identity, Message(WELCOME, reply, seq=message.seq))
             return
         agent_id = message.agent_id
@@ -508,7 +509,7 @@ class Manager:
         else:
             self._welcome(control, message)
 
-    def _on_agent_stats(self, identity: bytes, payload: dict[str, Any]) -> None:
+    def _on_agent_stats(self, agent: _AgentSlot, identity: bytes, payload: dict[str, Any]) -> None:
         steps, episodes = payload.get("steps", 0), payload.get("episodes", [])
         try:
             if type(steps) is not int or steps < 0 or not isinstance(episodes, list):
@@ -517,7 +518,7 @@ class Manager:
         except (TypeError, ValueError):
             self._drop(identity, "stats with wrong field types")
             return
-        self.totals.add_agent_stats(steps, results)
+        self.totals.add_agent_stats(steps, results, remote=agent.remote)
 
     def _welcome(self, control: zmq.Socket, hello: Message) -> None:
         agent = self._by_id.get(hello.agent_id)

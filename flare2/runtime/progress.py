@@ -27,6 +27,8 @@ PROGRESS_COLUMNS = (
     "restarts",
     "dropped_messages",
     "remote_dropped",
+    "remote_env_steps",
+    "remote_episodes",
 )
 RETURN_WINDOW = 100
 
@@ -46,6 +48,9 @@ class RunTotals:
     """Agent processes restarted after a crash, a kill or a heartbeat timeout."""
     dropped_messages: int = 0
     """Malformed or unexpected control messages the manager dropped."""
+    remote_env_steps: int = 0
+    """Of ``env_steps``, those of agents attached from other machines."""
+    remote_episodes: int = 0
     remote_dropped: int = 0
     """Remote agents dropped after their link went silent or they failed."""
     _finished: list = field(default_factory=list)
@@ -62,9 +67,12 @@ class RunTotals:
         for report in reports.values():
             self.max_predict_wait_ms = max(self.max_predict_wait_ms, float(report.get("max_predict_wait_ms", 0.0)))
 
-    def add_agent_stats(self, steps: int, episodes: list[tuple[float, int]]) -> None:
+    def add_agent_stats(self, steps: int, episodes: list[tuple[float, int]], *, remote: bool = False) -> None:
         self.env_steps += steps
         self.episodes += len(episodes)
+        if remote:
+            self.remote_env_steps += steps
+            self.remote_episodes += len(episodes)
         self.recent_returns.extend(episode_return for episode_return, _ in episodes)
         self._finished.extend(episodes)
 
@@ -142,6 +150,8 @@ class ProgressLog:
             "restarts": totals.restarts,
             "dropped_messages": totals.dropped_messages,
             "remote_dropped": totals.remote_dropped,
+            "remote_env_steps": totals.remote_env_steps,
+            "remote_episodes": totals.remote_episodes,
         }
         totals.max_predict_wait_ms = 0.0
         self._last_time, self._last_steps, self._last_rows, self._last_batches = now, totals.env_steps, rows, batches

@@ -30,7 +30,7 @@ from flare2.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 AGENT_CURVE_ENV = "FLARE2_AGENT_CURVE"
-"""How a process that starts agents hands them their client keys (public:secret:server_public, z85)."""
+"""How a process that starts agents hands them their client keys (public, secret and server public key, z85)."""
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,14 @@ class CurveClient:
     server_public_key: str
 
     def to_env(self) -> str:
-        return f"{self.public_key}:{self.secret_key}:{self.server_public_key}"
+        # z85 keys are 40 characters each and use every separator one might pick, so they are just joined.
+        return self.public_key + self.secret_key + self.server_public_key
 
     @classmethod
     def from_env(cls, value: str) -> CurveClient:
-        parts = value.split(":")
-        if len(parts) != 3 or not all(len(part) == 40 for part in parts):
-            raise ConfigError(f"{AGENT_CURVE_ENV} must hold three z85 keys separated by ':'")
-        return cls(*parts)
+        if len(value) != 120:
+            raise ConfigError(f"{AGENT_CURVE_ENV} must hold three z85 keys of 40 characters each, joined")
+        return cls(value[:40], value[40:80], value[80:])
 
 
 def make_keys(directory: str | os.PathLike, client_name: str = "client") -> list[Path]:

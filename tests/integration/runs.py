@@ -21,11 +21,22 @@ CARTPOLE = REPO / "examples" / "cartpole_a2c.py"
 class RunProcess:
     """A manager script running in a child process; its stderr is read line by line as it comes."""
 
-    def __init__(self, script: Path, *args: str, log_dir: Path, cwd: Path = REPO) -> None:
+    def __init__(self, script: Path, *args: str, log_dir: Path, cwd: Path = REPO, prefix: tuple[str, ...] = ()) -> None:
+        """Run a manager script; ``prefix`` goes before the interpreter (``ip netns exec HOST``)."""
         self.log_dir = log_dir
+        self._start([*prefix, sys.executable, str(script), "--log-dir", str(log_dir), *args], cwd)
+
+    @classmethod
+    def command(cls, argv: list[str], cwd: Path = REPO) -> RunProcess:
+        """Any other command, followed the same way."""
+        run = cls.__new__(cls)
+        run.log_dir = None
+        run._start(argv, cwd)
+        return run
+
+    def _start(self, argv: list[str], cwd: Path) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(script), "--log-dir", str(log_dir), *args],
-            cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()

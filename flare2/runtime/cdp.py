@@ -15,7 +15,6 @@ one gets an ERROR reply naming the key, what was expected and what arrived.
 from __future__ import annotations
 
 import logging
-import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field

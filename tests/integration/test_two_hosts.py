@@ -12,11 +12,10 @@ import secrets
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from runs import CARTPOLE, REPO, RunProcess, read_csv
+from runs import CARTPOLE, RunProcess, read_csv
 
 HEARTBEAT_S = 3
 ADDRESS_A, ADDRESS_B = "10.231.7.1", "10.231.7.2"

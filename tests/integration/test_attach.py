@@ -1,0 +1,125 @@
+"""`flare2 attach` and CURVE on loopback: join, detach, refusal, unreachable manager, version mismatch."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from flare2.wire.protocol import ERROR, HELLO, PREDICT, Message, pack, unpack
+from flare2.wire.security import load_client, make_client_socket, make_keys
+from runs import CARTPOLE, RunProcess, read_csv
+
+UP = r"compute process is up"
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def attach(*args: str) -> RunProcess:
+    return RunProcess.command([sys.executable, "-m", "flare2.cli", "attach", *args])
+
+
+def test_attached_agents_join_the_batches_and_detach_on_ctrl_c(tmp_path):
+    manager = RunProcess(CARTPOLE, "--num-agents", "2", "--max-steps", "10000000", "--progress-interval", "0.5",
+                         "--device", "cpu", log_dir=tmp_path)
+    remote = None
+    try:
+        manager.wait_for_line(UP, timeout_s=120)
+        endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
+        remote = attach(endpoint, "--agent", "flare2.core.envs:GymAgent", "--agent-kwargs", '{"env_id": "CartPole-v1"}',
+                        "--num-agents", "2")
+        manager.wait_for_line(r"agents 2 local, 2 remote", timeout_s=60)
+        remote.process.send_signal(signal.SIGINT)
+        assert remote.wait(timeout_s=30) == 0
+        for _ in range(2):
+            manager.wait_for_line(r"remote agent r-\S+ detached", timeout_s=10)
+        manager.process.send_signal(signal.SIGTERM)
+        assert manager.wait(timeout_s=30) == 143
+    finally:
+        for run in (manager, remote):
+            if run is not None:
+                run.stop()
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["remote_episodes"] > 0
+    assert final["restarts"] == 0 and final["remote_dropped"] == 0  # gone, not crashed
+
+
+def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
+    keys, strangers = tmp_path / "keys", tmp_path / "strangers"
+    make_keys(keys)
+    make_keys(strangers)
+    manager = RunProcess(CARTPOLE, "--num-agents", "1", "--max-steps", "10000000", "--device", "cpu", "--keys", str(keys),
+                         log_dir=tmp_path / "run")
+    try:
+        manager.wait_for_line(UP, timeout_s=120)
+        info = json.loads((tmp_path / "run" / "run.json").read_text())
+        wrong_key = load_client(strangers)
+        # The stranger's own pair, but the run's server key: the handshake reaches ZAP, which says no.
+        wrong_key = type(wrong_key)(wrong_key.public_key, wrong_key.secret_key, load_client(keys).server_public_key)
+        allowed = load_client(keys)
+
+        def ask(curve, endpoint: str, frames: list[bytes], timeout_ms: int) -> list[bytes] | None:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, b"r-peer")
+            if curve is not None:
+                make_client_socket(sock, curve)
+            sock.connect(endpoint)
+            sock.send_multipart(frames)
+            reply = sock.recv_multipart() if sock.poll(timeout_ms) else None
+            sock.close()
+            return reply
+
+        probe = pack(Message(HELLO, {"role": "probe"}, "r-peer", 1))
+        predict = pack(Message(PREDICT, {"inputs": {"obs": np.zeros((1, 4), np.float32)}, "states": {}}, "r-peer", 2, "RL"))
+        for curve in (None, wrong_key):
+            assert ask(curve, info["control_endpoint"], probe, 2000) is None
+            assert ask(curve, info["cts"]["RL"]["predict_endpoint"], predict, 2000) is None
+        manager.wait_for_line(r"refused a peer whose CURVE key", timeout_s=10)
+        # The same requests with the allowed key are served.
+        assert unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"] == 1
+        assert unpack(ask(allowed, info["cts"]["RL"]["predict_endpoint"], predict, 10_000)).kind == "prediction"
+    finally:
+        manager.stop()
+
+
+def test_attaching_to_an_address_where_no_manager_listens_fails_fast_with_a_clear_message():
+    with zmq.Context() as context:
+        sock = context.socket(zmq.ROUTER)
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        sock.close(linger=0)  # a port that was free a moment ago, and nobody listens on now
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "flare2.cli", "attach", f"tcp://127.0.0.1:{port}"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+    assert time.monotonic() - started < 20
+    assert f"no manager answered at tcp://127.0.0.1:{port}" in result.stderr
+
+
+def test_a_peer_with_another_protocol_version_is_told_both_versions(tmp_path, ctx):
+    manager = RunProcess(CARTPOLE, "--num-agents", "1", "--max-steps", "10000000", "--device", "cpu", log_dir=tmp_path)
+    try:
+        manager.wait_for_line(UP, timeout_s=120)
+        endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send_multipart([msgpack.packb([99, HELLO, "r-old", 1, ""]), msgpack.packb({"role": "probe"})])
+        assert sock.poll(10_000)
+        reply = unpack(sock.recv_multipart())
+        assert reply.kind == ERROR
+        assert "protocol 99" in reply.payload["reason"] and "speaks 1" in reply.payload["reason"]
+    finally:
+        manager.stop()

@@ -1,0 +1,59 @@
+"""Run configuration and command-line options: mistakes end in a message that names the fix."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from flare2.errors import ConfigError
+from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.runtime.options import add_run_options, parse_checkpoint_every, run_config_from_args
+
+
+def build():
+    raise AssertionError("never called here")
+
+
+def run_config(**overrides) -> RunConfig:
+    settings = {"cts": (CTConfig("RL", build),), "agents": AgentConfig("flare2.core.envs:GymAgent"), "max_steps": 10}
+    return RunConfig(**{**settings, **overrides})
+
+
+def test_listening_beyond_loopback_without_keys_is_refused_unless_insecure():
+    with pytest.raises(ConfigError, match=r"flare2 keys DIR.*--keys DIR.*--insecure"):
+        run_config(bind="10.1.2.3")
+    assert run_config(bind="10.1.2.3", insecure=True).insecure
+    assert run_config(bind="10.1.2.3", keys_dir="keys").keys_dir == "keys"
+    assert run_config(bind="127.0.0.1").bind == "127.0.0.1"
+
+
+def test_listening_on_every_address_needs_an_advertised_one():
+    with pytest.raises(ConfigError, match="--advertise"):
+        run_config(bind="0.0.0.0", keys_dir="keys")
+    assert run_config(bind="0.0.0.0", keys_dir="keys", advertise="10.1.2.3").advertise == "10.1.2.3"
+
+
+def test_a_run_needs_a_budget():
+    with pytest.raises(ConfigError, match="max_steps or max_episodes"):
+        run_config(max_steps=None)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("300s", (300.0, None)), ("50000", (None, 50000)), ("20steps", (None, 20))])
+def test_checkpoint_every_takes_seconds_or_steps(text, expected):
+    assert parse_checkpoint_every(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "0", "5m", "2.5", "-3s", "often"])
+def test_a_bad_checkpoint_every_is_a_usage_error(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="300s"):
+        parse_checkpoint_every(text)
+
+
+def test_a_bad_option_value_is_a_usage_error_that_names_it(capsys):
+    parser = argparse.ArgumentParser(prog="run")
+    add_run_options(parser)
+    args = parser.parse_args(["--num-agents", "-1"])
+    with pytest.raises(SystemExit):
+        run_config_from_args(parser, args, cts=[CTConfig("RL", build)], agent_path="flare2.core.envs:GymAgent")
+    assert "num_agents must be >= 0, got -1" in capsys.readouterr().err

@@ -54,9 +54,10 @@ class GymAgent(Agent):
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         ct_specs = specs[self.ct]
-        if set(ct_specs.inputs) != {"obs"} or set(ct_specs.actions) != {"action"} or set(ct_specs.rewards) != {"reward"}:
+        if set(ct_specs.inputs) != {"obs"} or "action" not in ct_specs.actions or set(ct_specs.rewards) != {"reward"}:
             raise ConfigError(
-                f"GymAgent sends input 'obs' and reward 'reward' and reads action 'action', but CT {self.ct!r} "
+                f"GymAgent sends input 'obs' and reward 'reward' and reads action 'action' (other action outputs are "
+                f"stored with it), but CT {self.ct!r} "
                 f"declares inputs {sorted(ct_specs.inputs)}, actions {sorted(ct_specs.actions)}, rewards "
                 f"{sorted(ct_specs.rewards)}: use a model with those spec names or write your own Agent"
             )

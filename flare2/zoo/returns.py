@@ -30,3 +30,30 @@ def n_step_returns(
         returns[:, t] = running
     return returns
 
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates and the matching value targets (advantage + value).
+
+    Each step's TD error bootstraps from ``next_values`` unless the step
+    terminated; the exponentially weighted trace stops at every episode end
+    (terminated or truncated) and at the end of the sequence.
+    """
+    steps = rewards.shape[1]
+    advantages = torch.empty_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(steps)):
+        alive = (~terminated[:, t]).to(rewards.dtype)
+        delta = rewards[:, t] + gamma * alive * next_values[:, t] - values[:, t]
+        cut = terminated[:, t] | truncated[:, t] if t < steps - 1 else torch.ones_like(terminated[:, t])
+        running = delta + gamma * lam * (~cut).to(rewards.dtype) * running
+        advantages[:, t] = running
+    return advantages, advantages + values

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flare2.zoo.returns import n_step_returns
+from flare2.zoo.returns import gae, n_step_returns
 
 GAMMA = 0.5
 
@@ -118,3 +118,34 @@ def test_the_returns_have_the_dtype_of_the_rewards(dtype):
         torch.zeros(2, 3, dtype=torch.bool), GAMMA,
     )
     assert result.dtype == dtype
+
+
+# ---- GAE: gamma 0.5, lambda 0.5, values [0.2, 0.4, 0.6], next values [0.4, 0.6, 0.8], rewards 1 ----
+
+def gae_case(terminated_at: int | None = None, truncated_at: int | None = None):
+    flags = [torch.zeros(1, 3, dtype=torch.bool), torch.zeros(1, 3, dtype=torch.bool)]
+    if terminated_at is not None:
+        flags[0][0, terminated_at] = True
+    if truncated_at is not None:
+        flags[1][0, truncated_at] = True
+    values = torch.tensor([[0.2, 0.4, 0.6]])
+    return gae(torch.ones(1, 3), values, torch.tensor([[0.4, 0.6, 0.8]]), *flags, gamma=0.5, lam=0.5), values
+
+
+def test_gae_without_an_episode_end_runs_the_trace_to_the_sequence_end_and_bootstraps_there():
+    (advantages, targets), values = gae_case()
+    # deltas 1.0, 0.9, 0.8; A2 = 0.8, A1 = 0.9 + 0.25 * 0.8, A0 = 1.0 + 0.25 * 1.1
+    torch.testing.assert_close(advantages, torch.tensor([[1.275, 1.1, 0.8]]))
+    torch.testing.assert_close(targets, advantages + values)
+
+
+def test_gae_does_not_bootstrap_after_a_termination_and_cuts_the_trace_there():
+    (advantages, _), _ = gae_case(terminated_at=1)
+    # delta1 = 1 - 0.4 (no bootstrap); the trace of step 0 stops at step 1; step 2 starts a new episode
+    torch.testing.assert_close(advantages, torch.tensor([[1.15, 0.6, 0.8]]))
+
+
+def test_gae_bootstraps_a_truncated_step_from_its_final_observation_but_cuts_the_trace():
+    (advantages, _), _ = gae_case(truncated_at=1)
+    # delta1 = 1 + 0.5 * 0.6 - 0.4 (bootstrap from the final observation); the trace stops at step 1
+    torch.testing.assert_close(advantages, torch.tensor([[1.225, 0.9, 0.8]]))

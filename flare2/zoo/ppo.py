@@ -1,0 +1,125 @@
+"""PPO: clipped surrogate objective, GAE, several epochs of minibatches in one learn() call.
+
+Each learn() call receives B sequences of T steps (one per agent, from the
+online helper). The policy's log-probability of each action is computed at
+prediction time and travels with the action (action ``log_prob``), so the
+probability ratio is taken against the policy that acted, even when another
+learn() call came in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch.nn import functional as F
+
+from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.specs import Spec
+from flare2.errors import ConfigError
+from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.returns import gae
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    lr: float = 1e-3
+    """Adam learning rate at the start."""
+    anneal_steps: int | None = 100_000
+    """The learning rate falls linearly to 0 over this many env steps (None: constant)."""
+    gamma: float = 0.98
+    """Discount factor."""
+    gae_lambda: float = 0.8
+    """GAE trace decay."""
+    clip: float = 0.2
+    """Clip range of the probability ratio."""
+    epochs: int = 20
+    """Passes over each learn() batch."""
+    minibatch_size: int = 256
+    """Steps per gradient step (the batch is B*T steps)."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Gradients are clipped to this global norm."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.clip <= 0 or self.epochs < 1 or self.minibatch_size < 1:
+            raise ConfigError(f"PPOConfig needs lr > 0, clip > 0, epochs >= 1 and minibatch_size >= 1, got {self}")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            raise ConfigError(f"PPOConfig.gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+
+
+class PPOActorCritic(MLPActorCritic):
+    """The MLP actor-critic with the acting policy's log-probability as a second action output."""
+
+    def action_specs(self) -> dict[str, Spec]:
+        return {**super().action_specs(), "log_prob": Spec((), "float32")}
+
+
+class PPO(Algorithm):
+    def __init__(self, model: PPOActorCritic, config: PPOConfig = PPOConfig()) -> None:
+        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        self.config = config
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-5)
+        self.steps_seen = 0
+
+    @classmethod
+    def for_env(cls, env: gym.Env, config: PPOConfig = PPOConfig()) -> PPO:
+        return cls(PPOActorCritic(env.observation_space, env.action_space), config)
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        policy = self.model.policy(inputs["obs"])
+        action = self.model.sample(policy)
+        log_prob, _ = self.model.log_prob_and_entropy(policy, action)
+        return {"action": action, "log_prob": log_prob}, {}
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        config, model = self.config, self.model
+        obs, next_obs = experience.inputs["obs"], experience.next_inputs["obs"]
+        with torch.no_grad():
+            advantages, targets = gae(
+                experience.rewards["reward"], model.value(obs), model.value(next_obs),
+                experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
+            )
+        samples = advantages.numel()
+        self.steps_seen += samples
+        if config.anneal_steps:
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.lr * max(0.0, 1.0 - self.steps_seen / config.anneal_steps)
+
+        flat_obs = obs.reshape(samples, *obs.shape[2:])
+        flat_actions = experience.actions["action"].reshape(samples, *experience.actions["action"].shape[2:])
+        flat_old_log_prob = experience.actions["log_prob"].reshape(samples)
+        flat_advantages, flat_targets = advantages.reshape(samples), targets.reshape(samples)
+        totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
+        updates = 0
+        for _ in range(config.epochs):
+            for index in torch.randperm(samples, device=obs.device).split(config.minibatch_size):
+                log_prob, entropy = model.log_prob_and_entropy(model.policy(flat_obs[index]), flat_actions[index])
+                log_ratio = log_prob - flat_old_log_prob[index]
+                ratio = log_ratio.exp()
+                adv = flat_advantages[index]
+                if adv.numel() > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
+                value_loss = F.mse_loss(model.value(flat_obs[index]), flat_targets[index])
+                entropy_mean = entropy.mean()
+                self.optimize(policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean)
+                with torch.no_grad():
+                    totals["policy_loss"] += policy_loss.item()
+                    totals["value_loss"] += value_loss.item()
+                    totals["entropy"] += entropy_mean.item()
+                    totals["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
+                    totals["clip_fraction"] += ((ratio - 1).abs() > config.clip).float().mean().item()
+                updates += 1
+        return {key: value / updates for key, value in totals.items()}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.steps_seen = int(state.get("steps_seen", 0))

@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
     parser.add_argument("--epochs", type=int, default=20, help="PPO epochs per learn() call")
     add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_ppo")
+    # One learn() call per round of all agents (256 steps) matters for PPO: wait for the stragglers.
+    parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)
     # 2. One CT "RL"; the PPO model also returns the acting policy's log-probability with each action.
     config = PPOConfig(lr=args.lr, anneal_steps=args.max_steps, epochs=args.epochs)

@@ -40,6 +40,8 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
                           help="a prediction batch is flushed once it holds this many requests")
     batching.add_argument("--max-wait-ms", type=float, default=2.0,
                           help="... or once its oldest request has waited this long (or when every live agent waits)")
+    batching.add_argument("--learn-max-wait-ms", type=float, default=5.0,
+                          help="a learn batch waits at most this long for the learn requests of the other live agents")
     supervision = parser.add_argument_group("supervision and checkpoints")
     supervision.add_argument("--max-restarts", type=int, default=10,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
@@ -61,7 +63,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
 
 
 def batching_from_args(args: argparse.Namespace) -> BatchingConfig:
-    return BatchingConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    return BatchingConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, learn_max_wait_ms=args.learn_max_wait_ms)
 
 
 def run_config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, cts: Sequence[CTConfig],

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CARTPOLE = REPO / "examples" / "cartpole_a2c.py"
 
 

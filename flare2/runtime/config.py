@@ -31,7 +31,7 @@ class BatchingConfig:
     """Flush a prediction batch once its oldest request has waited this long."""
     learn_max_batch: int = 64
     """Flush a learn batch once it holds this many requests (one per agent)."""
-    learn_max_wait_ms: float = 5.0
+    learn_max_wait_ms: float = 20.0
     """Flush a learn batch once its oldest request has waited this long."""
 
     def __post_init__(self) -> None:

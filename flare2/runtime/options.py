@@ -40,7 +40,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
                           help="a prediction batch is flushed once it holds this many requests")
     batching.add_argument("--max-wait-ms", type=float, default=2.0,
                           help="... or once its oldest request has waited this long (or when every live agent waits)")
-    batching.add_argument("--learn-max-wait-ms", type=float, default=5.0,
+    batching.add_argument("--learn-max-wait-ms", type=float, default=20.0,
                           help="a learn batch waits at most this long for the learn requests of the other live agents")
     supervision = parser.add_argument_group("supervision and checkpoints")
     supervision.add_argument("--max-restarts", type=int, default=10,

@@ -29,3 +29,14 @@ def test_the_main_example_documents_every_option():
     assert result.returncode == 0
     for option in ("--num-agents", "--max-steps", "--device", "--log-dir", "--max-batch", "--max-wait-ms", "--seed"):
         assert option in result.stdout
+
+
+def test_the_ppo_example_runs_a_few_learn_calls(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "cartpole_ppo.py"), "--num-agents", "2", "--max-steps", "600",
+         "--epochs", "2", "--device", "cpu", "--progress-interval", "0.5", "--log-dir", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    final = (tmp_path / "progress.csv").read_text().splitlines()[-1].split(",")
+    assert int(final[1]) >= 600 and int(final[6]) >= 1  # env_steps, learn_steps

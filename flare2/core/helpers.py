@@ -13,17 +13,17 @@ _ARRAY_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states")
 
 
 def stack_steps(steps: list[dict[str, Any]], specs: Any) -> dict[str, Any]:
-    """Stack per-step dicts into one ``[T, ...]`` learn payload with the spec dtypes."""
+    """Stack per-step dicts into a learn payload of one sequence, ``[1, T, ...]``, with the spec dtypes."""
     groups = {"inputs": specs.inputs, "next_inputs": specs.inputs, "actions": specs.actions,
               "rewards": specs.rewards, "states": specs.states}
     payload: dict[str, Any] = {}
     for group in _ARRAY_GROUPS:
         payload[group] = {
-            name: np.asarray([step[group][name] for step in steps], dtype=spec.dtype)
+            name: np.asarray([[step[group][name] for step in steps]], dtype=spec.dtype)
             for name, spec in groups[group].items()
         }
-    payload["terminated"] = np.array([step["terminated"] for step in steps], dtype=bool)
-    payload["truncated"] = np.array([step["truncated"] for step in steps], dtype=bool)
+    payload["terminated"] = np.array([[step["terminated"] for step in steps]], dtype=bool)
+    payload["truncated"] = np.array([[step["truncated"] for step in steps]], dtype=bool)
     return payload
 
 

@@ -98,7 +98,7 @@ def check_arrays(
             raise SpecError(f"{group}[{name!r}]: expected dtype {spec.dtype}, got {array.dtype.name}")
         head, tail = array.shape[:leading_ndim], array.shape[leading_ndim:]
         if len(head) != leading_ndim or tail != spec.shape:
-            dims = ", ".join(["N"] * leading_ndim) + ("," if leading_ndim == 1 else "")
+            dims = ", ".join(("N", "T", *["?"] * leading_ndim)[:leading_ndim]) + ("," if leading_ndim == 1 else "")
             raise SpecError(
                 f"{group}[{name!r}]: expected shape ({dims}) + {spec.shape} "
                 f"({leading_ndim} leading dim(s), then the spec's shape), got {array.shape}"
@@ -139,17 +139,17 @@ class CTSpecs:
         check_arrays("states", self.states, payload.get("states", {}), leading=(rows,))
         return rows
 
-    def check_learn(self, payload: dict[str, Any]) -> int:
-        """Validate a learn request (a sequence of T steps, see ``Experience``); returns T."""
-        (steps,) = check_arrays("inputs", self.inputs, payload.get("inputs"))
-        leading = (steps,)
-        check_arrays("next_inputs", self.inputs, payload.get("next_inputs"), leading=leading)
-        check_arrays("actions", self.actions, payload.get("actions"), leading=leading)
-        check_arrays("rewards", self.rewards, payload.get("rewards"), leading=leading)
-        check_arrays("states", self.states, payload.get("states", {}), leading=leading)
+    def check_learn(self, payload: dict[str, Any]) -> tuple[int, int]:
+        """Validate a learn request: N sequences of T steps, every array ``[N, T, ...]`` (see ``Experience``); returns (N, T)."""
+        sequences, steps = check_arrays("inputs", self.inputs, payload.get("inputs"), leading_ndim=2)
+        leading = (sequences, steps)
+        check_arrays("next_inputs", self.inputs, payload.get("next_inputs"), leading_ndim=2, leading=leading)
+        check_arrays("actions", self.actions, payload.get("actions"), leading_ndim=2, leading=leading)
+        check_arrays("rewards", self.rewards, payload.get("rewards"), leading_ndim=2, leading=leading)
+        check_arrays("states", self.states, payload.get("states", {}), leading_ndim=2, leading=leading)
         flags = {"terminated": payload.get("terminated"), "truncated": payload.get("truncated")}
-        check_arrays("episode flags", _EPISODE_FLAG_SPECS, flags, leading=leading)
-        return steps
+        check_arrays("episode flags", _EPISODE_FLAG_SPECS, flags, leading_ndim=2, leading=leading)
+        return sequences, steps
 
 
 _EPISODE_FLAG_SPECS = {"terminated": Spec((), "bool"), "truncated": Spec((), "bool")}

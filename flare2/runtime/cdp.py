@@ -48,7 +48,7 @@ class _Request:
     seq: int
     payload: dict[str, Any]
     arrived: float
-    size: int  # rows of a predict request, steps of a learn request
+    size: int  # rows of a predict request, sequences of a learn request
 
 
 def check_finite(payload: dict[str, Any]) -> None:
@@ -230,17 +230,18 @@ class ComputationDataProcessor:
             return
         try:
             if learn:
-                size = self.ct.specs.check_learn(message.payload)
+                size, steps = self.ct.specs.check_learn(message.payload)
                 check_finite(message.payload)
             else:
-                size = self.ct.specs.check_predict(message.payload)
+                size, steps = self.ct.specs.check_predict(message.payload), 0
         except SpecError as exc:
             self._reject(sock, identity, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return
         if learn:
-            queue = self._learn_queues.get(size)
+            # Sequences of one length are batched together.
+            queue = self._learn_queues.get(steps)
             if queue is None:
-                queue = self._learn_queues[size] = _BatchQueue(
+                queue = self._learn_queues[steps] = _BatchQueue(
                     self.config.learn_max_batch, self.config.learn_max_wait_ms / 1000
                 )
         else:
@@ -304,7 +305,7 @@ class ComputationDataProcessor:
 
     def _serve_learn(self, batch: list[_Request]) -> None:
         def stacked(group: str, specs: dict) -> dict[str, np.ndarray]:
-            return {key: np.stack([r.payload[group][key] for r in batch]) for key in specs}
+            return {key: np.concatenate([r.payload[group][key] for r in batch]) for key in specs}
 
         specs = self.ct.specs
         experience = {
@@ -313,8 +314,8 @@ class ComputationDataProcessor:
             "actions": stacked("actions", specs.actions),
             "rewards": stacked("rewards", specs.rewards),
             "states": stacked("states", specs.states),
-            "terminated": np.stack([r.payload["terminated"] for r in batch]),
-            "truncated": np.stack([r.payload["truncated"] for r in batch]),
+            "terminated": np.concatenate([r.payload["terminated"] for r in batch]),
+            "truncated": np.concatenate([r.payload["truncated"] for r in batch]),
         }
         try:
             costs = self.ct.learn(experience)

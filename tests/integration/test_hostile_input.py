@@ -27,11 +27,11 @@ def valid_frames(rng: random.Random, kind: str, identity: str) -> list[bytes]:
     if kind == PREDICT:
         payload = {"inputs": {"obs": np.zeros((1, 4), np.float32)}, "states": {}}
     elif kind == LEARN:
-        steps = 5
+        lead = (1, 5)
         payload = {
-            "inputs": {"obs": np.zeros((steps, 4), np.float32)}, "next_inputs": {"obs": np.zeros((steps, 4), np.float32)},
-            "actions": {"action": np.zeros(steps, np.int64)}, "rewards": {"reward": np.ones(steps, np.float32)},
-            "states": {}, "terminated": np.zeros(steps, bool), "truncated": np.zeros(steps, bool),
+            "inputs": {"obs": np.zeros((*lead, 4), np.float32)}, "next_inputs": {"obs": np.zeros((*lead, 4), np.float32)},
+            "actions": {"action": np.zeros(lead, np.int64)}, "rewards": {"reward": np.ones(lead, np.float32)},
+            "states": {}, "terminated": np.zeros(lead, bool), "truncated": np.zeros(lead, bool),
         }
     elif kind == STATS:
         payload = {"role": "agent", "steps": 1_000_000, "episodes": [[500.0, 500]] * 10}

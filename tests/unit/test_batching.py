@@ -73,16 +73,17 @@ class Agents:
         payload = {"inputs": {"x": x}, "states": {}}
         self.predict[name].send_multipart(pack(Message(PREDICT, payload, header_id or name, self._seq, "RL")))
 
-    def send_learn(self, name: str, steps: int) -> None:
+    def send_learn(self, name: str, steps: int, sequences: int = 1) -> None:
         self._seq += 1
+        lead = (sequences, steps)
         payload = {
-            "inputs": {"x": np.zeros((steps, 2), np.float32)},
-            "next_inputs": {"x": np.zeros((steps, 2), np.float32)},
-            "actions": {"y": np.zeros((steps, 2), np.float32)},
-            "rewards": {"reward": np.zeros(steps, np.float32)},
+            "inputs": {"x": np.zeros((*lead, 2), np.float32)},
+            "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
+            "actions": {"y": np.zeros((*lead, 2), np.float32)},
+            "rewards": {"reward": np.zeros(lead, np.float32)},
             "states": {},
-            "terminated": np.zeros(steps, bool),
-            "truncated": np.zeros(steps, bool),
+            "terminated": np.zeros(lead, bool),
+            "truncated": np.zeros(lead, bool),
         }
         self.learn[name].send_multipart(pack(Message(LEARN, payload, name, self._seq, "RL")))
 
@@ -196,11 +197,12 @@ def test_learn_requests_of_all_live_agents_become_one_learn_call(ctx):
     cdp = make_cdp(ctx, learn_max_batch=64, learn_max_wait_ms=60_000)
     cdp.live = frozenset({"a", "b", "c"})
     agents = Agents(ctx, cdp, ["a", "b", "c"])
-    for name in ("a", "b", "c"):
+    for name in ("a", "b"):
         agents.send_learn(name, steps=5)
+    agents.send_learn("c", steps=5, sequences=4)  # a replay sample: several sequences in one request
 
     assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
     assert cdp.stats.learn_calls == 1
     reply = agents.replies["c"]
     assert reply.kind == LEARNED
-    assert reply.payload["costs"] == {"batch": 3.0, "steps": 5.0}
+    assert reply.payload["costs"] == {"batch": 6.0, "steps": 5.0}

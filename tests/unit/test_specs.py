@@ -24,16 +24,17 @@ def predict_payload(rows: int = 3) -> dict:
     }
 
 
-def learn_payload(steps: int = 5) -> dict:
-    inputs = {"obs": np.zeros((steps, 4), np.float32), "mask": np.ones((steps, 2), bool)}
+def learn_payload(steps: int = 5, sequences: int = 1) -> dict:
+    lead = (sequences, steps)
+    inputs = {"obs": np.zeros((*lead, 4), np.float32), "mask": np.ones((*lead, 2), bool)}
     return {
         "inputs": inputs,
         "next_inputs": {key: value.copy() for key, value in inputs.items()},
-        "actions": {"action": np.zeros(steps, np.int64)},
-        "rewards": {"reward": np.zeros(steps, np.float32)},
-        "states": {"h": np.zeros((steps, 8), np.float32)},
-        "terminated": np.zeros(steps, bool),
-        "truncated": np.zeros(steps, bool),
+        "actions": {"action": np.zeros(lead, np.int64)},
+        "rewards": {"reward": np.zeros(lead, np.float32)},
+        "states": {"h": np.zeros((*lead, 8), np.float32)},
+        "terminated": np.zeros(lead, bool),
+        "truncated": np.zeros(lead, bool),
     }
 
 
@@ -203,17 +204,18 @@ def test_check_predict_rejects_a_missing_inputs_group():
         CT_SPECS.check_predict({"states": {}})
 
 
-def test_check_learn_returns_the_step_count():
-    assert CT_SPECS.check_learn(learn_payload(steps=5)) == 5
+def test_check_learn_returns_the_sequence_and_step_counts():
+    assert CT_SPECS.check_learn(learn_payload(steps=5)) == (1, 5)
+    assert CT_SPECS.check_learn(learn_payload(steps=5, sequences=3)) == (3, 5)
 
 
 @pytest.mark.parametrize(
     "group, key, bad, expected",
     [
-        ("next_inputs", "obs", np.zeros((4, 4), np.float32), r"next_inputs\['obs'\]: expected leading dims \(5,\)"),
-        ("actions", "action", np.zeros(5, np.int32), r"actions\['action'\]: expected dtype int64, got int32"),
-        ("rewards", "reward", np.zeros((5, 2), np.float32), r"rewards\['reward'\]: expected shape \(N,\) \+ \(\)"),
-        ("states", "h", np.zeros((6, 8), np.float32), r"states\['h'\]: expected leading dims \(5,\)"),
+        ("next_inputs", "obs", np.zeros((1, 4, 4), np.float32), r"next_inputs\['obs'\]: expected leading dims \(1, 5\)"),
+        ("actions", "action", np.zeros((1, 5), np.int32), r"actions\['action'\]: expected dtype int64, got int32"),
+        ("rewards", "reward", np.zeros((1, 5, 2), np.float32), r"rewards\['reward'\]: expected shape \(N, T\) \+ \(\)"),
+        ("states", "h", np.zeros((1, 6, 8), np.float32), r"states\['h'\]: expected leading dims \(1, 5\)"),
     ],
 )
 def test_check_learn_names_the_group_and_key_of_a_bad_array(group, key, bad, expected):
@@ -226,12 +228,12 @@ def test_check_learn_names_the_group_and_key_of_a_bad_array(group, key, bad, exp
 @pytest.mark.parametrize("flag", ["terminated", "truncated"])
 def test_check_learn_requires_bool_episode_flags_of_the_same_length(flag):
     payload = learn_payload(steps=5)
-    payload[flag] = np.zeros(5, np.int8)
+    payload[flag] = np.zeros((1, 5), np.int8)
     with pytest.raises(SpecError, match=rf"episode flags\['{flag}'\]: expected dtype bool, got int8"):
         CT_SPECS.check_learn(payload)
 
-    payload[flag] = np.zeros(4, bool)
-    with pytest.raises(SpecError, match=rf"episode flags\['{flag}'\]: expected leading dims \(5,\)"):
+    payload[flag] = np.zeros((1, 4), bool)
+    with pytest.raises(SpecError, match=rf"episode flags\['{flag}'\]: expected leading dims \(1, 5\)"):
         CT_SPECS.check_learn(payload)
 
     del payload[flag]

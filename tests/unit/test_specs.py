@@ -163,7 +163,7 @@ def test_arrays_with_different_leading_dims_are_rejected():
 
 
 def test_a_batch_and_time_array_needs_two_leading_dims():
-    with pytest.raises(SpecError, match=r"expected shape \(N, N\) \+ \(4,\)"):
+    with pytest.raises(SpecError, match=r"expected shape \(N, T\) \+ \(4,\)"):
         check_arrays("inputs", {"obs": Spec((4,), "float32")}, {"obs": np.zeros((5, 4), np.float32)}, leading_ndim=2)
 
 

@@ -27,6 +27,7 @@ _EXPORTS = {
     "Agent": "flare2.core.agent",
     "AgentHelper": "flare2.core.agent",
     "OnlineHelper": "flare2.core.helpers",
+    "ExpReplayHelper": "flare2.core.helpers",
     "GymAgent": "flare2.core.envs",
     # core (torch)
     "Model": "flare2.core.model",

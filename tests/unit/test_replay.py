@@ -1,0 +1,99 @@
+"""ExpReplayHelper: bounded memory, warm-up and sample interval, sequences that keep the episode flags."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flare2.core.helpers import ExpReplayHelper
+from flare2.core.specs import CTSpecs, Spec
+from flare2.errors import ConfigError
+
+SPECS = CTSpecs(
+    inputs={"obs": Spec((2,), "float32")},
+    actions={"action": Spec((), "int64")},
+    states={"h": Spec((3,), "float32")},
+    rewards={"reward": Spec((), "float32")},
+)
+
+
+class RecordingPort:
+    def __init__(self) -> None:
+        self.learned: list[dict] = []
+
+    def predict(self, payload):
+        raise AssertionError("not used")
+
+    def learn(self, payload):
+        SPECS.check_learn(payload)  # what the CDP would check
+        self.learned.append(payload)
+        return {"costs": {"loss": 1.0}}
+
+
+def step(t: int, terminated: bool = False, truncated: bool = False) -> dict:
+    """Step number t, recognisable in every array."""
+    return {
+        "inputs": {"obs": np.array([t, t], np.float32)},
+        "next_inputs": {"obs": np.array([t + 1, t + 1], np.float32)},
+        "actions": {"action": np.int64(t)},
+        "rewards": {"reward": np.float32(t)},
+        "states": {"h": np.full(3, t, np.float32)},
+        "terminated": terminated,
+        "truncated": truncated,
+    }
+
+
+def helper(**options) -> tuple[ExpReplayHelper, RecordingPort]:
+    port = RecordingPort()
+    replay = ExpReplayHelper(**{"capacity": 10, "warmup": 4, "sample_interval": 100, "batch_size": 64, "seed": 0, **options})
+    replay.attach("RL", SPECS, port)
+    return replay, port
+
+
+def test_sequences_are_consecutive_steps_and_keep_where_and_how_episodes_ended():
+    replay, _ = helper(sequence_length=4)
+    for t in range(10):
+        replay.store(step(t, terminated=t == 3, truncated=t == 7))
+    sample = replay.sample(200)
+    actions = sample["actions"]["action"]
+    assert actions.shape == (200, 4)
+    assert (np.diff(actions, axis=1) == 1).all()  # consecutive in time
+    np.testing.assert_array_equal(sample["terminated"], actions == 3)
+    np.testing.assert_array_equal(sample["truncated"], actions == 7)
+    np.testing.assert_array_equal(sample["states"]["h"][..., 0], actions)
+    # Some sequences run across an episode end, with the flag in the middle.
+    assert sample["terminated"][:, :-1].any()
+
+
+def test_a_full_buffer_keeps_the_newest_steps_and_never_wraps_a_sequence_from_newest_to_oldest():
+    replay, _ = helper(sequence_length=3)
+    for t in range(25):
+        replay.store(step(t))
+    actions = replay.sample(500)["actions"]["action"]
+    assert actions.min() == 15 and actions.max() == 24
+    assert (np.diff(actions, axis=1) == 1).all()
+
+
+def test_learning_starts_after_warmup_and_then_comes_every_sample_interval_steps():
+    replay, port = helper(warmup=5, sample_interval=2, batch_size=8, sequence_length=2)
+    calls_after = []
+    for t in range(12):
+        before = len(port.learned)
+        replay.store(step(t))
+        if len(port.learned) > before:
+            calls_after.append(t + 1)
+    assert calls_after == [6, 8, 10, 12]
+    assert port.learned[0]["inputs"]["obs"].shape == (8, 2, 2)
+    assert replay.last_costs == {"loss": 1.0}
+
+
+def test_memory_is_preallocated_and_stated():
+    replay, _ = helper(capacity=1000, warmup=10)
+    per_step = 4 * 2 * 2 + 8 + 4 + 4 * 3 + 2  # obs twice, action, reward, state, two flags
+    assert replay.nbytes == 1000 * per_step
+
+
+@pytest.mark.parametrize("options", [{"capacity": 0}, {"warmup": 20, "capacity": 10}, {"sequence_length": 8, "warmup": 4}])
+def test_impossible_settings_are_refused(options):
+    with pytest.raises(ConfigError):
+        ExpReplayHelper(**{"capacity": 10, "warmup": 4, **options})

@@ -68,6 +68,7 @@ _MAX_RESTART_BACKOFF_S = 30.0
 _HEALTHY_LIFE_S = 60.0
 # Dropped control messages are logged one by one up to this many, then only counted.
 _LOGGED_DROPS = 20
+_MAX_DRAIN = 1000
 _MAX_REMOTE_AGENTS = 1024
 # Ids `flare2 attach` gives its agents: printable, bounded, and never like a local agent's ("a<slot>.<n>.<hex>").
 _REMOTE_ID = re.compile(r"r-[A-Za-z0-9_.-]{1,100}")
@@ -161,9 +162,6 @@ class Manager:
                 finally:
                     if authenticator is not None:
                         authenticator.stop()
-        except RunFailed as exc:
-            logger.error("%s", exc)
-            return exc.exit_code
         except ConfigError as exc:
             logger.error("%s", exc)
             return EXIT_CONFIG_ERROR
@@ -378,7 +376,8 @@ class Manager:
     # ---- messages --------------------------------------------------------------------
 
     def _drain(self, control: zmq.Socket) -> None:
-        while True:
+        # Bounded, so that a flooding peer cannot keep the manager from supervising.
+        for _ in range(_MAX_DRAIN):
             try:
                 frames = control.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

@@ -100,6 +100,8 @@ class _AgentSlot:
     started_at: float = 0.0
     failure_streak: int = 0
     """Restarts of this slot in a row, each after a short life; sets the backoff."""
+    cts: frozenset[str] = frozenset()
+    """The CTs the agent asks (from its hello)."""
 
     @property
     def live(self) -> bool:
@@ -538,6 +540,7 @@ class Manager:
             "max_message_bytes": self.config.max_message_bytes,
         }
         agent.registered = True
+        agent.cts = frozenset(wanted)
         # Its heartbeat clock starts now, not when its hello arrived (it may have waited for the compute process).
         agent.last_seen = time.monotonic()
         # The CDPs learn of the agent before it can send its first request.
@@ -551,9 +554,9 @@ class Manager:
         return {**ct, **{key: _with_host(ct[key], self.config.advertise) for key in ("predict_endpoint", "learn_endpoint")}}
 
     def _send_live(self, control: zmq.Socket) -> None:
-        agents = [*self._slots, *self._remotes.values()]
-        live = sorted(agent.agent_id for agent in agents if agent.live)
-        cts = {name: live for name in self._compute_hello["cts"]}
+        agents = [agent for agent in (*self._slots, *self._remotes.values()) if agent.live]
+        # Each CT's batches wait only for the agents that ask it.
+        cts = {name: sorted(a.agent_id for a in agents if name in a.cts) for name in self._compute_hello["cts"]}
         router_send(control, COMPUTE_IDENTITY.encode(), Message(LIVE, {"cts": cts}))
 
     def _send_heartbeats(self, control: zmq.Socket) -> None:

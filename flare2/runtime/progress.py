@@ -158,10 +158,11 @@ class ProgressLog:
         self._progress.writerow([row[column] for column in PROGRESS_COLUMNS])
         self._progress_file.flush()
         costs_text = []
+        several = len(totals.ct_reports) > 1
         for ct, report in totals.ct_reports.items():
             for cost, value in report.get("costs", {}).items():
                 self._learn.writerow((row["wall_time"], ct, report.get("learn_calls", 0), cost, value))
-                costs_text.append(f"{cost} {value:.3g}")
+                costs_text.append(f"{ct + '/' if several else ''}{cost} {value:.3g}")
         self._learn_file.flush()
         for episode_return, length in totals.take_finished():
             self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length))

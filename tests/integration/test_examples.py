@@ -40,3 +40,17 @@ def test_the_ppo_example_runs_a_few_learn_calls(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     final = (tmp_path / "progress.csv").read_text().splitlines()[-1].split(",")
     assert int(final[1]) >= 600 and int(final[6]) >= 1  # env_steps, learn_steps
+
+
+def test_the_multi_ct_example_feeds_both_cts_from_every_agent(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "cartpole_multi_ct.py"), "--num-agents", "3", "--max-steps", "1500",
+         "--device", "cpu", "--progress-interval", "0.5", "--log-dir", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    learned = {line.split(",")[1] for line in (tmp_path / "learn.csv").read_text().splitlines()[1:]}
+    assert learned == {"policy", "aux"}
+    assert "policy/loss" in result.stderr and "aux/bce" in result.stderr
+    assert "imports torch" not in result.stderr
+    assert (tmp_path / "checkpoints" / "policy.pt").is_file() and (tmp_path / "checkpoints" / "aux.pt").is_file()

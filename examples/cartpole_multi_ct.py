@@ -1,0 +1,107 @@
+"""Two ComputationTasks per agent that share a network body: a policy (A2C) and an auxiliary predictor.
+
+    python examples/cartpole_multi_ct.py --num-agents 8 --max-steps 200000 --log-dir runs/multi_ct
+
+CT "policy" is A2C on CartPole; CT "aux" learns to predict whether the
+episode ends at the next step. Both heads sit on one MLP body, so the
+auxiliary task shapes the features the policy uses. The two CTs live in the
+one compute process (they share parameters), each with its own CDP, batching
+and learn calls; learn.csv has the costs of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from flare2 import Algorithm, Model, Spec
+from flare2.core.envs import make_gym_env
+from flare2.runtime.config import CTConfig
+from flare2.runtime.manager import Manager
+from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
+from flare2.zoo.a2c import A2C, A2CConfig
+from flare2.zoo.models import MLPActorCritic, mlp
+
+AGENT_PATH = f"{Path(__file__).with_name('multi_ct_agent.py')}:PolicyAndAuxAgent"
+_shared: dict[str, nn.Module] = {}
+
+
+# 1. The shared body: both build functions run in the one compute process, so they get the same module.
+def shared_body() -> nn.Module:
+    if "body" not in _shared:
+        _shared["body"] = nn.Sequential(mlp([4, 64, 64]), nn.Tanh())
+    return _shared["body"]
+
+
+# 2. The policy: the stock actor-critic with the shared body in front of both heads.
+class SharedBodyActorCritic(MLPActorCritic):
+    def __init__(self) -> None:
+        env = make_gym_env("CartPole-v1")
+        super().__init__(env.observation_space, env.action_space)
+        self.body = shared_body()
+        self.policy_net, self.value_net = mlp([64, 2], out_gain=0.01), mlp([64, 1])
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.body(obs)
+
+
+# 3. The auxiliary task: the probability that the episode ends after this step.
+class EndPredictor(Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = shared_body()
+        self.head = mlp([64, 1])
+
+    def input_specs(self):
+        return {"obs": Spec((4,), "float32")}
+
+    def action_specs(self):
+        return {"p_end": Spec((), "float32")}
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(obs)).squeeze(-1)
+
+
+class EndPrediction(Algorithm):
+    def __init__(self, model: EndPredictor, lr: float = 1e-3) -> None:
+        super().__init__(model, max_grad_norm=1.0)
+        # Only the head: the policy's optimizer owns the shared body, so the two never fight over its moments.
+        self.optimizer = torch.optim.Adam(model.head.parameters(), lr=lr)
+
+    def predict(self, inputs, states):
+        return {"p_end": torch.sigmoid(self.model(inputs["obs"]))}, {}
+
+    def learn(self, experience):
+        logits = self.model(experience.inputs["obs"])
+        loss = F.binary_cross_entropy_with_logits(logits, experience.terminated.float())
+        return {"bce": loss.item(), "grad_norm": self.optimize(loss)}
+
+
+def build_policy() -> A2C:
+    return A2C(SharedBodyActorCritic(), A2CConfig())
+
+
+def build_aux() -> EndPrediction:
+    return EndPrediction(EndPredictor())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_options(parser, max_steps=200_000, log_dir="runs/cartpole_multi_ct")
+    args = parser.parse_args(argv)
+    # 4. Two CTs, each with its own CDP and batching; one agent class asks both.
+    cts = [
+        CTConfig(name="policy", build=build_policy, batching=batching_from_args(args)),
+        CTConfig(name="aux", build=build_aux, batching=batching_from_args(args)),
+    ]
+    run = run_config_from_args(parser, args, cts=cts, agent_path=AGENT_PATH, agent_kwargs={"env_id": "CartPole-v1"})
+    return Manager(run).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

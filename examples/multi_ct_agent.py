@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from flare2 import AgentHelper, CTSpecs, OnlineHelper
+from flare2 import AgentHelper, ConfigError, CTSpecs, OnlineHelper
 from flare2.core.envs import GymAgent
 
 
@@ -23,7 +23,7 @@ class PolicyAndAuxAgent(GymAgent):
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         for ct in ("policy", "aux"):
             if "obs" not in specs[ct].inputs:
-                raise ValueError(f"CT {ct!r} must take the observation as input 'obs'")
+                raise ConfigError(f"CT {ct!r} must take the observation as input 'obs'")
 
     def run_episode(self) -> None:
         obs_dtype = self.specs("policy").inputs["obs"].dtype

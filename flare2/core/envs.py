@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.core.agent import Agent, AgentHelper
-from flare2.core.helpers import OnlineHelper
+from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError
 
@@ -28,6 +28,10 @@ def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gy
 class GymAgent(Agent):
     """Plays a Gymnasium env with one CT: input ``obs``, action ``action``, reward ``reward``.
 
+    Experiences go to the CT every ``sample_interval`` steps (``OnlineHelper``),
+    or, with ``replay`` (the keyword arguments of ``ExpReplayHelper``), into a
+    replay buffer in this process that sends sampled transitions.
+
     Box actions are clipped to the space bounds before they reach the env; the
     stored action is the one the CT returned.
     """
@@ -39,17 +43,24 @@ class GymAgent(Agent):
         env_kwargs: dict[str, Any] | None = None,
         ct: str = "RL",
         sample_interval: int = 5,
+        replay: dict[str, Any] | None = None,
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
         self.ct = ct
         self.sample_interval = sample_interval
+        self.replay = replay
         self._episodes = 0
 
     def make_env(self) -> gym.Env:
         return make_gym_env(self.env_id, self.env_kwargs)
 
     def helpers(self) -> dict[str, AgentHelper]:
+        if self.replay is not None:
+            try:
+                return {self.ct: ExpReplayHelper(**self.replay)}
+            except TypeError as exc:
+                raise ConfigError(f"GymAgent replay options {self.replay} do not fit ExpReplayHelper: {exc}") from None
         return {self.ct: OnlineHelper(sample_interval=self.sample_interval)}
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:

@@ -54,3 +54,15 @@ def test_the_multi_ct_example_feeds_both_cts_from_every_agent(tmp_path):
     assert "policy/loss" in result.stderr and "aux/bce" in result.stderr
     assert "imports torch" not in result.stderr
     assert (tmp_path / "checkpoints" / "policy.pt").is_file() and (tmp_path / "checkpoints" / "aux.pt").is_file()
+
+
+def test_the_dqn_example_learns_from_replay_buffers_in_the_agents(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "cartpole_dqn.py"), "--num-agents", "2", "--max-steps", "800",
+         "--warmup", "200", "--device", "cpu", "--progress-interval", "0.5", "--log-dir", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    final = (tmp_path / "progress.csv").read_text().splitlines()[-1].split(",")
+    assert int(final[1]) >= 800 and int(final[6]) >= 1  # env_steps, learn_steps
+    assert "td_loss" in (tmp_path / "learn.csv").read_text()

@@ -1,0 +1,56 @@
+"""Train DQN on CartPole-v1: replay buffers in the agent processes, one batched Q-network.
+
+    python examples/cartpole_dqn.py --num-agents 8 --max-steps 100000 --log-dir runs/dqn
+
+Each agent keeps its own replay buffer (an eighth of 100k steps) and, after a
+warm-up, sends 64 sampled transitions every 2 steps; the requests of one
+round make one learn() call, which takes a gradient step per 64 of them.
+Settings are close to the SB3-zoo CartPole DQN (256-256 ReLU network, Adam,
+epsilon from 1 to 0.04 over the first 8000 steps, double-Q targets, the
+target network refreshed every 250 gradient steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+
+from flare2.core.envs import make_gym_env
+from flare2.runtime.config import CTConfig
+from flare2.runtime.manager import Manager
+from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
+from flare2.zoo.dqn import DQN, DQNConfig
+
+
+# 1. The Algorithm, built inside the compute process.
+def build_dqn(env_id: str, config: DQNConfig) -> DQN:
+    return DQN.for_env(make_gym_env(env_id), config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box observations, Discrete actions)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    parser.add_argument("--buffer", type=int, default=100_000, help="replay capacity over all agents (each keeps its share)")
+    parser.add_argument("--warmup", type=int, default=1_000, help="steps stored over all agents before learning starts")
+    parser.add_argument("--sample-interval", type=int, default=2, help="env steps per agent between learn requests")
+    parser.add_argument("--batch-size", type=int, default=64, help="transitions per learn request")
+    add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_dqn")
+    args = parser.parse_args(argv)
+    # 2. One CT "RL" with a Q-network; learn() gets the replayed transitions of every agent.
+    ct = CTConfig(name="RL", build=partial(build_dqn, args.env, DQNConfig(lr=args.lr)), batching=batching_from_args(args))
+    # 3. The stock Gymnasium agent with a replay buffer in place of the online helper.
+    agents = max(args.num_agents, 1)
+    replay = {
+        "capacity": max(args.buffer // agents, args.batch_size), "warmup": max(args.warmup // agents, 1),
+        "sample_interval": args.sample_interval, "batch_size": args.batch_size,
+    }
+    agent_kwargs = {"env_id": args.env, "ct": "RL", "replay": replay}
+    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    # 4. The manager runs to the budget.
+    return Manager(run).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

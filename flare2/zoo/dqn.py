@@ -1,0 +1,137 @@
+"""DQN: a Q-network, a target network, epsilon-greedy acting, optional double-Q targets.
+
+Experiences come from the agents' replay buffers (``ExpReplayHelper``): each
+learn() call gets N sampled sequences (usually of length 1) and takes one
+gradient step per ``minibatch_size`` of them. A terminated step has no
+bootstrap; a time-limit truncation bootstraps from the final observation.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.model import Model
+from flare2.core.specs import Spec
+from flare2.errors import ConfigError
+from flare2.zoo.models import mlp, observation_spec
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    lr: float = 1e-3
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    minibatch_size: int = 64
+    """Transitions per gradient step (a learn() call holds N of them: N / minibatch_size steps)."""
+    target_update_every: int = 250
+    """Gradient steps between copies of the Q-network into the target network (10 diverged on CartPole)."""
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.04
+    exploration_steps: int = 8_000
+    """Predicted actions over which epsilon falls linearly from start to end."""
+    double_q: bool = True
+    """Pick the next action with the online network, value it with the target network."""
+    max_grad_norm: float = 10.0
+    """Gradients are clipped to this global norm."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.minibatch_size < 1 or self.target_update_every < 1 or self.exploration_steps < 1:
+            raise ConfigError(f"DQNConfig needs lr > 0 and minibatch_size, target_update_every, exploration_steps >= 1: {self}")
+        if not 0 <= self.epsilon_end <= self.epsilon_start <= 1:
+            raise ConfigError(f"DQNConfig needs 0 <= epsilon_end <= epsilon_start <= 1, got {self}")
+
+
+class QNetwork(Model):
+    """An MLP from a Box observation ``obs`` to one Q-value per Discrete action."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)) -> None:
+        super().__init__()
+        if not isinstance(action_space, gym.spaces.Discrete) or not isinstance(observation_space, gym.spaces.Box):
+            raise ConfigError(f"QNetwork needs a Box observation and a Discrete action space, got {observation_space}, {action_space}")
+        self._obs_spec = observation_spec(observation_space)
+        self.q = mlp([int(torch.tensor(self._obs_spec.shape).prod()), *hidden, int(action_space.n)])
+        self._relu_hidden()
+
+    def _relu_hidden(self) -> None:
+        # ReLU is the usual choice for value-based methods (mlp() builds tanh layers).
+        for index, layer in enumerate(self.q):
+            if isinstance(layer, nn.Tanh):
+                self.q[index] = nn.ReLU()
+
+    def input_specs(self) -> dict[str, Spec]:
+        return {"obs": self._obs_spec}
+
+    def action_specs(self) -> dict[str, Spec]:
+        return {"action": Spec((), "int64")}
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q(obs.flatten(start_dim=obs.dim() - len(self._obs_spec.shape)).float())
+
+
+class DQN(Algorithm):
+    def __init__(self, model: QNetwork, config: DQNConfig = DQNConfig()) -> None:
+        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        self.config = config
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        self.predicted = 0
+        self.gradient_steps = 0
+
+    @classmethod
+    def for_env(cls, env: gym.Env, config: DQNConfig = DQNConfig()) -> DQN:
+        return cls(QNetwork(env.observation_space, env.action_space), config)
+
+    @property
+    def epsilon(self) -> float:
+        config = self.config
+        fraction = min(1.0, self.predicted / config.exploration_steps)
+        return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        q = self.model(inputs["obs"])
+        greedy = q.argmax(-1)
+        explore = torch.rand(greedy.shape, device=q.device) < self.epsilon
+        self.predicted += greedy.shape[0]
+        return {"action": torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy)}, {}
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        config = self.config
+        obs = experience.inputs["obs"].flatten(0, 1)
+        next_obs = experience.next_inputs["obs"].flatten(0, 1)
+        actions = experience.actions["action"].flatten(0, 1)
+        rewards = experience.rewards["reward"].flatten(0, 1)
+        alive = (~experience.terminated.flatten(0, 1)).float()
+        losses = []
+        for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
+            with torch.no_grad():
+                next_q = self.target(next_obs[index])
+                if config.double_q:
+                    next_value = next_q.gather(-1, self.model(next_obs[index]).argmax(-1, keepdim=True)).squeeze(-1)
+                else:
+                    next_value = next_q.max(-1).values
+                target = rewards[index] + config.gamma * alive[index] * next_value
+            q = self.model(obs[index]).gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
+            loss = F.smooth_l1_loss(q, target)
+            self.optimize(loss)
+            losses.append(loss.item())
+            self.gradient_steps += 1
+            if self.gradient_steps % config.target_update_every == 0:
+                self.target.load_state_dict(self.model.state_dict())
+        return {"td_loss": sum(losses) / len(losses), "epsilon": self.epsilon}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "target": self.target.state_dict(),
+                "predicted": self.predicted, "gradient_steps": self.gradient_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.target.load_state_dict(state["target"])
+        self.predicted, self.gradient_steps = int(state["predicted"]), int(state["gradient_steps"])

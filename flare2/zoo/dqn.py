@@ -9,6 +9,7 @@ bootstrap; a time-limit truncation bootstraps from the final observation.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -57,14 +58,8 @@ class QNetwork(Model):
         if not isinstance(action_space, gym.spaces.Discrete) or not isinstance(observation_space, gym.spaces.Box):
             raise ConfigError(f"QNetwork needs a Box observation and a Discrete action space, got {observation_space}, {action_space}")
         self._obs_spec = observation_spec(observation_space)
-        self.q = mlp([int(torch.tensor(self._obs_spec.shape).prod()), *hidden, int(action_space.n)])
-        self._relu_hidden()
-
-    def _relu_hidden(self) -> None:
-        # ReLU is the usual choice for value-based methods (mlp() builds tanh layers).
-        for index, layer in enumerate(self.q):
-            if isinstance(layer, nn.Tanh):
-                self.q[index] = nn.ReLU()
+        # ReLU is the usual choice for value-based methods.
+        self.q = mlp([math.prod(self._obs_spec.shape), *hidden, int(action_space.n)], activation=nn.ReLU)
 
     def input_specs(self) -> dict[str, Spec]:
         return {"obs": self._obs_spec}

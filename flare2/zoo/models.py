@@ -16,8 +16,8 @@ from flare2.core.specs import Spec
 from flare2.errors import ConfigError
 
 
-def mlp(sizes: Sequence[int], *, out_gain: float = 1.0) -> nn.Sequential:
-    """tanh MLP with orthogonal init (the usual choice for on-policy control)."""
+def mlp(sizes: Sequence[int], *, out_gain: float = 1.0, activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
+    """MLP with orthogonal init; tanh hidden layers by default (the usual choice for on-policy control)."""
     layers: list[nn.Module] = []
     for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         last = index == len(sizes) - 2
@@ -26,7 +26,7 @@ def mlp(sizes: Sequence[int], *, out_gain: float = 1.0) -> nn.Sequential:
         nn.init.zeros_(linear.bias)
         layers.append(linear)
         if not last:
-            layers.append(nn.Tanh())
+            layers.append(activation())
     return nn.Sequential(*layers)
 
 

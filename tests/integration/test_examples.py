@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from runs import REPO, read_csv
+
+
+def run_example(name: str, *args: str, log_dir) -> subprocess.CompletedProcess:
+    """Run examples/<name> with ``args`` and a log dir, from that dir; fails the test with its log if it fails."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / name), *args, "--log-dir", str(log_dir)],
+        cwd=log_dir, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
 
 
 def test_the_tour_example_runs_and_writes_its_progress(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "custom_agent.py"), "--num-agents", "2", "--max-episodes", "60",
-         "--log-dir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_example("custom_agent.py", "--num-agents", "2", "--max-episodes", "60", log_dir=tmp_path)
     assert "imports torch" not in result.stderr
     lines = (tmp_path / "progress.csv").read_text().splitlines()
     assert lines[0].startswith("wall_time,env_steps,episodes,return_mean")
@@ -32,23 +36,15 @@ def test_the_main_example_documents_every_option():
 
 
 def test_the_ppo_example_runs_a_few_learn_calls(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "cartpole_ppo.py"), "--num-agents", "2", "--max-steps", "600",
-         "--epochs", "2", "--device", "cpu", "--progress-interval", "0.5", "--log-dir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    final = (tmp_path / "progress.csv").read_text().splitlines()[-1].split(",")
-    assert int(final[1]) >= 600 and int(final[6]) >= 1  # env_steps, learn_steps
+    run_example("cartpole_ppo.py", "--num-agents", "2", "--max-steps", "600", "--epochs", "2", "--device", "cpu",
+                "--progress-interval", "0.5", log_dir=tmp_path)
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["env_steps"] >= 600 and final["learn_steps"] >= 1
 
 
 def test_the_multi_ct_example_feeds_both_cts_from_every_agent(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "cartpole_multi_ct.py"), "--num-agents", "3", "--max-steps", "1500",
-         "--device", "cpu", "--progress-interval", "0.5", "--log-dir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    result = run_example("cartpole_multi_ct.py", "--num-agents", "3", "--max-steps", "1500", "--device", "cpu",
+                         "--progress-interval", "0.5", log_dir=tmp_path)
     learned = {line.split(",")[1] for line in (tmp_path / "learn.csv").read_text().splitlines()[1:]}
     assert learned == {"policy", "aux"}
     assert "policy/loss" in result.stderr and "aux/bce" in result.stderr
@@ -57,12 +53,8 @@ def test_the_multi_ct_example_feeds_both_cts_from_every_agent(tmp_path):
 
 
 def test_the_dqn_example_learns_from_replay_buffers_in_the_agents(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "cartpole_dqn.py"), "--num-agents", "2", "--max-steps", "800",
-         "--warmup", "200", "--device", "cpu", "--progress-interval", "0.5", "--log-dir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    final = (tmp_path / "progress.csv").read_text().splitlines()[-1].split(",")
-    assert int(final[1]) >= 800 and int(final[6]) >= 1  # env_steps, learn_steps
+    run_example("cartpole_dqn.py", "--num-agents", "2", "--max-steps", "800", "--warmup", "200", "--device", "cpu",
+                "--progress-interval", "0.5", log_dir=tmp_path)
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["env_steps"] >= 800 and final["learn_steps"] >= 1
     assert "td_loss" in (tmp_path / "learn.csv").read_text()

@@ -10,6 +10,11 @@ Call order, driven by the runtime inside the agent process::
 Inside ``run_episode`` call ``self.predict(ct, inputs, states)`` to ask a CT
 for actions and ``self.store(ct, ...)`` to hand the step to that CT's helper,
 which sends experiences to the CT's training loop.
+
+Evaluation episodes (the run's ``eval_every`` option) run the same
+``run_episode`` with ``self.evaluating`` set: ``predict`` then asks for the
+greedy action (``Algorithm.predict_greedy``), ``store`` keeps nothing, and the
+episode is reported apart from the training episodes.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class Agent:
     env: Any
     agent_id: str = ""
     seed: int = 0
+    evaluating: bool = False
+    """Set by the runtime for an evaluation episode: greedy actions, nothing stored."""
 
     def make_env(self) -> Any:
         """Create the environment; called once inside the agent process."""
@@ -102,6 +109,8 @@ class Agent:
             "inputs": {key: np.asarray(value)[None] for key, value in inputs.items()},
             "states": {key: np.asarray(value)[None] for key, value in (states or {}).items()},
         }
+        if self.evaluating:
+            payload["greedy"] = True
         reply = self._ports[ct].predict(payload)
         check_arrays("actions", specs.actions, reply.get("actions"), leading=(1,))
         check_arrays("states", specs.states, reply.get("states", {}), leading=(1,))
@@ -122,7 +131,12 @@ class Agent:
         truncated: bool,
         states: Arrays | None = None,
     ) -> None:
-        """Hand one step to the helper of CT ``ct``; ``terminated``/``truncated`` as Gymnasium reports them."""
+        """Hand one step to the helper of CT ``ct``; ``terminated``/``truncated`` as Gymnasium reports them.
+
+        Steps of evaluation episodes are not learned from, so they are dropped here.
+        """
+        if self.evaluating:
+            return
         self._helpers[ct].store(
             {
                 "inputs": inputs,

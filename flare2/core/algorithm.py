@@ -46,7 +46,9 @@ class Algorithm:
     Subclasses implement ``predict`` (a batch of inputs and states to actions
     and next states, under no-grad) and ``learn`` (an Experience to a dict of
     costs), create ``self.optimizer`` and call ``self.optimize(loss)``.
-    The ComputationTask moves every nn.Module attribute to the device.
+    ``predict_greedy`` is optional: the action without exploration, which
+    evaluation episodes ask for. The ComputationTask moves every nn.Module
+    attribute to the device.
     """
 
     def __init__(self, model: Model, *, max_grad_norm: float | None = None) -> None:
@@ -60,6 +62,13 @@ class Algorithm:
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         """Actions and next states for a batch of ``[B, ...]`` inputs and states."""
         raise NotImplementedError(f"{type(self).__name__} must define predict()")
+
+    def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        """Like ``predict``, but the action the policy rates best, with no exploration (evaluation episodes)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no predict_greedy(): define it (the action without exploration) to play "
+            "evaluation episodes, or run without --eval-every"
+        )
 
     def learn(self, experience: Experience) -> dict[str, float]:
         """One update from ``experience``; returns costs to report (loss terms, entropy...)."""

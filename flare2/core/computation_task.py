@@ -73,12 +73,16 @@ class ComputationTask:
         return arrays
 
     def predict(
-        self, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray]
+        self, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray], *, greedy: bool = False
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Actions and next states for ``[B, ...]`` arrays that already match the specs."""
+        """Actions and next states for ``[B, ...]`` arrays that already match the specs.
+
+        ``greedy`` asks the algorithm for its actions without exploration (``predict_greedy``).
+        """
         rows = len(next(iter(inputs.values())))
+        predict = self.algorithm.predict_greedy if greedy else self.algorithm.predict
         with torch.inference_mode():
-            actions, next_states = self.algorithm.predict(self._tensors(inputs), self._tensors(states))
+            actions, next_states = predict(self._tensors(inputs), self._tensors(states))
         self.predict_calls += 1
         return (
             self._arrays("actions", self.specs.actions, actions, rows),

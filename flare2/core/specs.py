@@ -134,7 +134,9 @@ class CTSpecs:
         return cls(**{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")})
 
     def check_predict(self, payload: dict[str, Any]) -> int:
-        """Validate a predict request ``{"inputs": ..., "states": ...}``; returns its row count."""
+        """Validate a predict request ``{"inputs": ..., "states": ..., "greedy": bool}``; returns its row count."""
+        if not isinstance(payload.get("greedy", False), bool):
+            raise SpecError(f"'greedy' must be true or false, got {type(payload.get('greedy')).__name__}")
         (rows,) = check_arrays("inputs", self.inputs, payload.get("inputs"))
         check_arrays("states", self.states, payload.get("states", {}), leading=(rows,))
         return rows

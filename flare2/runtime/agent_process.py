@@ -71,12 +71,19 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
 
 
 class EpisodeRecorder:
-    """Wraps the env to count steps and the return and length of each finished episode."""
+    """Wraps the env to count steps and the return and length of each finished episode.
+
+    Evaluation episodes (``evaluating`` set) are counted apart, so they never
+    mix with the training statistics or count towards the step budget.
+    """
 
     def __init__(self, env: Any) -> None:
         self.env = env
+        self.evaluating = False
         self.steps = 0
+        self.eval_steps = 0
         self.finished: list[tuple[float, int]] = []
+        self.eval_finished: list[tuple[float, int]] = []
         self._return = 0.0
         self._length = 0
 
@@ -89,18 +96,28 @@ class EpisodeRecorder:
 
     def step(self, action: Any) -> Any:
         result = self.env.step(action)
-        self.steps += 1
+        if self.evaluating:
+            self.eval_steps += 1
+        else:
+            self.steps += 1
         self._return += float(result[1])
         self._length += 1
         if result[2] or result[3]:
-            self.finished.append((self._return, self._length))
+            (self.eval_finished if self.evaluating else self.finished).append((self._return, self._length))
             self._return, self._length = 0.0, 0
         return result
 
     def take_stats(self) -> dict[str, Any]:
         stats = {"steps": self.steps, "episodes": [list(item) for item in self.finished]}
-        self.steps, self.finished = 0, []
+        if self.eval_steps or self.eval_finished:
+            stats.update(eval_steps=self.eval_steps, eval_episodes=[list(item) for item in self.eval_finished])
+        self.steps, self.finished, self.eval_steps, self.eval_finished = 0, [], 0, []
         return stats
+
+
+def is_evaluation_episode(episode_index: int, eval_every: int) -> bool:
+    """With ``eval_every`` N, every (N+1)-th episode, after N training episodes, is an evaluation episode."""
+    return eval_every > 0 and episode_index % (eval_every + 1) == eval_every
 
 
 class _Control:
@@ -263,8 +280,12 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         recorder = EpisodeRecorder(agent.make_env())
         agent.env = control.recorder = recorder
         agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
+        eval_every = int(welcome.get("eval_every", 0))
+        episode_index = 0
         while True:
+            agent.evaluating = recorder.evaluating = is_evaluation_episode(episode_index, eval_every)
             agent.run_episode()
+            episode_index += 1
             control.maybe_service()
     except StopRequested:
         control.send_stats()

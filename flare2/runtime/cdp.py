@@ -282,17 +282,25 @@ class ComputationDataProcessor:
         raise UserCodeError(self.ct.name, what, text)
 
     def _serve_predict(self, batch: list[_Request], now: float) -> None:
+        # Evaluation requests ask for the greedy action: they ride in the same batch (so no agent waits
+        # longer) but take their own forward pass.
+        for greedy in (False, True):
+            part = [request for request in batch if request.payload.get("greedy", False) is greedy]
+            if part:
+                self._predict_part(part, greedy=greedy)
+        stats = self.stats
+        stats.predict_batches += 1
+        stats.predict_rows += sum(request.size for request in batch)
+        stats.max_predict_wait_ms = max(stats.max_predict_wait_ms, (now - batch[0].arrived) * 1000)
+
+    def _predict_part(self, batch: list[_Request], *, greedy: bool) -> None:
         specs = self.ct.specs
         inputs = {key: np.concatenate([r.payload["inputs"][key] for r in batch]) for key in specs.inputs}
         states = {key: np.concatenate([r.payload["states"][key] for r in batch]) for key in specs.states}
         try:
-            actions, next_states = self.ct.predict(inputs, states)
+            actions, next_states = self.ct.predict(inputs, states, greedy=greedy)
         except Exception:
-            self._fail_batch(self.predict_socket, batch, "predict")
-        stats = self.stats
-        stats.predict_batches += 1
-        stats.predict_rows += len(next(iter(inputs.values())))
-        stats.max_predict_wait_ms = max(stats.max_predict_wait_ms, (now - batch[0].arrived) * 1000)
+            self._fail_batch(self.predict_socket, batch, "predict_greedy" if greedy else "predict")
         start = 0
         for request in batch:
             stop = start + request.size

@@ -100,6 +100,9 @@ class RunConfig:
     """Stop after this many episodes in total."""
     stop_return: float | None = None
     """Also stop once the mean return of the last 100 episodes reaches this."""
+    eval_every: int = 0
+    """Each agent plays one evaluation episode (greedy actions, not learned from, reported as
+    ``eval_return_mean``) after every this many training episodes; 0 for none."""
     device: str = "auto"
     """Device of the compute process: cpu, cuda, cuda:N or auto."""
     seed: int = 0
@@ -149,6 +152,8 @@ class RunConfig:
                 raise ConfigError(f"{name} must be > 0, got {value}")
         if self.max_steps is None and self.max_episodes is None:
             raise ConfigError("a run needs a budget: set max_steps or max_episodes (stop_return alone may never be met)")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be >= 0 (0: no evaluation episodes), got {self.eval_every}")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
         if self.max_restarts < 0:

@@ -511,15 +511,14 @@ class Manager:
             self._welcome(control, message)
 
     def _on_agent_stats(self, agent: _AgentSlot, identity: bytes, payload: dict[str, Any]) -> None:
-        steps, episodes = payload.get("steps", 0), payload.get("episodes", [])
         try:
-            if type(steps) is not int or steps < 0 or not isinstance(episodes, list):
-                raise ValueError
-            results = [(float(ret), int(length)) for ret, length in episodes]
+            steps, episodes = _counted(payload, "steps", "episodes")
+            eval_steps, eval_episodes = _counted(payload, "eval_steps", "eval_episodes")
         except (TypeError, ValueError):
             self._drop(identity, "stats with wrong field types")
             return
-        self.totals.add_agent_stats(steps, results, remote=agent.remote)
+        self.totals.add_agent_stats(steps, episodes, remote=agent.remote)
+        self.totals.add_eval_stats(eval_steps, eval_episodes)
 
     def _welcome(self, control: zmq.Socket, hello: Message) -> None:
         agent = self._by_id.get(hello.agent_id)
@@ -538,6 +537,7 @@ class Manager:
             "heartbeat_timeout_s": self.config.heartbeat_timeout_s,
             "reply_timeout_s": AGENT_REPLY_TIMEOUT_S,
             "max_message_bytes": self.config.max_message_bytes,
+            "eval_every": self.config.eval_every,
         }
         agent.registered = True
         agent.cts = frozenset(wanted)
@@ -628,6 +628,14 @@ class Manager:
             self._drain(control)
         except RunFailed as exc:
             logger.error("while stopping: %s", exc)
+
+
+def _counted(payload: dict[str, Any], steps_key: str, episodes_key: str) -> tuple[int, list[tuple[float, int]]]:
+    """A stats message's step count and (return, length) episodes; TypeError/ValueError when malformed."""
+    steps, episodes = payload.get(steps_key, 0), payload.get(episodes_key, [])
+    if type(steps) is not int or steps < 0 or not isinstance(episodes, list):
+        raise ValueError(f"{steps_key}/{episodes_key} have the wrong types")
+    return steps, [(float(ret), int(length)) for ret, length in episodes]
 
 
 def _with_host(endpoint: str, host: str) -> str:

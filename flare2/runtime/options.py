@@ -31,6 +31,9 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
     run.add_argument("--max-episodes", type=int, default=None, help="stop after this many episodes in total")
     run.add_argument("--stop-return", type=float, default=None,
                      help="also stop once the mean return of the last 100 episodes reaches this")
+    run.add_argument("--eval-every", type=int, default=0, metavar="N",
+                     help="each agent plays a greedy evaluation episode after every N training episodes "
+                          "(reported as eval_return_mean; not learned from; 0: none)")
     run.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")
     run.add_argument("--log-dir", default=log_dir, help="where progress.csv, manager.log and checkpoints go")
     run.add_argument("--seed", type=int, default=0, help="seeds the models and each agent's env")
@@ -84,6 +87,7 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         max_steps=args.max_steps,
         max_episodes=args.max_episodes,
         stop_return=args.stop_return,
+        eval_every=args.eval_every,
         device=args.device,
         seed=args.seed,
         bind=args.bind,

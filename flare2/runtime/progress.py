@@ -29,8 +29,12 @@ PROGRESS_COLUMNS = (
     "remote_dropped",
     "remote_env_steps",
     "remote_episodes",
+    "eval_env_steps",
+    "eval_episodes",
+    "eval_return_mean",
 )
 RETURN_WINDOW = 100
+EVAL_RETURN_WINDOW = 20
 
 
 @dataclass
@@ -53,7 +57,12 @@ class RunTotals:
     remote_episodes: int = 0
     remote_dropped: int = 0
     """Remote agents dropped after their link went silent or they failed."""
+    eval_env_steps: int = 0
+    """Steps of evaluation episodes (not in ``env_steps``: they do not count towards the budget)."""
+    eval_episodes: int = 0
+    recent_eval_returns: deque = field(default_factory=lambda: deque(maxlen=EVAL_RETURN_WINDOW))
     _finished: list = field(default_factory=list)
+    """(return, length, evaluation) of the episodes finished since the last ``take_finished``."""
 
     def resume_from(self, counters: dict[str, Any]) -> None:
         """Continue the counters of the run a checkpoint came from."""
@@ -74,16 +83,28 @@ class RunTotals:
             self.remote_env_steps += steps
             self.remote_episodes += len(episodes)
         self.recent_returns.extend(episode_return for episode_return, _ in episodes)
-        self._finished.extend(episodes)
+        self._finished.extend((episode_return, length, False) for episode_return, length in episodes)
 
-    def take_finished(self) -> list[tuple[float, int]]:
-        """Episodes (return, length) finished since the last call."""
+    def add_eval_stats(self, steps: int, episodes: list[tuple[float, int]]) -> None:
+        self.eval_env_steps += steps
+        self.eval_episodes += len(episodes)
+        self.recent_eval_returns.extend(episode_return for episode_return, _ in episodes)
+        self._finished.extend((episode_return, length, True) for episode_return, length in episodes)
+
+    def take_finished(self) -> list[tuple[float, int, bool]]:
+        """Episodes (return, length, evaluation) finished since the last call."""
         finished, self._finished = self._finished, []
         return finished
 
     @property
     def return_mean(self) -> float:
         return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
+
+    @property
+    def eval_return_mean(self) -> float:
+        """Mean return of the last ``EVAL_RETURN_WINDOW`` evaluation episodes."""
+        returns = self.recent_eval_returns
+        return sum(returns) / len(returns) if returns else float("nan")
 
     @property
     def window_full(self) -> bool:
@@ -123,7 +144,7 @@ class ProgressLog:
         if not append:
             self._progress.writerow(PROGRESS_COLUMNS)
             self._learn.writerow(("wall_time", "ct", "learn_steps", "cost", "value"))
-            self._episodes.writerow(("wall_time", "env_steps", "return", "length"))
+            self._episodes.writerow(("wall_time", "env_steps", "return", "length", "eval"))
         self._last_time = time.monotonic()
         self._last_steps = start_steps
         self._last_rows = 0.0
@@ -152,6 +173,9 @@ class ProgressLog:
             "remote_dropped": totals.remote_dropped,
             "remote_env_steps": totals.remote_env_steps,
             "remote_episodes": totals.remote_episodes,
+            "eval_env_steps": totals.eval_env_steps,
+            "eval_episodes": totals.eval_episodes,
+            "eval_return_mean": round(totals.eval_return_mean, 3),
         }
         totals.max_predict_wait_ms = 0.0
         self._last_time, self._last_steps, self._last_rows, self._last_batches = now, totals.env_steps, rows, batches
@@ -164,13 +188,14 @@ class ProgressLog:
                 self._learn.writerow((row["wall_time"], ct, report.get("learn_calls", 0), cost, value))
                 costs_text.append(f"{ct + '/' if several else ''}{cost} {value:.3g}")
         self._learn_file.flush()
-        for episode_return, length in totals.take_finished():
-            self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length))
+        for episode_return, length, evaluation in totals.take_finished():
+            self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length, int(evaluation)))
         self._episodes_file.flush()
+        eval_text = f" | eval {row['eval_return_mean']:.1f} ({totals.eval_episodes} ep)" if totals.eval_episodes else ""
         logger.info(
-            "steps %d | %.0f steps/s | episodes %d | return %.1f | batch %.2f | learn %d | agents %d local, %d remote "
+            "steps %d | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d | agents %d local, %d remote "
             "| restarts %d%s",
-            row["env_steps"], row["steps_per_s"], row["episodes"], row["return_mean"], row["batch_size_mean"],
+            row["env_steps"], row["steps_per_s"], row["episodes"], row["return_mean"], eval_text, row["batch_size_mean"],
             row["learn_steps"], agents, remote_agents, row["restarts"], (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row

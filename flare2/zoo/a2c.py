@@ -59,6 +59,9 @@ class A2C(Algorithm):
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         return {"action": self.model.sample(self.model.policy(inputs["obs"]))}, {}
 
+    def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        return {"action": self.model.best_action(self.model.policy(inputs["obs"]))}, {}
+
     def learn(self, experience: Experience) -> dict[str, float]:
         config = self.config
         obs, next_obs = experience.inputs["obs"], experience.next_inputs["obs"]

@@ -97,6 +97,9 @@ class DQN(Algorithm):
         self.predicted += greedy.shape[0]
         return {"action": torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy)}, {}
 
+    def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        return {"action": self.model(inputs["obs"]).argmax(-1)}, {}
+
     def learn(self, experience: Experience) -> dict[str, float]:
         config = self.config
         obs = experience.inputs["obs"].flatten(0, 1)

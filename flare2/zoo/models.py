@@ -97,6 +97,10 @@ class MLPActorCritic(Model):
             return torch.multinomial(F.softmax(policy_out, dim=-1), 1).squeeze(-1)
         return policy_out + self.log_std.exp() * torch.randn_like(policy_out)
 
+    def best_action(self, policy_out: torch.Tensor) -> torch.Tensor:
+        """The most likely action: the arg-max logit (Discrete) or the Gaussian mean (Box)."""
+        return policy_out.argmax(-1) if self.discrete else policy_out
+
     def log_prob_and_entropy(self, policy_out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.discrete:
             log_probs = F.log_softmax(policy_out, dim=-1)

@@ -76,6 +76,12 @@ class PPO(Algorithm):
         log_prob, _ = self.model.log_prob_and_entropy(policy, action)
         return {"action": action, "log_prob": log_prob}, {}
 
+    def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        policy = self.model.policy(inputs["obs"])
+        action = self.model.best_action(policy)
+        log_prob, _ = self.model.log_prob_and_entropy(policy, action)
+        return {"action": action, "log_prob": log_prob}, {}
+
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
         obs, next_obs = experience.inputs["obs"], experience.next_inputs["obs"]

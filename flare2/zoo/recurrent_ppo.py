@@ -1,0 +1,144 @@
+"""Recurrent PPO: PPO with a GRU actor-critic, learning on whole sequences with states reset at episode ends.
+
+Each learn() call receives B sequences of T steps (one per agent, from the
+online helper) that may run across episode ends, with the GRU state the agent
+had before each step. The advantages are computed once per call, under the
+policy as it is then; every epoch then re-unrolls each minibatch of whole
+sequences from its stored state at t = 0 (``flare2.zoo.recurrent``'s unroll,
+which restarts from zeros after every episode end, as the agent did) and
+backpropagates through the T steps. A truncated step, and the last step of a
+sequence, bootstrap from the value of ``next_inputs`` seen from the state
+after that step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch.nn import functional as F
+
+from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.errors import ConfigError
+from flare2.zoo.recurrent import GRUActorCritic
+from flare2.zoo.returns import gae
+
+
+@dataclass(frozen=True)
+class RecurrentPPOConfig:
+    lr: float = 1e-3
+    """Adam learning rate at the start."""
+    anneal_steps: int | None = 150_000
+    """The learning rate falls linearly to 0 over this many env steps (None: constant)."""
+    gamma: float = 0.98
+    """Discount factor."""
+    gae_lambda: float = 0.8
+    """GAE trace decay."""
+    clip: float = 0.2
+    """Clip range of the probability ratio."""
+    epochs: int = 10
+    """Passes over each learn() batch."""
+    minibatch_sequences: int = 8
+    """Whole sequences per gradient step (a learn() batch holds B of them)."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Gradients are clipped to this global norm."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.clip <= 0 or self.epochs < 1 or self.minibatch_sequences < 1:
+            raise ConfigError(
+                f"RecurrentPPOConfig needs lr > 0, clip > 0, epochs >= 1 and minibatch_sequences >= 1, got {self}"
+            )
+        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
+            raise ConfigError(
+                f"RecurrentPPOConfig.gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}"
+            )
+        if self.anneal_steps is not None and self.anneal_steps < 1:
+            raise ConfigError(f"RecurrentPPOConfig.anneal_steps must be >= 1 or None, got {self.anneal_steps}")
+        if self.value_coef < 0 or self.entropy_coef < 0 or self.max_grad_norm <= 0:
+            raise ConfigError(
+                f"RecurrentPPOConfig needs value_coef >= 0, entropy_coef >= 0 and max_grad_norm > 0, got {self}"
+            )
+
+
+class RecurrentPPO(Algorithm):
+    def __init__(self, model: GRUActorCritic, config: RecurrentPPOConfig = RecurrentPPOConfig()) -> None:
+        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        if not isinstance(model, GRUActorCritic):
+            raise ConfigError(f"RecurrentPPO needs a GRUActorCritic model, got {type(model).__name__}")
+        self.config = config
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-5)
+        self.steps_seen = 0
+        self.learn_calls = 0
+
+    @classmethod
+    def for_env(cls, env: gym.Env, config: RecurrentPPOConfig = RecurrentPPOConfig(), *, hidden_size: int = 64
+                ) -> RecurrentPPO:
+        return cls(GRUActorCritic(env.observation_space, env.action_space, hidden_size=hidden_size), config)
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        logits, _, next_hidden = self.model.step(inputs["obs"], states["hidden"])
+        action = self.model.sample(logits)
+        log_prob, _ = self.model.log_prob_and_entropy(logits, action)
+        return {"action": action, "log_prob": log_prob}, {"hidden": next_hidden}
+
+    def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        logits, _, next_hidden = self.model.step(inputs["obs"], states["hidden"])
+        action = self.model.best_action(logits)
+        log_prob, _ = self.model.log_prob_and_entropy(logits, action)
+        return {"action": action, "log_prob": log_prob}, {"hidden": next_hidden}
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        config, model = self.config, self.model
+        obs, next_obs = experience.inputs["obs"], experience.next_inputs["obs"]
+        ends = experience.episode_ends
+        first_hidden = experience.states["hidden"][:, 0]
+        actions, old_log_prob = experience.actions["action"], experience.actions["log_prob"]
+        model.update_normalizer(obs, 2)
+        with torch.no_grad():
+            _, values, hidden_after = model.sequence(obs, first_hidden, ends)
+            advantages, targets = gae(
+                experience.rewards["reward"], values, model.next_values(next_obs, hidden_after),
+                experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
+            )
+        self.steps_seen += advantages.numel()
+        self.learn_calls += 1
+        if config.anneal_steps:
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.lr * max(0.0, 1.0 - self.steps_seen / config.anneal_steps)
+
+        totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
+        updates = 0
+        for _ in range(config.epochs):
+            for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_sequences):
+                logits, new_values, _ = model.sequence(obs[index], first_hidden[index], ends[index])
+                log_prob, entropy = model.log_prob_and_entropy(logits, actions[index])
+                log_ratio = log_prob - old_log_prob[index]
+                ratio = log_ratio.exp()
+                adv = advantages[index]
+                if adv.numel() > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
+                value_loss = F.mse_loss(new_values, targets[index])
+                entropy_mean = entropy.mean()
+                self.optimize(policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean)
+                with torch.no_grad():
+                    totals["policy_loss"] += policy_loss.item()
+                    totals["value_loss"] += value_loss.item()
+                    totals["entropy"] += entropy_mean.item()
+                    totals["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
+                    totals["clip_fraction"] += ((ratio - 1).abs() > config.clip).float().mean().item()
+                updates += 1
+        return {key: value / updates for key, value in totals.items()}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "steps_seen": self.steps_seen, "learn_calls": self.learn_calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.steps_seen = int(state.get("steps_seen", 0))
+        self.learn_calls = int(state.get("learn_calls", 0))

@@ -1,0 +1,212 @@
+"""TD3: a deterministic actor and two Q critics for Box actions (Fujimoto et al., 2018).
+
+Experiences come from the agents' replay buffers (``ExpReplayHelper``), as in
+DQN: each learn() call gets N sampled transitions ``[N, 1, ...]`` and takes one
+gradient step per ``minibatch_size`` of them. Every step updates both critics
+towards one target, ``r + gamma * (1 - terminated) * min(Q1', Q2')(s', a')``,
+where ``a'`` is the target actor's action plus clipped Gaussian noise (target
+policy smoothing). Every ``policy_delay`` steps the actor climbs Q1 and the
+target networks follow the online ones by Polyak averaging. A terminated step
+has no bootstrap; a time-limit truncation (Pendulum ends every episode so)
+bootstraps from the final observation.
+
+The actor and the critics have their own Adam optimizers, so the algorithm
+steps them itself (``_step``) instead of using ``Algorithm.optimize``, which
+serves a single ``self.optimizer``. Noise scales are fractions of the half
+width of the action box, so the same config fits any bounds.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.model import Model
+from flare2.core.specs import Spec
+from flare2.errors import ConfigError
+from flare2.zoo.models import mlp, observation_spec
+
+
+@dataclass(frozen=True)
+class TD3Config:
+    actor_lr: float = 1e-3
+    """Adam learning rate of the actor."""
+    critic_lr: float = 1e-3
+    """Adam learning rate of the two critics."""
+    gamma: float = 0.98
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak factor: each target update moves the target networks this fraction towards the online ones."""
+    minibatch_size: int = 256
+    """Transitions per gradient step (a learn() call holds N of them: N / minibatch_size steps)."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer sizes of the actor and of each critic (ReLU)."""
+    exploration_noise: float = 0.1
+    """Standard deviation of the Gaussian noise added to predicted actions, as a fraction of the half action range."""
+    policy_noise: float = 0.2
+    """Standard deviation of the target policy smoothing noise, as a fraction of the half action range."""
+    noise_clip: float = 0.5
+    """The smoothing noise is clipped to +-this fraction of the half action range."""
+    policy_delay: int = 2
+    """Critic steps per actor step and target update."""
+    random_steps: int = 0
+    """Predicted actions drawn uniformly from the action box before the actor takes over."""
+    max_grad_norm: float | None = None
+    """Gradients are clipped to this global norm (None: no clipping)."""
+
+    def __post_init__(self) -> None:
+        if self.actor_lr <= 0 or self.critic_lr <= 0:
+            raise ConfigError(f"TD3Config needs actor_lr > 0 and critic_lr > 0, got {self.actor_lr}, {self.critic_lr}")
+        if not 0 <= self.gamma <= 1 or not 0 < self.tau <= 1:
+            raise ConfigError(f"TD3Config needs 0 <= gamma <= 1 and 0 < tau <= 1, got gamma={self.gamma}, tau={self.tau}")
+        if self.minibatch_size < 1 or self.policy_delay < 1 or self.random_steps < 0:
+            raise ConfigError(
+                f"TD3Config needs minibatch_size >= 1, policy_delay >= 1 and random_steps >= 0, got "
+                f"{self.minibatch_size}, {self.policy_delay}, {self.random_steps}"
+            )
+        if not self.hidden or any(size < 1 for size in self.hidden):
+            raise ConfigError(f"TD3Config needs at least one hidden layer, every size >= 1, got hidden={self.hidden}")
+        if self.exploration_noise < 0 or self.policy_noise < 0 or self.noise_clip < 0:
+            raise ConfigError(
+                f"TD3Config needs exploration_noise, policy_noise and noise_clip >= 0, got {self.exploration_noise}, "
+                f"{self.policy_noise}, {self.noise_clip}"
+            )
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ConfigError(f"TD3Config needs max_grad_norm > 0 or None, got {self.max_grad_norm}")
+
+
+class ActorCritic(Model):
+    """A tanh actor scaled to the Box action bounds and two Q critics over (``obs``, action)."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Box) or not isinstance(action_space, gym.spaces.Box):
+            raise ConfigError(f"TD3 needs a Box observation and a Box action space, got {observation_space}, {action_space}")
+        if len(action_space.shape) != 1 or not action_space.is_bounded("both"):
+            raise ConfigError(f"TD3 needs a bounded 1-d Box action space, got {action_space}")
+        self._obs_spec = observation_spec(observation_space)
+        obs_size, act_size = math.prod(self._obs_spec.shape), int(action_space.shape[0])
+        low = torch.as_tensor(action_space.low, dtype=torch.float32)
+        high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+        # A small last layer starts the actor near the middle of the box, away from tanh saturation.
+        self.actor = mlp([obs_size, *hidden, act_size], out_gain=0.01, activation=nn.ReLU)
+        self.q1 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
+        self.q2 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
+
+    def input_specs(self) -> dict[str, Spec]:
+        return {"obs": self._obs_spec}
+
+    def action_specs(self) -> dict[str, Spec]:
+        return {"action": Spec((len(self.action_scale),), "float32")}
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.flatten(start_dim=obs.dim() - len(self._obs_spec.shape)).float()
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deterministic action, inside the bounds."""
+        return torch.tanh(self.actor(self._features(obs))) * self.action_scale + self.action_bias
+
+    def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([self._features(obs), action], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        return [*self.q1.parameters(), *self.q2.parameters()]
+
+
+class TD3(Algorithm):
+    def __init__(self, model: ActorCritic, config: TD3Config = TD3Config()) -> None:
+        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        self.config = config
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.actor_optimizer = torch.optim.Adam(model.actor.parameters(), lr=config.actor_lr)
+        self.critic_optimizer = torch.optim.Adam(model.critic_parameters(), lr=config.critic_lr)
+        self.predicted = 0
+        self.gradient_steps = 0
+
+    @classmethod
+    def for_env(cls, env: gym.Env, config: TD3Config = TD3Config()) -> TD3:
+        return cls(ActorCritic(env.observation_space, env.action_space, config.hidden), config)
+
+    def _clip(self, action: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        return action.clamp(model.action_bias - model.action_scale, model.action_bias + model.action_scale)
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        model, config = self.model, self.config
+        action = model(inputs["obs"])
+        action = self._clip(action + config.exploration_noise * model.action_scale * torch.randn_like(action))
+        # The first random_steps rows (counted over all agents) explore uniformly inside the box.
+        warm = torch.arange(action.shape[0], device=action.device) + self.predicted < config.random_steps
+        uniform = model.action_bias + model.action_scale * (2 * torch.rand_like(action) - 1)
+        self.predicted += action.shape[0]
+        return {"action": torch.where(warm.unsqueeze(-1), uniform, action)}, {}
+
+    def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        return {"action": self.model(inputs["obs"])}, {}
+
+    def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], self.max_grad_norm)
+        optimizer.step()
+
+    def critic_target(self, rewards: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+        """``r + gamma * min(Q1', Q2')(s', smoothed a')``, without the bootstrap term after a terminated step."""
+        config, target = self.config, self.target
+        with torch.no_grad():
+            next_action = target(next_obs)
+            limit = config.noise_clip * target.action_scale
+            noise = (config.policy_noise * target.action_scale * torch.randn_like(next_action)).clamp(-limit, limit)
+            next_q = torch.minimum(*target.q_values(next_obs, self._clip(next_action + noise)))
+            return rewards + config.gamma * (~terminated).float() * next_q
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        config, model = self.config, self.model
+        obs = experience.inputs["obs"].flatten(0, 1)
+        next_obs = experience.next_inputs["obs"].flatten(0, 1)
+        actions = experience.actions["action"].flatten(0, 1)
+        rewards = experience.rewards["reward"].flatten(0, 1)
+        terminated = experience.terminated.flatten(0, 1)
+        critic_losses, actor_losses, q_means = [], [], []
+        for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
+            target = self.critic_target(rewards[index], next_obs[index], terminated[index])
+            q1, q2 = model.q_values(obs[index], actions[index])
+            critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+            self._step(self.critic_optimizer, critic_loss)
+            critic_losses.append(critic_loss.item())
+            q_means.append(q1.mean().item())
+            self.gradient_steps += 1
+            if self.gradient_steps % config.policy_delay == 0:
+                # Only the actor steps here; the critic's gradients from this loss are dropped at its next zero_grad.
+                actor_loss = -model.q_values(obs[index], model(obs[index]))[0].mean()
+                self._step(self.actor_optimizer, actor_loss)
+                actor_losses.append(actor_loss.item())
+                with torch.no_grad():
+                    torch._foreach_lerp_(list(self.target.parameters()), list(model.parameters()), config.tau)
+        costs = {"critic_loss": sum(critic_losses) / len(critic_losses), "q_mean": sum(q_means) / len(q_means)}
+        if actor_losses:
+            costs["actor_loss"] = sum(actor_losses) / len(actor_losses)
+        return costs
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "target": self.target.state_dict(),
+                "actor_optimizer": self.actor_optimizer.state_dict(), "critic_optimizer": self.critic_optimizer.state_dict(),
+                "predicted": self.predicted, "gradient_steps": self.gradient_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target.load_state_dict(state["target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.predicted, self.gradient_steps = int(state["predicted"]), int(state["gradient_steps"])

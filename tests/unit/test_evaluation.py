@@ -1,0 +1,78 @@
+"""Evaluation episodes: which episodes they are, how they are counted, what the agent sends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flare2.core.agent import Agent
+from flare2.core.specs import CTSpecs, Spec
+from flare2.errors import SpecError
+from flare2.runtime.agent_process import EpisodeRecorder, is_evaluation_episode
+
+
+class _OneStepEnv:
+    def reset(self, **_):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, _action):
+        return np.zeros(1, np.float32), 2.0, True, False, {}
+
+
+class _RecordingPort:
+    def __init__(self):
+        self.payloads = []
+
+    def predict(self, payload):
+        self.payloads.append(payload)
+        return {"actions": {"action": np.zeros(1, np.int64)}, "states": {}}
+
+
+class _RecordingHelper:
+    def __init__(self):
+        self.steps = []
+
+    def attach(self, ct, specs, port):
+        pass
+
+    def store(self, step):
+        self.steps.append(step)
+
+
+SPECS = CTSpecs(inputs={"obs": Spec((1,), "float32")}, actions={"action": Spec((), "int64")}, states={},
+                rewards={"reward": Spec((), "float32")})
+
+
+def test_every_nth_plus_one_episode_is_an_evaluation_after_n_training_episodes():
+    assert [is_evaluation_episode(i, 2) for i in range(6)] == [False, False, True, False, False, True]
+    assert not any(is_evaluation_episode(i, 0) for i in range(5))
+
+
+def test_evaluation_episodes_are_counted_apart_from_training_episodes():
+    recorder = EpisodeRecorder(_OneStepEnv())
+    recorder.reset()
+    recorder.step(0)
+    recorder.evaluating = True
+    recorder.reset()
+    recorder.step(0)
+    assert recorder.take_stats() == {"steps": 1, "episodes": [[2.0, 1]], "eval_steps": 1, "eval_episodes": [[2.0, 1]]}
+    assert recorder.take_stats() == {"steps": 0, "episodes": []}
+
+
+def test_an_evaluating_agent_asks_for_greedy_actions_and_stores_nothing():
+    agent, port, helper = Agent(), _RecordingPort(), _RecordingHelper()
+    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers={"RL": helper})
+    step = dict(inputs={"obs": np.zeros(1)}, actions={"action": 0}, rewards={"reward": 1.0},
+                next_inputs={"obs": np.zeros(1)}, terminated=False, truncated=False)
+    agent.predict("RL", {"obs": np.zeros(1, np.float32)})
+    agent.store("RL", **step)
+    agent.evaluating = True
+    agent.predict("RL", {"obs": np.zeros(1, np.float32)})
+    agent.store("RL", **step)
+    assert [payload.get("greedy", False) for payload in port.payloads] == [False, True]
+    assert len(helper.steps) == 1
+
+
+def test_a_predict_request_with_a_non_boolean_greedy_flag_is_refused():
+    with pytest.raises(SpecError, match="greedy"):
+        SPECS.check_predict({"inputs": {"obs": np.zeros((1, 1), np.float32)}, "greedy": 1})

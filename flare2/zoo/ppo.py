@@ -10,6 +10,7 @@ learn() call came in between.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import gymnasium as gym
 import torch
@@ -50,6 +51,41 @@ class PPOConfig:
             raise ConfigError(f"PPOConfig needs lr > 0, clip > 0, epochs >= 1 and minibatch_size >= 1, got {self}")
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ConfigError(f"PPOConfig.gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+
+
+class LossWeights(Protocol):
+    """What ``clipped_loss`` reads of a config (PPOConfig and RecurrentPPOConfig have it)."""
+
+    clip: float
+    value_coef: float
+    entropy_coef: float
+
+
+def clipped_loss(
+    config: LossWeights,
+    totals: dict[str, float],
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    targets: torch.Tensor,
+) -> torch.Tensor:
+    """PPO's loss on one minibatch (clipped surrogate, value and entropy terms); adds its terms to ``totals``."""
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    if advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
+    value_loss = F.mse_loss(values, targets)
+    entropy_mean = entropy.mean()
+    with torch.no_grad():
+        totals["policy_loss"] += policy_loss.item()
+        totals["value_loss"] += value_loss.item()
+        totals["entropy"] += entropy_mean.item()
+        totals["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
+        totals["clip_fraction"] += ((ratio - 1).abs() > config.clip).float().mean().item()
+    return policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
 
 
 class PPOActorCritic(MLPActorCritic):
@@ -105,21 +141,10 @@ class PPO(Algorithm):
         for _ in range(config.epochs):
             for index in torch.randperm(samples, device=obs.device).split(config.minibatch_size):
                 log_prob, entropy = model.log_prob_and_entropy(model.policy(flat_obs[index]), flat_actions[index])
-                log_ratio = log_prob - flat_old_log_prob[index]
-                ratio = log_ratio.exp()
-                adv = flat_advantages[index]
-                if adv.numel() > 1:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
-                value_loss = F.mse_loss(model.value(flat_obs[index]), flat_targets[index])
-                entropy_mean = entropy.mean()
-                self.optimize(policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean)
-                with torch.no_grad():
-                    totals["policy_loss"] += policy_loss.item()
-                    totals["value_loss"] += value_loss.item()
-                    totals["entropy"] += entropy_mean.item()
-                    totals["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
-                    totals["clip_fraction"] += ((ratio - 1).abs() > config.clip).float().mean().item()
+                self.optimize(clipped_loss(
+                    config, totals, log_prob, flat_old_log_prob[index], flat_advantages[index], entropy,
+                    model.value(flat_obs[index]), flat_targets[index],
+                ))
                 updates += 1
         return {key: value / updates for key, value in totals.items()}
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
-from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.errors import ConfigError
+from flare2.zoo.ppo import clipped_loss
 from flare2.zoo.recurrent import GRUActorCritic
 from flare2.zoo.returns import gae
 
@@ -117,21 +117,9 @@ class RecurrentPPO(Algorithm):
             for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_sequences):
                 logits, new_values, _ = model.sequence(obs[index], first_hidden[index], ends[index])
                 log_prob, entropy = model.log_prob_and_entropy(logits, actions[index])
-                log_ratio = log_prob - old_log_prob[index]
-                ratio = log_ratio.exp()
-                adv = advantages[index]
-                if adv.numel() > 1:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
-                value_loss = F.mse_loss(new_values, targets[index])
-                entropy_mean = entropy.mean()
-                self.optimize(policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean)
-                with torch.no_grad():
-                    totals["policy_loss"] += policy_loss.item()
-                    totals["value_loss"] += value_loss.item()
-                    totals["entropy"] += entropy_mean.item()
-                    totals["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
-                    totals["clip_fraction"] += ((ratio - 1).abs() > config.clip).float().mean().item()
+                self.optimize(clipped_loss(
+                    config, totals, log_prob, old_log_prob[index], advantages[index], entropy, new_values, targets[index],
+                ))
                 updates += 1
         return {key: value / updates for key, value in totals.items()}
 

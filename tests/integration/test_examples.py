@@ -58,3 +58,22 @@ def test_the_dqn_example_learns_from_replay_buffers_in_the_agents(tmp_path):
     final = read_csv(tmp_path / "progress.csv")[-1]
     assert final["env_steps"] >= 800 and final["learn_steps"] >= 1
     assert "td_loss" in (tmp_path / "learn.csv").read_text()
+
+
+def test_the_td3_example_learns_from_replay_buffers_and_logs_critic_and_actor_costs(tmp_path):
+    run_example("pendulum_td3.py", "--num-agents", "2", "--max-steps", "800", "--warmup", "400", "--batch-size", "64",
+                "--minibatch-size", "64", "--device", "cpu", "--progress-interval", "0.5", log_dir=tmp_path)
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["env_steps"] >= 800 and final["learn_steps"] >= 1
+    costs = (tmp_path / "learn.csv").read_text()
+    assert "critic_loss" in costs and "actor_loss" in costs and "q_mean" in costs
+
+
+def test_the_memory_example_runs_recurrent_ppo_and_learns_at_least_once(tmp_path):
+    result = run_example("cartpole_memory.py", "--model", "gru", "--num-agents", "2", "--max-steps", "600", "--epochs", "2",
+                         "--device", "cpu", "--progress-interval", "0.5", log_dir=tmp_path)
+    assert "imports torch" not in result.stderr
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["env_steps"] >= 600 and final["learn_steps"] >= 1
+    assert "policy_loss" in (tmp_path / "learn.csv").read_text()
+    assert (tmp_path / "checkpoints" / "RL.pt").is_file()

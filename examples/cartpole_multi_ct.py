@@ -3,10 +3,12 @@
     python examples/cartpole_multi_ct.py --num-agents 8 --max-steps 200000 --log-dir runs/multi_ct
 
 CT "policy" is A2C on CartPole; CT "aux" learns to predict whether the
-episode ends at the next step. Both heads sit on one MLP body, so the
-auxiliary task shapes the features the policy uses. The two CTs live in the
-one compute process (they share parameters), each with its own CDP, batching
-and learn calls; learn.csv has the costs of both.
+episode ends at the next step. Both heads sit on one MLP body: the policy
+trains it, and the predictor's head learns from the features it makes. The
+two CTs live in the one compute process (they share parameters), each with
+its own CDP, batching and learn calls; learn.csv has the costs of both and
+cts.csv how each CT's requests batched across the agents
+(`python tools/ct_report.py LOG_DIR`).
 """
 
 from __future__ import annotations
@@ -64,13 +66,14 @@ class EndPredictor(Model):
         return {"p_end": Spec((), "float32")}
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(obs)).squeeze(-1)
+        # detach: the policy's optimizer alone trains the body, so no gradient is spent on it here.
+        return self.head(self.body(obs).detach()).squeeze(-1)
 
 
 class EndPrediction(Algorithm):
     def __init__(self, model: EndPredictor, lr: float = 1e-3) -> None:
         super().__init__(model, max_grad_norm=1.0)
-        # Only the head: the policy's optimizer owns the shared body, so the two never fight over its moments.
+        # Only the head: two optimizers on one body would fight over its Adam moments.
         self.optimizer = torch.optim.Adam(model.head.parameters(), lr=lr)
 
     def predict(self, inputs, states):

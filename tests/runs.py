@@ -145,3 +145,23 @@ def wait_until_gone(pids: list[int], timeout_s: float) -> list[int]:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def train(script: str, log_dir: Path, *args: str, timeout_s: float = 1800) -> list[dict[str, float]]:
+    """Run examples/<script> with 8 agents on the CPU to its end; its progress.csv rows (fails the test if it fails)."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / script), "--num-agents", "8", "--device", "cpu",
+         "--log-dir", str(log_dir), *args],
+        cwd=log_dir, capture_output=True, text=True, timeout=timeout_s,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return read_csv(log_dir / "progress.csv")
+
+
+def first_row_reaching(rows: list[dict[str, float]], column: str, threshold: float, budget_steps: int) -> dict[str, float]:
+    """The first row whose ``column`` reached ``threshold``; fails the test unless it came before ``budget_steps``."""
+    reached = [row for row in rows if finite([row[column]]) and row[column] >= threshold]
+    best = max(finite(row[column] for row in rows), default=float("nan"))
+    assert reached, f"{column} never reached {threshold} (best {best} in {rows[-1]['env_steps']:.0f} env steps)"
+    assert reached[0]["env_steps"] < budget_steps, f"{column} reached {threshold} only at {reached[0]['env_steps']:.0f} steps"
+    return reached[0]

@@ -103,6 +103,8 @@ class RunConfig:
     eval_every: int = 0
     """Each agent plays one evaluation episode (greedy actions, not learned from, reported as
     ``eval_return_mean``) after every this many training episodes; 0 for none."""
+    stop_eval_return: float | None = None
+    """Also stop once the mean return of the last 20 evaluation episodes reaches this (needs ``eval_every``)."""
     device: str = "auto"
     """Device of the compute process: cpu, cuda, cuda:N or auto."""
     seed: int = 0
@@ -154,6 +156,8 @@ class RunConfig:
             raise ConfigError("a run needs a budget: set max_steps or max_episodes (stop_return alone may never be met)")
         if self.eval_every < 0:
             raise ConfigError(f"eval_every must be >= 0 (0: no evaluation episodes), got {self.eval_every}")
+        if self.stop_eval_return is not None and not self.eval_every:
+            raise ConfigError("stop_eval_return needs evaluation episodes: set eval_every (--eval-every N) as well")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
         if self.max_restarts < 0:

@@ -224,6 +224,8 @@ class Manager:
                 "budget reached: %d env steps, %d episodes, return_mean %.1f",
                 self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
             )
+            # A row as the run stops, before the episodes that end while the agents stop change the means.
+            self._report_progress()
             return EXIT_OK
         except RunFailed as exc:
             logger.error("%s", exc)
@@ -235,6 +237,8 @@ class Manager:
             (config.max_steps is not None and totals.env_steps >= config.max_steps)
             or (config.max_episodes is not None and totals.episodes >= config.max_episodes)
             or (config.stop_return is not None and totals.window_full and totals.return_mean >= config.stop_return)
+            or (config.stop_eval_return is not None and totals.eval_window_full
+                and totals.eval_return_mean >= config.stop_eval_return)
         )
 
     def _report_progress(self) -> None:

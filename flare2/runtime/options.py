@@ -34,6 +34,8 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
     run.add_argument("--eval-every", type=int, default=0, metavar="N",
                      help="each agent plays a greedy evaluation episode after every N training episodes "
                           "(reported as eval_return_mean; not learned from; 0: none)")
+    run.add_argument("--stop-eval-return", type=float, default=None,
+                     help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)")
     run.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")
     run.add_argument("--log-dir", default=log_dir, help="where progress.csv, manager.log and checkpoints go")
     run.add_argument("--seed", type=int, default=0, help="seeds the models and each agent's env")
@@ -88,6 +90,7 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         max_episodes=args.max_episodes,
         stop_return=args.stop_return,
         eval_every=args.eval_every,
+        stop_eval_return=args.stop_eval_return,
         device=args.device,
         seed=args.seed,
         bind=args.bind,

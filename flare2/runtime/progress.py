@@ -33,6 +33,8 @@ PROGRESS_COLUMNS = (
     "eval_episodes",
     "eval_return_mean",
 )
+CT_COLUMNS = ("wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean")
+"""cts.csv: per CT, the batches since the last row and their mean size (requests per forward pass or learn call)."""
 RETURN_WINDOW = 100
 EVAL_RETURN_WINDOW = 20
 
@@ -110,6 +112,10 @@ class RunTotals:
     def window_full(self) -> bool:
         return len(self.recent_returns) == RETURN_WINDOW
 
+    @property
+    def eval_window_full(self) -> bool:
+        return len(self.recent_eval_returns) == EVAL_RETURN_WINDOW
+
     def ct_total(self, key: str) -> float:
         return sum(report.get(key, 0) for report in self.ct_reports.values())
 
@@ -123,7 +129,8 @@ def _has_header(path: Path, columns: tuple[str, ...]) -> bool:
 
 
 class ProgressLog:
-    """Writes progress.csv (a row per report), learn.csv (a row per cost) and episodes.csv (a row per episode).
+    """Writes progress.csv (a row per report), learn.csv (a row per cost), episodes.csv (a row per episode)
+    and cts.csv (a row per CT and report: how its requests batched since the last report).
 
     Each report also logs a progress line.
     """
@@ -141,14 +148,18 @@ class ProgressLog:
         self._learn = csv.writer(self._learn_file)
         self._episodes_file = open(self.dir / "episodes.csv", mode, newline="", encoding="utf-8")
         self._episodes = csv.writer(self._episodes_file)
+        self._cts_file = open(self.dir / "cts.csv", mode, newline="", encoding="utf-8")
+        self._cts = csv.writer(self._cts_file)
         if not append:
             self._progress.writerow(PROGRESS_COLUMNS)
             self._learn.writerow(("wall_time", "ct", "learn_steps", "cost", "value"))
             self._episodes.writerow(("wall_time", "env_steps", "return", "length", "eval"))
+            self._cts.writerow(CT_COLUMNS)
         self._last_time = time.monotonic()
         self._last_steps = start_steps
         self._last_rows = 0.0
         self._last_batches = 0.0
+        self._last_ct_counts: dict[str, tuple[float, float, float, float]] = {}
 
     def report(self, totals: RunTotals, *, agents: int, remote_agents: int = 0) -> dict[str, Any]:
         now = time.monotonic()
@@ -188,6 +199,7 @@ class ProgressLog:
                 self._learn.writerow((row["wall_time"], ct, report.get("learn_calls", 0), cost, value))
                 costs_text.append(f"{ct + '/' if several else ''}{cost} {value:.3g}")
         self._learn_file.flush()
+        self._write_ct_rows(row["wall_time"], totals)
         for episode_return, length, evaluation in totals.take_finished():
             self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length, int(evaluation)))
         self._episodes_file.flush()
@@ -200,7 +212,21 @@ class ProgressLog:
         )
         return row
 
+    def _write_ct_rows(self, wall_time: float, totals: RunTotals) -> None:
+        for ct, report in totals.ct_reports.items():
+            counts = tuple(float(report.get(key, 0)) for key in ("predict_rows", "predict_batches", "learn_requests", "learn_calls"))
+            rows, batches, learn_requests, learn_calls = (
+                now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * 4))
+            )
+            self._last_ct_counts[ct] = counts
+            self._cts.writerow((
+                wall_time, ct, int(batches), round(rows / batches, 3) if batches else float("nan"),
+                int(learn_calls), round(learn_requests / learn_calls, 3) if learn_calls else float("nan"),
+            ))
+        self._cts_file.flush()
+
     def close(self) -> None:
+        self._cts_file.close()
         self._progress_file.close()
         self._learn_file.close()
         self._episodes_file.close()

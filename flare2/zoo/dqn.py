@@ -1,4 +1,4 @@
-"""DQN: a Q-network, a target network, epsilon-greedy acting, optional double-Q targets.
+"""DQN: a Q-network, a slowly averaged target network, epsilon-greedy acting, optional double-Q targets.
 
 Experiences come from the agents' replay buffers (``ExpReplayHelper``): each
 learn() call gets N sampled sequences (usually of length 1) and takes one
@@ -9,19 +9,15 @@ bootstrap; a time-limit truncation bootstraps from the final observation.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
-from flare2.core.model import Model
-from flare2.core.specs import Spec
 from flare2.errors import ConfigError
-from flare2.zoo.models import mlp, observation_spec
+from flare2.zoo.models import QNetwork
 
 
 @dataclass(frozen=True)
@@ -32,8 +28,12 @@ class DQNConfig:
     """Discount factor."""
     minibatch_size: int = 64
     """Transitions per gradient step (a learn() call holds N of them: N / minibatch_size steps)."""
-    target_update_every: int = 250
-    """Gradient steps between copies of the Q-network into the target network (10 diverged on CartPole)."""
+    target_update_every: int = 1
+    """Gradient steps between refreshes of the target network."""
+    target_tau: float = 0.005
+    """Fraction of the Q-network blended into the target at each refresh: 1 copies it, below 1 averages (Polyak).
+    On CartPole, averaging at every step held a greedy return of 500 for 20-45k env steps on three seeds; copying
+    every 250 steps reached 500 but fell back within 5k."""
     epsilon_start: float = 1.0
     epsilon_end: float = 0.04
     exploration_steps: int = 8_000
@@ -46,29 +46,10 @@ class DQNConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.minibatch_size < 1 or self.target_update_every < 1 or self.exploration_steps < 1:
             raise ConfigError(f"DQNConfig needs lr > 0 and minibatch_size, target_update_every, exploration_steps >= 1: {self}")
+        if not 0 < self.target_tau <= 1:
+            raise ConfigError(f"DQNConfig needs 0 < target_tau <= 1, got {self.target_tau}")
         if not 0 <= self.epsilon_end <= self.epsilon_start <= 1:
             raise ConfigError(f"DQNConfig needs 0 <= epsilon_end <= epsilon_start <= 1, got {self}")
-
-
-class QNetwork(Model):
-    """An MLP from a Box observation ``obs`` to one Q-value per Discrete action."""
-
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)) -> None:
-        super().__init__()
-        if not isinstance(action_space, gym.spaces.Discrete) or not isinstance(observation_space, gym.spaces.Box):
-            raise ConfigError(f"QNetwork needs a Box observation and a Discrete action space, got {observation_space}, {action_space}")
-        self._obs_spec = observation_spec(observation_space)
-        # ReLU is the usual choice for value-based methods.
-        self.q = mlp([math.prod(self._obs_spec.shape), *hidden, int(action_space.n)], activation=nn.ReLU)
-
-    def input_specs(self) -> dict[str, Spec]:
-        return {"obs": self._obs_spec}
-
-    def action_specs(self) -> dict[str, Spec]:
-        return {"action": Spec((), "int64")}
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.q(obs.flatten(start_dim=obs.dim() - len(self._obs_spec.shape)).float())
 
 
 class DQN(Algorithm):
@@ -122,8 +103,13 @@ class DQN(Algorithm):
             losses.append(loss.item())
             self.gradient_steps += 1
             if self.gradient_steps % config.target_update_every == 0:
-                self.target.load_state_dict(self.model.state_dict())
+                self._refresh_target()
         return {"td_loss": sum(losses) / len(losses), "epsilon": self.epsilon}
+
+    @torch.no_grad()
+    def _refresh_target(self) -> None:
+        for target, online in zip(self.target.parameters(), self.model.parameters()):
+            target.lerp_(online, self.config.target_tau)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "target": self.target.state_dict(),

@@ -1,4 +1,4 @@
-"""Stock models: MLP actor-critic for Box or Discrete observations and actions."""
+"""Stock models: an MLP actor-critic and an MLP Q-network, for Box or Discrete observations."""
 
 from __future__ import annotations
 
@@ -46,6 +46,18 @@ def action_spec(space: gym.Space) -> Spec:
     raise ConfigError(f"action space {space} is not supported: use Discrete or a 1-d Box")
 
 
+def one_hot_size(space: gym.Space) -> int:
+    """How many classes a Discrete observation is one-hot encoded into (0 for a Box)."""
+    return int(space.n) if isinstance(space, gym.spaces.Discrete) else 0
+
+
+def features(obs: torch.Tensor, obs_spec: Spec, one_hot: int) -> torch.Tensor:
+    """A float feature vector per observation: one-hot for a Discrete space, flattened for a Box."""
+    if one_hot:
+        return F.one_hot(obs.long(), one_hot).float()
+    return obs.flatten(start_dim=obs.dim() - len(obs_spec.shape)).float()
+
+
 class MLPActorCritic(Model):
     """Separate policy and value MLPs over one observation ``obs``.
 
@@ -65,7 +77,7 @@ class MLPActorCritic(Model):
         super().__init__()
         self._obs_spec = observation_spec(observation_space)
         self._action_spec = action_spec(action_space)
-        self.one_hot_size = int(observation_space.n) if isinstance(observation_space, gym.spaces.Discrete) else 0
+        self.one_hot_size = one_hot_size(observation_space)
         obs_size = self.one_hot_size or int(np.prod(self._obs_spec.shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         policy_out = int(action_space.n) if self.discrete else int(action_space.shape[0])
@@ -80,9 +92,7 @@ class MLPActorCritic(Model):
         return {"action": self._action_spec}
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.one_hot_size:
-            return F.one_hot(obs.long(), self.one_hot_size).float()
-        return obs.flatten(start_dim=obs.dim() - len(self._obs_spec.shape)).float()
+        return features(obs, self._obs_spec, self.one_hot_size)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """Logits (Discrete) or the Gaussian mean (Box)."""
@@ -112,3 +122,31 @@ class MLPActorCritic(Model):
         log_prob = -((action - policy_out) ** 2) / (2 * var) - log_std - 0.5 * math.log(2 * math.pi)
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
         return log_prob.sum(-1), entropy
+
+
+class QNetwork(Model):
+    """One Q-value per Discrete action from an observation ``obs`` (Box, or Discrete one-hot encoded).
+
+    ``hidden=()`` makes it linear. Over a one-hot observation that is a
+    Q-table (one weight per state and action) plus a bias per action that all
+    states share, which learns the common offset of the values quickly.
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: Sequence[int] = (256, 256)) -> None:
+        super().__init__()
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ConfigError(f"QNetwork needs a Discrete action space, got {action_space}: use TD3 for Box actions")
+        self._obs_spec = observation_spec(observation_space)
+        self.one_hot_size = one_hot_size(observation_space)
+        obs_size = self.one_hot_size or int(np.prod(self._obs_spec.shape))
+        # ReLU is the usual choice for value-based methods.
+        self.q = mlp([obs_size, *hidden, int(action_space.n)], activation=nn.ReLU)
+
+    def input_specs(self) -> dict[str, Spec]:
+        return {"obs": self._obs_spec}
+
+    def action_specs(self) -> dict[str, Spec]:
+        return {"action": Spec((), "int64")}
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q(features(obs, self._obs_spec, self.one_hot_size))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 
@@ -50,6 +51,8 @@ def test_the_multi_ct_example_feeds_both_cts_from_every_agent(tmp_path):
     assert "policy/loss" in result.stderr and "aux/bce" in result.stderr
     assert "imports torch" not in result.stderr
     assert (tmp_path / "checkpoints" / "policy.pt").is_file() and (tmp_path / "checkpoints" / "aux.pt").is_file()
+    batched = {row["ct"] for row in csv.DictReader(open(tmp_path / "cts.csv")) if float(row["predict_batch_mean"]) > 1}
+    assert batched == {"policy", "aux"}, "each CT's requests should batch across the agents"
 
 
 def test_the_dqn_example_learns_from_replay_buffers_in_the_agents(tmp_path):
@@ -77,3 +80,12 @@ def test_the_memory_example_runs_recurrent_ppo_and_learns_at_least_once(tmp_path
     assert final["env_steps"] >= 600 and final["learn_steps"] >= 1
     assert "policy_loss" in (tmp_path / "learn.csv").read_text()
     assert (tmp_path / "checkpoints" / "RL.pt").is_file()
+
+
+def test_the_sarsa_example_learns_a_q_table_and_plays_greedy_evaluation_episodes(tmp_path):
+    run_example("cliffwalking_sarsa.py", "--num-agents", "2", "--max-steps", "1500", "--eval-every", "1", "--device", "cpu",
+                "--progress-interval", "0.5", log_dir=tmp_path)
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["env_steps"] >= 1500 and final["learn_steps"] >= 1
+    assert final["eval_episodes"] >= 1 and final["eval_return_mean"] <= -13  # no path is shorter than 13 steps
+    assert "td_loss" in (tmp_path / "learn.csv").read_text()

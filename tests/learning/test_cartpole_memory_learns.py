@@ -2,36 +2,25 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from runs import REPO, finite, read_csv
+from runs import finite, first_row_reaching, train
+
+pytestmark = [pytest.mark.learning, pytest.mark.slow]
 
 THRESHOLD = 200.0
 BUDGET_STEPS = 150_000
-MEMORY = REPO / "examples" / "cartpole_memory.py"
 
 
 def run_memory_example(model: str, log_dir, *extra: str) -> list[dict[str, float]]:
-    result = subprocess.run(
-        [sys.executable, str(MEMORY), "--model", model, "--num-agents", "8", "--max-steps", str(BUDGET_STEPS),
-         "--log-dir", str(log_dir), "--seed", "0", "--device", "cpu", *extra],
-        capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return read_csv(log_dir / "progress.csv")
+    return train("cartpole_memory.py", log_dir, "--model", model, "--max-steps", str(BUDGET_STEPS), "--seed", "0", *extra)
 
 
-@pytest.mark.slow
 def test_recurrent_ppo_reaches_200_on_cartpole_without_velocities_within_150k_steps(tmp_path, no_leftover_processes):
     rows = run_memory_example("gru", tmp_path, "--stop-return", str(THRESHOLD))
-    reached = [row for row in rows if finite([row["return_mean"]]) and row["return_mean"] >= THRESHOLD]
-    assert reached and reached[0]["env_steps"] < BUDGET_STEPS, f"best {max(finite(r['return_mean'] for r in rows))}"
+    first_row_reaching(rows, "return_mean", THRESHOLD, BUDGET_STEPS)
 
 
-@pytest.mark.slow
 def test_memoryless_ppo_does_not_reach_200_on_cartpole_without_velocities_within_150k_steps(
     tmp_path, no_leftover_processes
 ):

@@ -1,0 +1,53 @@
+"""Train tabular SARSA on CliffWalking-v1: on-policy TD control with epsilon-greedy agents.
+
+    python examples/cliffwalking_sarsa.py --num-agents 8 --max-steps 60000 --eval-every 2 --log-dir runs/sarsa
+
+The Q-network is linear over a one-hot state (48 states x 4 actions: a Q-table).
+Every 8 steps each agent sends its last 8 steps; a target bootstraps from the
+action the agent took next. CliffWalking has no time limit of its own, so the
+env gets one (--time-limit); stepping off the cliff costs -100 and returns to
+the start. Undiscounted by default, as in Sutton & Barto's Example 6.6: the
+shortest path to the goal is 13 steps (return -13).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+
+from flare2.core.envs import make_gym_env
+from flare2.runtime.config import CTConfig
+from flare2.runtime.manager import Manager
+from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
+from flare2.zoo.sarsa import SARSA, SARSAConfig
+
+
+# 1. The Algorithm, built inside the compute process.
+def build_sarsa(env_id: str, config: SARSAConfig) -> SARSA:
+    return SARSA.for_env(make_gym_env(env_id), config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="CliffWalking-v1", help="Gymnasium env id (Discrete observations and actions)")
+    parser.add_argument("--lr", type=float, default=0.1, help="Adam learning rate of the Q-table")
+    parser.add_argument("--gamma", type=float, default=1.0, help="discount factor")
+    parser.add_argument("--epsilon", type=float, default=0.1, help="probability of a random action")
+    parser.add_argument("--time-limit", type=int, default=200, help="steps after which an episode is truncated")
+    parser.add_argument("--sample-interval", type=int, default=8, help="env steps per learn request")
+    add_run_options(parser, max_steps=60_000, log_dir="runs/cliffwalking_sarsa")
+    args = parser.parse_args(argv)
+    config = SARSAConfig(lr=args.lr, gamma=args.gamma, epsilon=args.epsilon)
+    # 2. One CT "RL" with a linear Q-network over the one-hot state.
+    ct = CTConfig(name="RL", build=partial(build_sarsa, args.env, config), batching=batching_from_args(args))
+    # 3. The stock Gymnasium agent with the online helper: SARSA learns from the steps as they are played.
+    agent_kwargs = {"env_id": args.env, "env_kwargs": {"max_episode_steps": args.time_limit}, "ct": "RL",
+                    "sample_interval": args.sample_interval}
+    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    # 4. The manager runs to the budget.
+    return Manager(run).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""SARSA: on-policy TD control with a Q-network and epsilon-greedy acting.
+
+Each learn() call gets B sequences of T consecutive steps from the online
+helper. The target of a step bootstraps from the action the agent actually
+took next, which is the next step of the same sequence:
+
+    target_t = r_t + gamma * Q(s_{t+1}, a_{t+1})
+
+A terminated step has no bootstrap. Where the next action is not in the
+sequence (its last step, or a time-limit truncation), the target uses the
+value of the next observation expected under the epsilon-greedy policy
+(Expected SARSA), which is what SARSA's target is on average. With a linear
+QNetwork over a one-hot observation (``hidden=()``) this is tabular SARSA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch.nn import functional as F
+
+from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.errors import ConfigError
+from flare2.zoo.models import QNetwork
+
+
+@dataclass(frozen=True)
+class SARSAConfig:
+    lr: float = 0.1
+    """Adam learning rate (0.1 suits a linear Q-table; use about 1e-3 for an MLP)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    epsilon: float = 0.1
+    """Probability of a random action; SARSA learns the value of this epsilon-greedy policy."""
+    max_grad_norm: float | None = None
+    """Gradients are clipped to this global norm (None: not clipped)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or not 0 <= self.gamma <= 1 or not 0 <= self.epsilon <= 1:
+            raise ConfigError(f"SARSAConfig needs lr > 0, gamma and epsilon in [0, 1], got {self}")
+
+
+class SARSA(Algorithm):
+    def __init__(self, model: QNetwork, config: SARSAConfig = SARSAConfig()) -> None:
+        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        self.config = config
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+
+    @classmethod
+    def for_env(cls, env: gym.Env, config: SARSAConfig = SARSAConfig(), hidden: tuple[int, ...] = ()) -> SARSA:
+        return cls(QNetwork(env.observation_space, env.action_space, hidden=hidden), config)
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        greedy = self.model(inputs["obs"]).argmax(-1)
+        explore = torch.rand(greedy.shape, device=greedy.device) < self.config.epsilon
+        random_action = torch.randint_like(greedy, self.model.q[-1].out_features)
+        return {"action": torch.where(explore, random_action, greedy)}, {}
+
+    def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        return {"action": self.model(inputs["obs"]).argmax(-1)}, {}
+
+    def expected_value(self, q: torch.Tensor) -> torch.Tensor:
+        """The value of Q-values ``[..., A]`` under the epsilon-greedy policy."""
+        epsilon = self.config.epsilon
+        return (1 - epsilon) * q.max(-1).values + epsilon * q.mean(-1)
+
+    def targets(self, experience: Experience) -> torch.Tensor:
+        """SARSA targets ``[B, T]`` (see the module docstring)."""
+        actions = experience.actions["action"]
+        with torch.no_grad():
+            next_q = self.model(experience.next_inputs["obs"])
+            next_value = self.expected_value(next_q)
+            # Within a sequence and an episode, the next step holds the action taken from next_obs.
+            taken = next_q[:, :-1].gather(-1, actions[:, 1:].unsqueeze(-1)).squeeze(-1)
+            continues = ~experience.episode_ends[:, :-1]
+            next_value[:, :-1] = torch.where(continues, taken, next_value[:, :-1])
+            alive = (~experience.terminated).float()
+            return experience.rewards["reward"] + self.config.gamma * alive * next_value
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        target = self.targets(experience)
+        q = self.model(experience.inputs["obs"]).gather(-1, experience.actions["action"].unsqueeze(-1)).squeeze(-1)
+        loss = F.mse_loss(q, target)
+        self.optimize(loss)
+        return {"td_loss": loss.item(), "q_mean": q.mean().item()}

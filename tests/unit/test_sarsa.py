@@ -1,0 +1,111 @@
+"""SARSA: targets from the next action taken, expected values where it is unknown, tabular learning, acting."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+from flare2.core.algorithm import Experience
+from flare2.errors import ConfigError
+from flare2.zoo.models import QNetwork
+from flare2.zoo.sarsa import SARSA, SARSAConfig
+
+# A Q-table over 3 states and 2 actions: Q[state, action].
+TABLE = torch.tensor([[1.0, 2.0], [3.0, 5.0], [-4.0, 0.0]])
+GAMMA = 0.5
+EPSILON = 0.2
+
+
+class Env:
+    observation_space = gym.spaces.Discrete(3)
+    action_space = gym.spaces.Discrete(2)
+
+
+def tabular_sarsa(**config) -> SARSA:
+    algorithm = SARSA.for_env(Env(), SARSAConfig(**{"gamma": GAMMA, "epsilon": EPSILON, **config}))
+    linear = algorithm.model.q[-1]
+    with torch.no_grad():
+        linear.weight.copy_(TABLE.T)
+        linear.bias.zero_()
+    return algorithm
+
+
+def expected(state: int) -> float:
+    q = TABLE[state]
+    return (1 - EPSILON) * q.max().item() + EPSILON * q.mean().item()
+
+
+def one_sequence(obs, next_obs, actions, rewards, terminated, truncated) -> Experience:
+    return Experience(
+        inputs={"obs": torch.tensor([obs])},
+        next_inputs={"obs": torch.tensor([next_obs])},
+        actions={"action": torch.tensor([actions])},
+        rewards={"reward": torch.tensor([rewards], dtype=torch.float32)},
+        states={},
+        terminated=torch.tensor([terminated]),
+        truncated=torch.tensor([truncated]),
+    )
+
+
+def test_linear_q_network_over_a_one_hot_state_is_a_q_table_plus_a_bias_per_action():
+    assert [name for name, _ in SARSA.for_env(Env()).model.named_parameters()] == ["q.0.weight", "q.0.bias"]
+    torch.testing.assert_close(tabular_sarsa().model(torch.tensor([0, 1, 2])), TABLE)
+
+
+def test_targets_use_the_next_action_taken_and_the_expected_value_where_the_sequence_or_episode_stops():
+    # Steps: 0 -> 1 (next action 1, same episode); 1 -> 2 terminated; 0 -> 2 truncated
+    # (the next step starts a new episode); 2 -> 1, then 1 -> 0 as the sequence's last step.
+    experience = one_sequence(
+        obs=[0, 1, 0, 2, 1], next_obs=[1, 2, 2, 1, 0], actions=[0, 1, 1, 0, 1],
+        rewards=[1.0, 2.0, 3.0, 4.0, 5.0],
+        terminated=[False, True, False, False, False], truncated=[False, False, True, False, False],
+    )
+    targets = tabular_sarsa().targets(experience)
+    hand = [
+        1.0 + GAMMA * TABLE[1, 1].item(),  # next step took action 1 in state 1
+        2.0,  # terminated: no bootstrap
+        3.0 + GAMMA * expected(2),  # truncated: the next step belongs to another episode
+        4.0 + GAMMA * TABLE[1, 1].item(),
+        5.0 + GAMMA * expected(0),  # last step: the next action is not in the sequence
+    ]
+    torch.testing.assert_close(targets, torch.tensor([hand]))
+
+
+def test_learning_moves_the_visited_q_value_towards_its_target_most_and_leaves_the_other_action_of_that_state():
+    algorithm = tabular_sarsa(lr=0.5)
+    experience = one_sequence(obs=[2], next_obs=[2], actions=[0], rewards=[10.0], terminated=[True], truncated=[False])
+    algorithm.learn(experience)
+    change = algorithm.model(torch.tensor([0, 1, 2])).detach() - TABLE
+    assert 0 < change[2, 0] <= 10.0 - TABLE[2, 0]
+    assert change[2, 0] > change[:2, 0].max()  # other states move only through the shared bias
+    torch.testing.assert_close(change[:, 1], torch.zeros(3))
+
+
+def test_sarsa_learns_a_two_step_chain_to_its_discounted_values():
+    # State 0 --a--> state 1 --a--> terminal with reward 1 (both actions alike): Q(1) = 1, Q(0) = gamma.
+    torch.manual_seed(0)
+    algorithm = SARSA.for_env(Env(), SARSAConfig(lr=0.05, gamma=0.9, epsilon=0.0))
+    for _ in range(600):
+        actions = torch.randint(0, 2, (2,)).tolist()
+        algorithm.learn(one_sequence(obs=[0, 1], next_obs=[1, 2], actions=actions, rewards=[0.0, 1.0],
+                                     terminated=[False, True], truncated=[False, False]))
+    q = algorithm.model(torch.tensor([0, 1])).detach()
+    torch.testing.assert_close(q, torch.tensor([[0.9, 0.9], [1.0, 1.0]]), atol=0.05, rtol=0)
+
+
+def test_epsilon_zero_acts_greedily_and_epsilon_one_explores_every_action():
+    states = torch.tensor([0, 1, 2] * 100)
+    greedy, _ = tabular_sarsa(epsilon=0.0).predict({"obs": states}, {})
+    torch.testing.assert_close(greedy["action"], TABLE.argmax(-1)[states])
+    random, _ = tabular_sarsa(epsilon=1.0).predict({"obs": states}, {})
+    assert set(random["action"].tolist()) == {0, 1}
+    best, _ = tabular_sarsa(epsilon=1.0).predict_greedy({"obs": states}, {})
+    torch.testing.assert_close(best["action"], TABLE.argmax(-1)[states])
+
+
+def test_bad_configs_and_spaces_name_the_problem():
+    with pytest.raises(ConfigError, match="epsilon"):
+        SARSAConfig(epsilon=1.5)
+    with pytest.raises(ConfigError, match="Discrete action space"):
+        QNetwork(gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (1,)))

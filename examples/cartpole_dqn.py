@@ -22,13 +22,11 @@ from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
 from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
 from flare2.zoo.dqn import DQN, DQNConfig
-from flare2.zoo.models import QNetwork
 
 
 # 1. The Algorithm, built inside the compute process.
 def build_dqn(env_id: str, config: DQNConfig, hidden: tuple[int, ...]) -> DQN:
-    env = make_gym_env(env_id)
-    return DQN(QNetwork(env.observation_space, env.action_space, hidden=hidden), config)
+    return DQN.for_env(make_gym_env(env_id), config, hidden)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,10 +53,10 @@ class SARSA(Algorithm):
         return cls(QNetwork(env.observation_space, env.action_space, hidden=hidden), config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        greedy = self.model(inputs["obs"]).argmax(-1)
-        explore = torch.rand(greedy.shape, device=greedy.device) < self.config.epsilon
-        random_action = torch.randint_like(greedy, self.model.q[-1].out_features)
-        return {"action": torch.where(explore, random_action, greedy)}, {}
+        q = self.model(inputs["obs"])
+        greedy = q.argmax(-1)
+        explore = torch.rand(greedy.shape, device=q.device) < self.config.epsilon
+        return {"action": torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy)}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         return {"action": self.model(inputs["obs"]).argmax(-1)}, {}

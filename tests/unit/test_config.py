@@ -57,3 +57,9 @@ def test_a_bad_option_value_is_a_usage_error_that_names_it(capsys):
     with pytest.raises(SystemExit):
         run_config_from_args(parser, args, cts=[CTConfig("RL", build)], agent_path="flare2.core.envs:GymAgent")
     assert "num_agents must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_stopping_on_the_evaluation_return_needs_evaluation_episodes():
+    with pytest.raises(ConfigError, match=r"stop_eval_return needs evaluation episodes.*--eval-every"):
+        run_config(stop_eval_return=475.0)
+    assert run_config(stop_eval_return=475.0, eval_every=2).stop_eval_return == 475.0

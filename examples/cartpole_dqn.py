@@ -1,14 +1,15 @@
 """Train DQN on CartPole-v1: replay buffers in the agent processes, one batched Q-network.
 
-    python examples/cartpole_dqn.py --num-agents 8 --max-steps 100000 --eval-every 2 --log-dir runs/dqn
+    python examples/cartpole_dqn.py --num-agents 8 --max-steps 100000 --eval-every 1 --log-dir runs/dqn
 
 Each agent keeps its own replay buffer (an eighth of 100k steps) and, after a
 warm-up, sends 64 sampled transitions every 2 steps; the requests of one
 round make one learn() call, which takes a gradient step per 64 of them.
-A 64-64 ReLU network, Adam, epsilon from 1 to 0.04 over the first 8000 steps,
-double-Q targets, and a target network that follows the Q-network by Polyak
-averaging (tau 0.005 per gradient step). Judge it by greedy evaluation
-episodes (--eval-every): the training return includes the random actions.
+A 64-64 ReLU network, Adam with its learning rate falling linearly to 0 at
+--max-steps, epsilon from 1 to 0.04 over the first 8000 steps, double-Q
+targets, and a target network that follows the Q-network by Polyak averaging
+(tau 0.005 per gradient step). Judge it by greedy evaluation episodes
+(--eval-every): the training return includes the random actions.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def build_dqn(env_id: str, config: DQNConfig, hidden: tuple[int, ...]) -> DQN:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box observations, Discrete actions)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, annealed linearly to 0 at --max-steps")
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="sizes of the hidden layers")
     parser.add_argument("--buffer", type=int, default=100_000, help="replay capacity over all agents (each keeps its share)")
     parser.add_argument("--warmup", type=int, default=1_000, help="steps stored over all agents before learning starts")
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_dqn")
     args = parser.parse_args(argv)
     # 2. One CT "RL" with a Q-network; learn() gets the replayed transitions of every agent.
-    ct = CTConfig(name="RL", build=partial(build_dqn, args.env, DQNConfig(lr=args.lr), tuple(args.hidden)), batching=batching_from_args(args))
+    config = DQNConfig(lr=args.lr, anneal_steps=args.max_steps)
+    ct = CTConfig(name="RL", build=partial(build_dqn, args.env, config, tuple(args.hidden)), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent with a replay buffer in place of the online helper.
     agents = max(args.num_agents, 1)
     replay = {

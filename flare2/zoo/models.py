@@ -132,7 +132,7 @@ class QNetwork(Model):
     states share, which learns the common offset of the values quickly.
     """
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: Sequence[int] = (256, 256)) -> None:
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: Sequence[int] = (64, 64)) -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"QNetwork needs a Discrete action space, got {action_space}: use TD3 for Box actions")

@@ -29,7 +29,7 @@ from flare2.zoo.models import QNetwork
 @dataclass(frozen=True)
 class SARSAConfig:
     lr: float = 0.1
-    """Adam learning rate (0.1 suits a linear Q-table; use about 1e-3 for an MLP)."""
+    """Adam learning rate (0.1 suits a linear Q-table; a hidden layer needs a much smaller one)."""
     gamma: float = 0.99
     """Discount factor."""
     epsilon: float = 0.1

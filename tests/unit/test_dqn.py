@@ -1,0 +1,92 @@
+"""DQN: epsilon and learning-rate schedules, Polyak target updates, and no bootstrap after a termination."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from flare2.core.algorithm import Experience
+from flare2.errors import ConfigError
+from flare2.zoo.dqn import DQN, DQNConfig
+
+
+class Env:
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+
+def dqn(**config) -> DQN:
+    torch.manual_seed(0)
+    return DQN.for_env(Env(), DQNConfig(**{"minibatch_size": 4, **config}), hidden=(8,))
+
+
+def transitions(count: int, *, obs, next_obs, action: int, reward: float, terminated: bool) -> Experience:
+    return Experience(
+        inputs={"obs": torch.tensor([[obs]] * count, dtype=torch.float32)},
+        next_inputs={"obs": torch.tensor([[next_obs]] * count, dtype=torch.float32)},
+        actions={"action": torch.full((count, 1), action)},
+        rewards={"reward": torch.full((count, 1), reward)},
+        states={},
+        terminated=torch.full((count, 1), terminated),
+        truncated=torch.zeros(count, 1, dtype=torch.bool),
+    )
+
+
+def q_value(algorithm: DQN, obs, action: int) -> float:
+    return algorithm.model(torch.tensor([obs], dtype=torch.float32))[0, action].item()
+
+
+def test_epsilon_falls_linearly_over_the_exploration_steps_and_greedy_prediction_does_not_count():
+    algorithm = dqn(epsilon_start=1.0, epsilon_end=0.2, exploration_steps=100)
+    algorithm.predict({"obs": torch.zeros(50, 2)}, {})
+    assert algorithm.epsilon == pytest.approx(0.6)
+    algorithm.predict_greedy({"obs": torch.zeros(50, 2)}, {})
+    assert algorithm.epsilon == pytest.approx(0.6)
+    algorithm.predict({"obs": torch.zeros(80, 2)}, {})
+    assert algorithm.epsilon == pytest.approx(0.2)
+
+
+def test_greedy_prediction_is_the_arg_max_q_value():
+    algorithm = dqn()
+    obs = torch.randn(16, 2)
+    actions, _ = algorithm.predict_greedy({"obs": obs}, {})
+    torch.testing.assert_close(actions["action"], algorithm.model(obs).argmax(-1))
+
+
+def test_the_target_network_moves_a_tau_fraction_towards_the_q_network_at_each_refresh():
+    algorithm = dqn(target_tau=0.25)
+    before = [p.detach().clone() for p in algorithm.target.parameters()]
+    algorithm.learn(transitions(4, obs=[0.1, 0.2], next_obs=[0.3, 0.4], action=1, reward=1.0, terminated=False))
+    for target, old, online in zip(algorithm.target.parameters(), before, algorithm.model.parameters()):
+        torch.testing.assert_close(target, old + 0.25 * (online - old))
+
+
+def test_a_terminated_transition_learns_its_reward_and_nothing_from_the_next_observation():
+    algorithm = dqn(lr=1e-2, gamma=0.9)
+    # The next observation's value is made large first; a termination must ignore it.
+    for _ in range(300):
+        algorithm.learn(transitions(4, obs=[0.9, 0.9], next_obs=[0.9, 0.9], action=0, reward=5.0, terminated=True))
+        algorithm.learn(transitions(4, obs=[0.9, 0.9], next_obs=[0.9, 0.9], action=1, reward=5.0, terminated=True))
+        algorithm.learn(transitions(4, obs=[-0.5, 0.5], next_obs=[0.9, 0.9], action=0, reward=1.0, terminated=True))
+    assert q_value(algorithm, [-0.5, 0.5], 0) == pytest.approx(1.0, abs=0.1)
+    assert q_value(algorithm, [0.9, 0.9], 0) == pytest.approx(5.0, abs=0.2)
+
+
+def test_the_learning_rate_falls_linearly_to_zero_over_the_anneal_steps():
+    algorithm = dqn(lr=1e-3, anneal_steps=100)
+    step = transitions(4, obs=[0.0, 0.0], next_obs=[0.0, 0.0], action=0, reward=0.0, terminated=False)
+    algorithm.predict({"obs": torch.zeros(25, 2)}, {})
+    algorithm.learn(step)
+    assert algorithm.optimizer.param_groups[0]["lr"] == pytest.approx(7.5e-4)
+    algorithm.predict({"obs": torch.zeros(100, 2)}, {})
+    algorithm.learn(step)
+    assert algorithm.optimizer.param_groups[0]["lr"] == 0.0
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ConfigError, match="target_tau"):
+        DQNConfig(target_tau=0.0)
+    with pytest.raises(ConfigError, match="epsilon_end"):
+        DQNConfig(epsilon_start=0.1, epsilon_end=0.5)

@@ -3,9 +3,10 @@
     python examples/cartpole_dqn.py --num-agents 8 --max-steps 100000 --eval-every 1 --log-dir runs/dqn
 
 Each agent keeps its own replay buffer (an eighth of 100k steps) and, after a
-warm-up, sends 64 sampled transitions every 2 steps; the requests of one
-round make one learn() call, which takes a gradient step per 64 of them.
-A 64-64 ReLU network, Adam with its learning rate falling linearly to 0 at
+warm-up, sends 64 sampled sequences of 3 steps every 2 steps; the requests of
+one round make one learn() call, which takes a gradient step per 64 of them.
+Each sequence's first step learns from its 3-step return (--n-step; 1 gives
+the one-step target of the original DQN). A 64-64 ReLU network, Adam with its learning rate falling linearly to 0 at
 --max-steps, epsilon from 1 to 0.04 over the first 8000 steps, double-Q
 targets, and a target network that follows the Q-network by Polyak averaging
 (tau 0.005 per gradient step). Judge it by greedy evaluation episodes
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buffer", type=int, default=100_000, help="replay capacity over all agents (each keeps its share)")
     parser.add_argument("--warmup", type=int, default=1_000, help="steps stored over all agents before learning starts")
     parser.add_argument("--sample-interval", type=int, default=2, help="env steps per agent between learn requests")
-    parser.add_argument("--batch-size", type=int, default=64, help="transitions per learn request")
+    parser.add_argument("--batch-size", type=int, default=64, help="sampled sequences per learn request")
+    parser.add_argument("--n-step", type=int, default=3, help="steps of the return each target is made of")
     add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_dqn")
     args = parser.parse_args(argv)
     # 2. One CT "RL" with a Q-network; learn() gets the replayed transitions of every agent.
@@ -47,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     # 3. The stock Gymnasium agent with a replay buffer in place of the online helper.
     agents = max(args.num_agents, 1)
     replay = {
-        "capacity": max(args.buffer // agents, args.batch_size), "warmup": max(args.warmup // agents, 1),
-        "sample_interval": args.sample_interval, "batch_size": args.batch_size,
+        "capacity": max(args.buffer // agents, args.batch_size), "warmup": max(args.warmup // agents, args.n_step),
+        "sample_interval": args.sample_interval, "batch_size": args.batch_size, "sequence_length": args.n_step,
     }
     agent_kwargs = {"env_id": args.env, "ct": "RL", "replay": replay}
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)

@@ -1,9 +1,13 @@
 """DQN: a Q-network, a slowly averaged target network, epsilon-greedy acting, optional double-Q targets.
 
 Experiences come from the agents' replay buffers (``ExpReplayHelper``): each
-learn() call gets N sampled sequences (usually of length 1) and takes one
-gradient step per ``minibatch_size`` of them. A terminated step has no
-bootstrap; a time-limit truncation bootstraps from the final observation.
+learn() call gets N sampled sequences of T steps and takes one gradient step
+per ``minibatch_size`` of them. The first step of each sequence is learned,
+with the T-step return as its target (T = 1: the usual one-step target); the
+return stops at an episode end. A terminated step has no bootstrap; a
+time-limit truncation bootstraps from the final observation. Longer returns
+carry the reward back faster but, off-policy, are biased towards the acting
+policy's values.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch.nn import functional as F
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.errors import ConfigError
 from flare2.zoo.models import QNetwork
+from flare2.zoo.returns import n_step_returns
 
 
 @dataclass(frozen=True)
@@ -86,31 +91,36 @@ class DQN(Algorithm):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config = self.config
-        obs = experience.inputs["obs"].flatten(0, 1)
-        next_obs = experience.next_inputs["obs"].flatten(0, 1)
-        actions = experience.actions["action"].flatten(0, 1)
-        rewards = experience.rewards["reward"].flatten(0, 1)
-        alive = (~experience.terminated.flatten(0, 1)).float()
+        # The first step of each sampled sequence is learned; the steps after it (up to an episode end)
+        # make its n-step return. Sequences of one step give the usual one-step target.
+        obs = experience.inputs["obs"][:, 0]
+        actions = experience.actions["action"][:, 0]
         if config.anneal_steps:
             for group in self.optimizer.param_groups:
                 group["lr"] = config.lr * max(0.0, 1.0 - self.predicted / config.anneal_steps)
         losses = []
         for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
-            with torch.no_grad():
-                next_q = self.target(next_obs[index])
-                if config.double_q:
-                    next_value = next_q.gather(-1, self.model(next_obs[index]).argmax(-1, keepdim=True)).squeeze(-1)
-                else:
-                    next_value = next_q.max(-1).values
-                target = rewards[index] + config.gamma * alive[index] * next_value
             q = self.model(obs[index]).gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
-            loss = F.smooth_l1_loss(q, target)
+            loss = F.smooth_l1_loss(q, self.targets(experience, index))
             self.optimize(loss)
             losses.append(loss.item())
             self.gradient_steps += 1
             if self.gradient_steps % config.target_update_every == 0:
                 self._refresh_target()
         return {"td_loss": sum(losses) / len(losses), "epsilon": self.epsilon}
+
+    @torch.no_grad()
+    def targets(self, experience: Experience, index: torch.Tensor) -> torch.Tensor:
+        """The n-step targets of the first steps of the sequences at ``index``."""
+        next_obs = experience.next_inputs["obs"][index]
+        next_q = self.target(next_obs)
+        if self.config.double_q:
+            next_value = next_q.gather(-1, self.model(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
+        else:
+            next_value = next_q.max(-1).values
+        returns = n_step_returns(experience.rewards["reward"][index], next_value, experience.terminated[index],
+                                 experience.truncated[index], self.config.gamma)
+        return returns[:, 0]
 
     @torch.no_grad()
     def _refresh_target(self) -> None:

@@ -31,7 +31,6 @@ def n_step_returns(
     return returns
 
 
-
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,

@@ -90,3 +90,34 @@ def test_bad_settings_name_the_field():
         DQNConfig(target_tau=0.0)
     with pytest.raises(ConfigError, match="epsilon_end"):
         DQNConfig(epsilon_start=0.1, epsilon_end=0.5)
+
+
+def test_sequences_give_n_step_targets_that_stop_at_an_episode_end():
+    algorithm = dqn(gamma=0.5, double_q=False)
+    obs = torch.tensor([[[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]] * 3)
+    next_obs = torch.tensor([[[0.2, 0.2], [0.3, 0.3], [0.4, 0.4]]] * 3)
+    experience = Experience(
+        inputs={"obs": obs}, next_inputs={"obs": next_obs},
+        actions={"action": torch.zeros(3, 3, dtype=torch.int64)},
+        rewards={"reward": torch.tensor([[1.0, 2.0, 4.0]] * 3)}, states={},
+        # Row 0 runs on; row 1 terminates after its second step; row 2 is truncated there.
+        terminated=torch.tensor([[False, False, False], [False, True, False], [False, False, False]]),
+        truncated=torch.tensor([[False, False, False], [False, False, False], [False, True, False]]),
+    )
+    value = algorithm.target(next_obs[0]).max(-1).values.tolist()  # the value after each step of a row
+    targets = algorithm.targets(experience, torch.arange(3))
+    expected = torch.tensor([
+        1.0 + 0.5 * 2.0 + 0.25 * 4.0 + 0.125 * value[2],
+        1.0 + 0.5 * 2.0,
+        1.0 + 0.5 * 2.0 + 0.25 * value[1],
+    ])
+    torch.testing.assert_close(targets, expected)
+
+
+def test_one_step_sequences_give_the_double_q_target():
+    algorithm = dqn(gamma=0.9)
+    experience = transitions(2, obs=[0.1, 0.2], next_obs=[0.5, -0.5], action=1, reward=1.0, terminated=False)
+    next_obs = torch.tensor([[0.5, -0.5]])
+    chosen = algorithm.model(next_obs).argmax(-1)
+    expected = 1.0 + 0.9 * algorithm.target(next_obs)[0, chosen].item()
+    torch.testing.assert_close(algorithm.targets(experience, torch.arange(2)), torch.full((2,), expected))

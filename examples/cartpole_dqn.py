@@ -6,11 +6,12 @@ Each agent keeps its own replay buffer (an eighth of 100k steps) and, after a
 warm-up, sends 64 sampled sequences of 3 steps every 2 steps; the requests of
 one round make one learn() call, which takes a gradient step per 64 of them.
 Each sequence's first step learns from its 3-step return (--n-step; 1 gives
-the one-step target of the original DQN). A 64-64 ReLU network, Adam with its learning rate falling linearly to 0 at
---max-steps, epsilon from 1 to 0.04 over the first 8000 steps, double-Q
-targets, and a target network that follows the Q-network by Polyak averaging
-(tau 0.005 per gradient step). Judge it by greedy evaluation episodes
-(--eval-every): the training return includes the random actions.
+the one-step target of the original DQN). A 64-64 ReLU network, Adam with its
+learning rate falling linearly to 0 at --max-steps, epsilon from 1 to 0.04
+over the first 8000 steps, double-Q targets, and a target network that
+follows the Q-network by Polyak averaging (tau 0.005 per gradient step).
+Judge it by greedy evaluation episodes (--eval-every): the training return
+includes the random actions.
 """
 
 from __future__ import annotations

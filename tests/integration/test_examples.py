@@ -51,7 +51,8 @@ def test_the_multi_ct_example_feeds_both_cts_from_every_agent(tmp_path):
     assert "policy/loss" in result.stderr and "aux/bce" in result.stderr
     assert "imports torch" not in result.stderr
     assert (tmp_path / "checkpoints" / "policy.pt").is_file() and (tmp_path / "checkpoints" / "aux.pt").is_file()
-    batched = {row["ct"] for row in csv.DictReader(open(tmp_path / "cts.csv")) if float(row["predict_batch_mean"]) > 1}
+    cts = csv.DictReader((tmp_path / "cts.csv").read_text().splitlines())
+    batched = {row["ct"] for row in cts if float(row["predict_batch_mean"]) > 1}
     assert batched == {"policy", "aux"}, "each CT's requests should batch across the agents"
 
 

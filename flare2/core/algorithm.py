@@ -93,6 +93,12 @@ class Algorithm:
         self.optimizer.step()
         return float(grad_norm)
 
+    def anneal_lr(self, start_lr: float, done: int, total: int | None) -> None:
+        """Set the learning rate to ``start_lr`` falling linearly to 0 as ``done`` reaches ``total`` (None: constant)."""
+        if total:
+            for group in self.optimizer.param_groups:
+                group["lr"] = start_lr * max(0.0, 1.0 - done / total)
+
     def state_dict(self) -> dict:
         """What a checkpoint holds; extend it for extra networks such as target networks."""
         state = {"model": self.model.state_dict()}

@@ -283,11 +283,13 @@ class ComputationDataProcessor:
 
     def _serve_predict(self, batch: list[_Request], now: float) -> None:
         # Evaluation requests ask for the greedy action: they ride in the same batch (so no agent waits
-        # longer) but take their own forward pass.
-        for greedy in (False, True):
-            part = [request for request in batch if request.payload.get("greedy", False) is greedy]
-            if part:
-                self._predict_part(part, greedy=greedy)
+        # longer) but take their own forward pass. check_predict made "greedy" a bool where present.
+        evaluation = [request for request in batch if request.payload.get("greedy", False)]
+        training = [request for request in batch if not request.payload.get("greedy", False)] if evaluation else batch
+        if training:
+            self._predict_part(training, greedy=False)
+        if evaluation:
+            self._predict_part(evaluation, greedy=True)
         stats = self.stats
         stats.predict_batches += 1
         stats.predict_rows += sum(request.size for request in batch)

@@ -95,9 +95,7 @@ class DQN(Algorithm):
         # make its n-step return. Sequences of one step give the usual one-step target.
         obs = experience.inputs["obs"][:, 0]
         actions = experience.actions["action"][:, 0]
-        if config.anneal_steps:
-            for group in self.optimizer.param_groups:
-                group["lr"] = config.lr * max(0.0, 1.0 - self.predicted / config.anneal_steps)
+        self.anneal_lr(config.lr, self.predicted, config.anneal_steps)
         losses = []
         for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
             q = self.model(obs[index]).gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)

@@ -10,7 +10,6 @@ learn() call came in between.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import gymnasium as gym
 import torch
@@ -24,7 +23,9 @@ from flare2.zoo.returns import gae
 
 
 @dataclass(frozen=True)
-class PPOConfig:
+class ClippedObjectiveConfig:
+    """The settings PPO and recurrent PPO share: the clipped objective, GAE and the learning-rate schedule."""
+
     lr: float = 1e-3
     """Adam learning rate at the start."""
     anneal_steps: int | None = 100_000
@@ -37,8 +38,6 @@ class PPOConfig:
     """Clip range of the probability ratio."""
     epochs: int = 20
     """Passes over each learn() batch."""
-    minibatch_size: int = 256
-    """Steps per gradient step (the batch is B*T steps)."""
     value_coef: float = 0.5
     """Weight of the value loss."""
     entropy_coef: float = 0.0
@@ -47,22 +46,30 @@ class PPOConfig:
     """Gradients are clipped to this global norm."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.clip <= 0 or self.epochs < 1 or self.minibatch_size < 1:
-            raise ConfigError(f"PPOConfig needs lr > 0, clip > 0, epochs >= 1 and minibatch_size >= 1, got {self}")
+        name = type(self).__name__
+        if self.lr <= 0 or self.clip <= 0 or self.epochs < 1:
+            raise ConfigError(f"{name} needs lr > 0, clip > 0 and epochs >= 1, got {self}")
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ConfigError(f"PPOConfig.gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+            raise ConfigError(f"{name}.gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
+        if self.anneal_steps is not None and self.anneal_steps < 1:
+            raise ConfigError(f"{name}.anneal_steps must be >= 1 or None, got {self.anneal_steps}")
+        if self.value_coef < 0 or self.entropy_coef < 0 or self.max_grad_norm <= 0:
+            raise ConfigError(f"{name} needs value_coef >= 0, entropy_coef >= 0 and max_grad_norm > 0, got {self}")
 
 
-class LossWeights(Protocol):
-    """What ``clipped_loss`` reads of a config (PPOConfig and RecurrentPPOConfig have it)."""
+@dataclass(frozen=True)
+class PPOConfig(ClippedObjectiveConfig):
+    minibatch_size: int = 256
+    """Steps per gradient step (the batch is B*T steps)."""
 
-    clip: float
-    value_coef: float
-    entropy_coef: float
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.minibatch_size < 1:
+            raise ConfigError(f"PPOConfig.minibatch_size must be >= 1, got {self.minibatch_size}")
 
 
 def clipped_loss(
-    config: LossWeights,
+    config: ClippedObjectiveConfig,
     totals: dict[str, float],
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -128,9 +135,7 @@ class PPO(Algorithm):
             )
         samples = advantages.numel()
         self.steps_seen += samples
-        if config.anneal_steps:
-            for group in self.optimizer.param_groups:
-                group["lr"] = config.lr * max(0.0, 1.0 - self.steps_seen / config.anneal_steps)
+        self.anneal_lr(config.lr, self.steps_seen, config.anneal_steps)
 
         flat_obs = obs.reshape(samples, *obs.shape[2:])
         flat_actions = experience.actions["action"].reshape(samples, *experience.actions["action"].shape[2:])

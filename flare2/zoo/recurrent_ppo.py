@@ -20,49 +20,24 @@ import torch
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.errors import ConfigError
-from flare2.zoo.ppo import clipped_loss
+from flare2.zoo.ppo import ClippedObjectiveConfig, clipped_loss
 from flare2.zoo.recurrent import GRUActorCritic
 from flare2.zoo.returns import gae
 
 
 @dataclass(frozen=True)
-class RecurrentPPOConfig:
-    lr: float = 1e-3
-    """Adam learning rate at the start."""
+class RecurrentPPOConfig(ClippedObjectiveConfig):
     anneal_steps: int | None = 150_000
     """The learning rate falls linearly to 0 over this many env steps (None: constant)."""
-    gamma: float = 0.98
-    """Discount factor."""
-    gae_lambda: float = 0.8
-    """GAE trace decay."""
-    clip: float = 0.2
-    """Clip range of the probability ratio."""
     epochs: int = 10
     """Passes over each learn() batch."""
     minibatch_sequences: int = 8
     """Whole sequences per gradient step (a learn() batch holds B of them)."""
-    value_coef: float = 0.5
-    """Weight of the value loss."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    max_grad_norm: float = 0.5
-    """Gradients are clipped to this global norm."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.clip <= 0 or self.epochs < 1 or self.minibatch_sequences < 1:
-            raise ConfigError(
-                f"RecurrentPPOConfig needs lr > 0, clip > 0, epochs >= 1 and minibatch_sequences >= 1, got {self}"
-            )
-        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ConfigError(
-                f"RecurrentPPOConfig.gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}"
-            )
-        if self.anneal_steps is not None and self.anneal_steps < 1:
-            raise ConfigError(f"RecurrentPPOConfig.anneal_steps must be >= 1 or None, got {self.anneal_steps}")
-        if self.value_coef < 0 or self.entropy_coef < 0 or self.max_grad_norm <= 0:
-            raise ConfigError(
-                f"RecurrentPPOConfig needs value_coef >= 0, entropy_coef >= 0 and max_grad_norm > 0, got {self}"
-            )
+        super().__post_init__()
+        if self.minibatch_sequences < 1:
+            raise ConfigError(f"RecurrentPPOConfig.minibatch_sequences must be >= 1, got {self.minibatch_sequences}")
 
 
 class RecurrentPPO(Algorithm):
@@ -107,9 +82,7 @@ class RecurrentPPO(Algorithm):
             )
         self.steps_seen += advantages.numel()
         self.learn_calls += 1
-        if config.anneal_steps:
-            for group in self.optimizer.param_groups:
-                group["lr"] = config.lr * max(0.0, 1.0 - self.steps_seen / config.anneal_steps)
+        self.anneal_lr(config.lr, self.steps_seen, config.anneal_steps)
 
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0

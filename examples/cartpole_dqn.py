@@ -6,12 +6,14 @@ Each agent keeps its own replay buffer (an eighth of 100k steps) and, after a
 warm-up, sends 64 sampled sequences of 3 steps every 2 steps; the requests of
 one round make one learn() call, which takes a gradient step per 64 of them.
 Each sequence's first step learns from its 3-step return (--n-step; 1 gives
-the one-step target of the original DQN). A 64-64 ReLU network, Adam with its
+the one-step target of the original DQN). A 128-128 ReLU network, Adam with its
 learning rate falling linearly to 0 at --max-steps, epsilon from 1 to 0.04
 over the first 8000 steps, double-Q targets, and a target network that
 follows the Q-network by Polyak averaging (tau 0.005 per gradient step).
 Judge it by greedy evaluation episodes (--eval-every): the training return
-includes the random actions.
+includes the random actions. With 64-64 layers one seed in three settled on a
+policy that balances the pole but lets the cart drift off the track after
+about 270 steps; 128-128 passed 475 on all three.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box observations, Discrete actions)")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, annealed linearly to 0 at --max-steps")
-    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64], help="sizes of the hidden layers")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 128], help="sizes of the hidden layers")
     parser.add_argument("--buffer", type=int, default=100_000, help="replay capacity over all agents (each keeps its share)")
     parser.add_argument("--warmup", type=int, default=1_000, help="steps stored over all agents before learning starts")
     parser.add_argument("--sample-interval", type=int, default=2, help="env steps per agent between learn requests")

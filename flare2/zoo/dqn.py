@@ -70,7 +70,7 @@ class DQN(Algorithm):
         self.gradient_steps = 0
 
     @classmethod
-    def for_env(cls, env: gym.Env, config: DQNConfig = DQNConfig(), hidden: tuple[int, ...] = (64, 64)) -> DQN:
+    def for_env(cls, env: gym.Env, config: DQNConfig = DQNConfig(), hidden: tuple[int, ...] = (128, 128)) -> DQN:
         return cls(QNetwork(env.observation_space, env.action_space, hidden=hidden), config)
 
     @property

@@ -6,7 +6,8 @@ CT has a request in it, or (3) its oldest request has waited ``max_wait``.
 Rule 2 is what makes batching nearly free when agents are in step; rule 3
 bounds what a dead or slow agent can cost the others. Learn requests are
 batched by the same rule with their own limits, among requests of the same
-sequence length.
+sequence length; rule 2 leaves out agents playing an evaluation episode (their
+last prediction was greedy), since they send nothing to learn from.
 
 Requests are validated against the CT's specs before they join a batch; a bad
 one gets an ERROR reply naming the key, what was expected and what arrived.
@@ -81,12 +82,12 @@ class _BatchQueue:
     def deadline(self) -> float | None:
         return self.requests[0].arrived + self.max_wait_s if self.requests else None
 
-    def ready(self, now: float, live: frozenset[str]) -> bool:
+    def ready(self, now: float, waiting_for: frozenset[str]) -> bool:
         if not self.requests:
             return False
         if len(self.requests) >= self.max_batch or now >= self.requests[0].arrived + self.max_wait_s:
             return True
-        return bool(live) and live.issubset(request.agent_id for request in self.requests)
+        return bool(waiting_for) and waiting_for.issubset(request.agent_id for request in self.requests)
 
     def take(self) -> list[_Request]:
         batch, self.requests = self.requests[: self.max_batch], self.requests[self.max_batch :]
@@ -155,6 +156,7 @@ class ComputationDataProcessor:
         self.config = config
         self.max_bytes = max_bytes
         self._live: frozenset[str] = frozenset()
+        self._evaluating: set[str] = set()
         self.stats = CDPStats(learn_calls=ct.learn_calls)
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
@@ -177,6 +179,7 @@ class ComputationDataProcessor:
         if gone:
             for queue in (self._predict_queue, *self._learn_queues.values()):
                 self.stats.discarded += queue.discard(gone)
+        self._evaluating -= gone
         self._live = agents
 
     def close(self) -> None:
@@ -255,6 +258,10 @@ class ComputationDataProcessor:
             self.stats.learn_requests += 1
         else:
             self.stats.predict_requests += 1
+            if message.payload.get("greedy", False) and message.agent_id in self._live:
+                self._evaluating.add(message.agent_id)
+            else:
+                self._evaluating.discard(message.agent_id)
         queue.add(_Request(identity, message.agent_id, message.seq, message.payload, now, size))
 
     # ---- serving ---------------------------------------------------------------------
@@ -268,8 +275,9 @@ class ComputationDataProcessor:
         """Flush every batch that the batching rule says is ready."""
         while self._predict_queue.ready(now, self.live):
             self._serve_predict(self._predict_queue.take(), now)
+        learners = self.live - self._evaluating
         for steps, queue in list(self._learn_queues.items()):
-            while queue.ready(now, self.live):
+            while queue.ready(now, learners):
                 self._serve_learn(queue.take())
             if not queue.requests:
                 del self._learn_queues[steps]

@@ -41,6 +41,8 @@ class DoublerAlgorithm(Algorithm):
     def predict(self, inputs, states):
         return {"y": inputs["x"] * self.model.scale}, {}
 
+    predict_greedy = predict
+
     def learn(self, experience):
         batch, steps = experience.inputs["x"].shape[:2]
         return {"batch": batch, "steps": steps}
@@ -68,9 +70,9 @@ class Agents:
         self.replies: dict[str, Message] = {}
         self._seq = 0
 
-    def send_predict(self, name: str, x: np.ndarray, *, header_id: str | None = None) -> None:
+    def send_predict(self, name: str, x: np.ndarray, *, header_id: str | None = None, greedy: bool = False) -> None:
         self._seq += 1
-        payload = {"inputs": {"x": x}, "states": {}}
+        payload = {"inputs": {"x": x}, "states": {}, **({"greedy": True} if greedy else {})}
         self.predict[name].send_multipart(pack(Message(PREDICT, payload, header_id or name, self._seq, "RL")))
 
     def send_learn(self, name: str, steps: int, sequences: int = 1) -> None:
@@ -191,6 +193,31 @@ def test_a_request_whose_header_names_another_agent_is_rejected(ctx):
     assert agents.serve(agents.have_replies("a"), timeout_s=10)
     assert agents.replies["a"].kind == ERROR
     assert "identity" in agents.replies["a"].payload["reason"]
+
+
+def test_a_learn_batch_does_not_wait_for_an_agent_playing_an_evaluation_episode(ctx):
+    cdp = make_cdp(ctx, max_wait_ms=60_000, learn_max_batch=64, learn_max_wait_ms=60_000)
+    cdp.live = frozenset({"a", "b", "c"})
+    agents = Agents(ctx, cdp, ["a", "b", "c"])
+    for name in ("a", "b"):
+        agents.send_predict(name, np.ones((1, 2), np.float32))
+    agents.send_predict("c", np.ones((1, 2), np.float32), greedy=True)
+    assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
+
+    for name in ("a", "b"):
+        agents.send_learn(name, steps=5)
+    assert agents.serve(lambda: cdp.stats.learn_calls == 1, timeout_s=10)
+
+    # Back in a training episode, "c" is waited for again.
+    agents.replies.clear()
+    for name in ("a", "b", "c"):
+        agents.send_predict(name, np.ones((1, 2), np.float32))
+    assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
+    for name in ("a", "b"):
+        agents.send_learn(name, steps=5)
+    assert not agents.serve(lambda: cdp.stats.learn_calls == 2, timeout_s=0.3)
+    agents.send_learn("c", steps=5)
+    assert agents.serve(lambda: cdp.stats.learn_calls == 2, timeout_s=10)
 
 
 def test_learn_requests_of_all_live_agents_become_one_learn_call(ctx):

@@ -1,0 +1,88 @@
+"""The log readers under tools/: on small hand-written logs, the figures the README quotes come out right."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+
+
+def load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def progress(run: Path, rows: list[tuple[float, int, str, str]]) -> Path:
+    """A progress.csv with the columns the tools read: wall_time, env_steps, return_mean, eval_return_mean."""
+    return write_csv(run / "progress.csv", ["wall_time", "env_steps", "return_mean", "eval_return_mean"], rows)
+
+
+def test_steps_to_threshold_finds_the_first_row_at_or_past_the_threshold_and_skips_nan(tmp_path):
+    tool = load_tool("steps_to_threshold")
+    path = progress(tmp_path / "run", [(5.0, 0, "nan", "nan"), (10.0, 1000, "300", "474.9"),
+                                       (15.0, 2000, "475", "480"), (20.0, 3000, "500", "nan")])
+    assert tool.first_crossing(path, 475) == {"wall_time": 15.0, "env_steps": 2000.0, "return_mean": 475.0}
+    assert tool.first_crossing(path, 476, "eval_return_mean")["env_steps"] == 2000
+    assert tool.first_crossing(path, 501) is None
+
+
+def test_steps_to_threshold_exits_1_when_a_run_missed_or_has_no_log(tmp_path, capsys):
+    tool = load_tool("steps_to_threshold")
+    progress(tmp_path / "hit", [(5.0, 100, "480", "nan")])
+    progress(tmp_path / "miss", [(5.0, 100, "20", "nan")])
+    assert tool.main([str(tmp_path / "hit"), "--threshold", "475"]) == 0
+    assert tool.main([str(tmp_path / "hit"), str(tmp_path / "miss"), "--threshold", "475"]) == 1
+    assert tool.main([str(tmp_path / "nowhere")]) == 1
+    out, err = capsys.readouterr()
+    assert "480.0 at 100 env steps, 5.0 s" in out and "never reached return_mean 475.0" in out
+    assert "no progress.csv" in err
+
+
+def test_compare_curves_shows_the_last_value_at_or_before_each_mark(tmp_path):
+    tool = load_tool("compare_curves")
+    curve = tool.read_curve(progress(tmp_path / "a", [(1.0, 500, "nan", "nan"), (2.0, 1500, "10", "nan"),
+                                                      (3.0, 2500, "30", "nan")]), "return_mean")
+    assert math.isnan(tool.value_at(curve, 1000))
+    assert tool.value_at(curve, 2000) == 10.0
+    assert tool.value_at(curve, 3000) is None  # the run ended before the mark
+    short = [(1000.0, 5.0)]
+    lines = tool.table({"a": curve, "b": short}, every=1000).splitlines()
+    assert lines[1].split() == ["1000", "-", "5.0"]
+    assert lines[2].split() == ["2000", "10.0"]
+    assert lines[-2].split() == ["final", "30.0", "5.0"]
+
+
+def test_compare_curves_names_a_missing_column(tmp_path):
+    tool = load_tool("compare_curves")
+    path = progress(tmp_path / "a", [(1.0, 500, "1", "nan")])
+    with pytest.raises(SystemExit, match="no column 'loss'"):
+        tool.read_curve(path, "loss")
+
+
+def test_ct_report_weights_batch_means_by_count_and_compares_first_and_last_fifth_of_costs(tmp_path):
+    tool = load_tool("ct_report")
+    header = ["wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean"]
+    write_csv(tmp_path / "cts.csv", header, [[1, "RL", 10, 2.0, 0, "nan"], [2, "RL", 30, 6.0, 4, 8.0],
+                                              [2, "aux", 0, "nan", 2, 3.0]])
+    costs = [[i, "RL", i, "loss", value] for i, value in enumerate([10, 9, 8, 7, 6, 5, 4, 3, 2, 1])]
+    write_csv(tmp_path / "learn.csv", ["wall_time", "ct", "learn_steps", "cost", "value"], costs)
+    lines = tool.report(tmp_path)
+    assert lines[1] == "  RL: predict batch mean 5.00 over 40 batches, learn batch mean 8.00 over 4 calls"
+    assert lines[2] == "    loss: 9.5 -> 1.5"
+    assert lines[3] == "  aux: predict batch mean nan over 0 batches, learn batch mean 3.00 over 2 calls"

@@ -275,7 +275,7 @@ class ComputationDataProcessor:
         """Flush every batch that the batching rule says is ready."""
         while self._predict_queue.ready(now, self.live):
             self._serve_predict(self._predict_queue.take(), now)
-        learners = self.live - self._evaluating
+        learners = self.live - self._evaluating if self._learn_queues else frozenset()
         for steps, queue in list(self._learn_queues.items()):
             while queue.ready(now, learners):
                 self._serve_learn(queue.take())

@@ -18,6 +18,8 @@ from flare2.errors import ConfigError
 
 def mlp(sizes: Sequence[int], *, out_gain: float = 1.0, activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
     """MLP with orthogonal init; tanh hidden layers by default (the usual choice for on-policy control)."""
+    if any(size < 1 for size in sizes):
+        raise ConfigError(f"layer sizes must be >= 1, got {list(sizes)}: check the hidden sizes (--hidden)")
     layers: list[nn.Module] = []
     for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         last = index == len(sizes) - 2

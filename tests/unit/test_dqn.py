@@ -10,6 +10,7 @@ import torch
 from flare2.core.algorithm import Experience
 from flare2.errors import ConfigError
 from flare2.zoo.dqn import DQN, DQNConfig
+from flare2.zoo.models import QNetwork
 
 
 class Env:
@@ -121,3 +122,8 @@ def test_one_step_sequences_give_the_double_q_target():
     chosen = algorithm.model(next_obs).argmax(-1)
     expected = 1.0 + 0.9 * algorithm.target(next_obs)[0, chosen].item()
     torch.testing.assert_close(algorithm.targets(experience, torch.arange(2)), torch.full((2,), expected))
+
+
+def test_a_hidden_layer_size_below_one_is_refused_with_a_message_naming_the_option():
+    with pytest.raises(ConfigError, match=r"layer sizes must be >= 1, got \[4, 0, 2\].*--hidden"):
+        QNetwork(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), hidden=(0,))

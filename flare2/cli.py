@@ -25,7 +25,7 @@ def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         curve = load_client(args.keys, args.key_name) if args.keys else None
         config = AttachConfig(
             endpoint=args.endpoint, agent_path=args.agent, agent_kwargs=kwargs, num_agents=args.num_agents,
-            seed=args.seed, curve=curve,
+            envs_per_agent=args.envs_per_agent, seed=args.seed, curve=curve,
         )
     except ConfigError as exc:
         parser.error(str(exc))
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     attach.add_argument("--agent", default="flare2.core.envs:GymAgent", help="Agent class: package.module:Class or file.py:Class")
     attach.add_argument("--agent-kwargs", default="{}", help="JSON object of the agent's keyword arguments")
     attach.add_argument("--num-agents", type=int, default=1, help="agent processes to start here")
+    attach.add_argument("--envs-per-agent", type=int, default=1, help="environments each of them plays")
     attach.add_argument("--seed", type=int, default=0, help="seeds the agents' envs")
     attach.add_argument("--keys", default=None, metavar="DIR", help="folder with server.key and the client's key_secret")
     attach.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")

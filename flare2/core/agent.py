@@ -1,6 +1,9 @@
 """Agent: the episode logic of one agent process. Imports no torch.
 
-Call order, driven by the runtime inside the agent process::
+Two ways to write one.
+
+**One environment per process** (FLARE's way, the simplest to write):
+subclass :class:`Agent`. The runtime drives it inside the agent process::
 
     agent = MyAgent(**kwargs)      # kwargs are plain data, so a recipe works on any machine
     agent.make_env()               # inside the process; the runtime wraps it to count steps
@@ -9,12 +12,19 @@ Call order, driven by the runtime inside the agent process::
 
 Inside ``run_episode`` call ``self.predict(ct, inputs, states)`` to ask a CT
 for actions and ``self.store(ct, ...)`` to hand the step to that CT's helper,
-which sends experiences to the CT's training loop.
+which sends experiences to the CT's training loop. Evaluation episodes (the
+run's ``eval_every`` option) run the same ``run_episode`` with
+``self.evaluating`` set: ``predict`` then asks for the greedy action
+(``Algorithm.predict_greedy``), ``store`` keeps nothing, and the episode is
+reported apart from the training episodes.
 
-Evaluation episodes (the run's ``eval_every`` option) run the same
-``run_episode`` with ``self.evaluating`` set: ``predict`` then asks for the
-greedy action (``Algorithm.predict_greedy``), ``store`` keeps nothing, and the
-episode is reported apart from the training episodes.
+**Several environments per process** (``--envs-per-agent K``): subclass
+:class:`VectorAgent` and write ``run()``, which plays all of ``self.envs`` in
+lockstep until the run stops: one ``predict_rows`` of K rows per step, one
+``store_rows`` of K rows after it. One message per K env steps is what makes
+a process fast: the round trip to the compute process is paid once for all
+of them. :class:`flare2.core.envs.GymAgent` is the stock one; read its
+``run()`` before writing your own.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from flare2.core.specs import CTSpecs, check_arrays
-from flare2.errors import ConfigError
+from flare2.errors import ConfigError, SpecError
 
 Arrays = dict[str, np.ndarray]
 
@@ -33,29 +43,45 @@ Arrays = dict[str, np.ndarray]
 class CTPort(Protocol):
     """How an agent reaches one ComputationTask (the runtime provides it)."""
 
-    def predict(self, payload: dict[str, Any]) -> dict[str, Any]: ...
+    learn_ahead: int
+    """Learn requests that may be on their way before ``learn`` waits for the oldest reply (the CT says)."""
 
-    def learn(self, payload: dict[str, Any]) -> dict[str, Any]: ...
+    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Send a predict request and return the reply: ``actions``, ``states`` and the weights' ``version``."""
+
+    def learn(self, payload: dict[str, Any]) -> None:
+        """Send a learn request; returns once no more than ``learn_ahead`` requests await their reply."""
 
 
 class AgentHelper:
-    """Decides what stored steps become learn requests, and when."""
+    """Decides what stored steps become learn requests, and when.
 
-    def attach(self, ct: str, specs: CTSpecs, port: CTPort) -> None:
-        self.ct, self.specs, self.port = ct, specs, port
+    ``store`` gets one step of every env of the agent: each array has a
+    leading dimension of K rows (one per env, K = 1 for an ``Agent``); the
+    flags ``terminated``, ``truncated`` and ``policy_version`` are arrays of
+    K. A learn request holds N sequences of T consecutive steps of one env
+    each, every array ``[N, T, ...]``.
+    """
+
+    def attach(self, ct: str, specs: CTSpecs, port: CTPort, *, num_envs: int = 1) -> None:
+        self.ct, self.specs, self.port, self.num_envs = ct, specs, port, num_envs
 
     def store(self, step: dict[str, Any]) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define store()")
 
 
 class Agent:
-    """Override ``make_env``, ``helpers`` and ``run_episode``; see the module docstring."""
+    """One environment per process: override ``make_env``, ``helpers`` and ``run_episode``; see the module docstring."""
 
     env: Any
     agent_id: str = ""
     seed: int = 0
     evaluating: bool = False
     """Set by the runtime for an evaluation episode: greedy actions, nothing stored."""
+    num_envs: int = 1
+    """Environments this process plays (set by the runtime from ``--envs-per-agent``)."""
+    eval_every: int = 0
+    """The run's ``eval_every``: an evaluation episode after every this many training episodes (0: none)."""
 
     def make_env(self) -> Any:
         """Create the environment; called once inside the agent process."""
@@ -91,8 +117,9 @@ class Agent:
         self._specs = dict(specs)
         self._ports = dict(ports)
         self._helpers = dict(helpers)
+        self._versions = {ct: 0 for ct in self._specs}
         for ct, helper in self._helpers.items():
-            helper.attach(ct, self._specs[ct], self._ports[ct])
+            helper.attach(ct, self._specs[ct], self._ports[ct], num_envs=self.num_envs)
         self.check_specs(self._specs)
 
     def specs(self, ct: str) -> CTSpecs:
@@ -104,20 +131,13 @@ class Agent:
 
     def predict(self, ct: str, inputs: Arrays, states: Arrays | None = None) -> tuple[Arrays, Arrays]:
         """Ask CT ``ct`` for actions; ``inputs`` and ``states`` have the spec shapes (no batch dim)."""
-        specs = self._specs[ct]
-        payload = {
-            "inputs": {key: np.asarray(value)[None] for key, value in inputs.items()},
-            "states": {key: np.asarray(value)[None] for key, value in (states or {}).items()},
-        }
-        if self.evaluating:
-            payload["greedy"] = True
-        reply = self._ports[ct].predict(payload)
-        check_arrays("actions", specs.actions, reply.get("actions"), leading=(1,))
-        check_arrays("states", specs.states, reply.get("states", {}), leading=(1,))
-        return (
-            {key: value[0] for key, value in reply["actions"].items()},
-            {key: value[0] for key, value in reply.get("states", {}).items()},
+        actions, next_states = self._ask(
+            ct,
+            {key: np.asarray(value)[None] for key, value in inputs.items()},
+            {key: np.asarray(value)[None] for key, value in (states or {}).items()},
+            np.ones(1, bool) if self.evaluating else None,
         )
+        return {key: value[0] for key, value in actions.items()}, {key: value[0] for key, value in next_states.items()}
 
     def store(
         self,
@@ -137,14 +157,104 @@ class Agent:
         """
         if self.evaluating:
             return
-        self._helpers[ct].store(
-            {
-                "inputs": inputs,
-                "next_inputs": next_inputs,
-                "actions": actions,
-                "rewards": rewards,
-                "states": states or {},
-                "terminated": bool(terminated),
-                "truncated": bool(truncated),
-            }
-        )
+        specs = self._specs[ct]
+
+        def rows(group: Arrays, group_specs: Mapping) -> Arrays:
+            return {name: np.asarray(group[name], dtype=spec.dtype)[None] for name, spec in group_specs.items()}
+
+        self._helpers[ct].store({
+            "inputs": rows(inputs, specs.inputs),
+            "next_inputs": rows(next_inputs, specs.inputs),
+            "actions": rows(actions, specs.actions),
+            "rewards": rows(rewards, specs.rewards),
+            "states": rows(states or {}, specs.states),
+            "terminated": np.array([terminated], bool),
+            "truncated": np.array([truncated], bool),
+            "policy_version": np.array([self._versions[ct]], np.int64),
+        })
+
+    def _ask(self, ct: str, inputs: Arrays, states: Arrays, greedy: np.ndarray | None) -> tuple[Arrays, Arrays]:
+        """One predict request of ``[rows, ...]`` arrays; remembers the version of the weights that answered."""
+        payload: dict[str, Any] = {"inputs": inputs, "states": states}
+        if greedy is not None:
+            payload["greedy"] = greedy
+        reply = self._ports[ct].predict(payload)
+        specs = self._specs[ct]
+        rows = (len(next(iter(inputs.values()))),)
+        check_arrays("actions", specs.actions, reply.get("actions"), leading=rows)
+        check_arrays("states", specs.states, reply.get("states", {}), leading=rows)
+        version = reply.get("version")
+        if type(version) is not int:
+            raise SpecError(f"a prediction of CT {ct!r} must carry the int 'version' of its weights, got {version!r}")
+        self._versions[ct] = version
+        return reply["actions"], reply.get("states", {})
+
+
+class VectorAgent(Agent):
+    """Several environments per process, played in lockstep; override ``make_env``, ``helpers`` and ``run``.
+
+    The runtime calls ``make_env()`` ``num_envs`` times (once more for
+    ``eval_env`` when the run has evaluation episodes), wraps each env to count
+    its steps and episodes, then calls ``run()`` once: it plays until the run
+    stops (the runtime ends it from inside ``predict_rows``). Per step:
+
+    1. ``actions, states = self.predict_rows(ct, inputs, states)`` with arrays of
+       ``num_envs`` rows (plus a row for ``eval_env`` while it plays, marked in
+       ``greedy``);
+    2. step every env with its row of the actions; reset the envs whose episode
+       ended (their ``next_inputs`` row keeps the final observation, so a
+       time-limit truncation can bootstrap from it);
+    3. ``self.store_rows(ct, ...)`` with the ``num_envs`` training rows.
+
+    Give each env its own seed with ``env_seed(index)``.
+    """
+
+    envs: list[Any]
+    """The ``num_envs`` training environments."""
+    eval_env: Any = None
+    """One more environment for greedy evaluation episodes when the run has ``eval_every``, else None."""
+
+    def run(self) -> None:
+        """Play ``self.envs`` until the run stops (see the class docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} must define run()")
+
+    def run_episode(self) -> None:
+        raise ConfigError(f"{type(self).__name__} is a VectorAgent: the runtime calls its run(), not run_episode()")
+
+    def env_seed(self, index: int) -> int:
+        """A seed for env ``index`` of this process, distinct from every other env of the run."""
+        return int(np.random.SeedSequence((self.seed, index)).generate_state(1)[0])
+
+    def initial_states(self, ct: str, rows: int | None = None) -> Arrays:
+        """Zeros of the CT's state specs; ``rows`` of them (one per env) when given."""
+        return {name: spec.zeros(rows) for name, spec in self._specs[ct].states.items()}
+
+    def predict_rows(
+        self, ct: str, inputs: Arrays, states: Arrays | None = None, *, greedy: np.ndarray | None = None
+    ) -> tuple[Arrays, Arrays]:
+        """Actions and next states for ``[rows, ...]`` inputs and states; ``greedy`` marks evaluation rows."""
+        return self._ask(ct, inputs, states or {}, greedy)
+
+    def store_rows(
+        self,
+        ct: str,
+        *,
+        inputs: Arrays,
+        actions: Arrays,
+        rewards: Arrays,
+        next_inputs: Arrays,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        states: Arrays | None = None,
+    ) -> None:
+        """Hand one step of every training env (``num_envs`` rows, arrays the helper may keep) to CT ``ct``'s helper."""
+        self._helpers[ct].store({
+            "inputs": inputs,
+            "next_inputs": next_inputs,
+            "actions": actions,
+            "rewards": rewards,
+            "states": states or {},
+            "terminated": terminated,
+            "truncated": truncated,
+            "policy_version": np.full(len(terminated), self._versions[ct], np.int64),
+        })

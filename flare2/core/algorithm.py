@@ -33,6 +33,17 @@ class Experience:
     states: Tensors
     terminated: torch.Tensor
     truncated: torch.Tensor
+    policy_version: torch.Tensor | None = None
+    """``[B, T]`` int64: the version of the weights that chose each action (see ``policy_lag``)."""
+    version: int = 0
+    """The version of the weights this learn() call updates (the ComputationTask counts them)."""
+
+    @property
+    def policy_lag(self) -> torch.Tensor:
+        """``[B, T]``: how many updates behind these weights the acting policy was at each step (0: on-policy)."""
+        if self.policy_version is None:
+            return torch.zeros_like(self.terminated, dtype=torch.int64)
+        return self.version - self.policy_version
 
     @property
     def episode_ends(self) -> torch.Tensor:
@@ -49,7 +60,20 @@ class Algorithm:
     ``predict_greedy`` is optional: the action without exploration, which
     evaluation episodes ask for. The ComputationTask moves every nn.Module
     attribute to the device.
+
+    Learning beside acting: by default ``learn`` runs in a learner thread
+    while ``predict`` keeps serving from a copy of every nn.Module attribute
+    that is refreshed as each ``learn`` ends (the next version of the
+    weights; ``Experience.policy_lag`` says how far behind the acting policy
+    was). Other attributes are shared by both, so a counter ``predict`` keeps
+    is seen by ``learn``. ``learn_ahead`` says how many learn requests an
+    agent may send before it waits for the reply to the oldest.
     """
+
+    learn_ahead: int = 1
+    """Learn requests an agent may have on their way before it waits for a reply: 0 makes every agent wait for
+    each learn() before it plays on (strictly on-policy); 1 lets it play the next steps while learn() runs, so
+    they come from weights about one update old (``Experience.policy_lag``)."""
 
     def __init__(self, model: Model, *, max_grad_norm: float | None = None) -> None:
         if not isinstance(model, Model):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.core.specs import CTSpecs, Spec
@@ -32,8 +36,46 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+class _ActingView:
+    """The Algorithm as ``predict`` sees it while ``learn`` runs in another thread.
+
+    Every attribute and method is the algorithm's own (so counters that
+    ``predict`` keeps, such as an exploration schedule, stay one), except its
+    nn.Module attributes, which are the acting copies: ``learn`` may change
+    the learning weights at any moment, the acting ones change only between
+    two predictions.
+    """
+
+    __slots__ = ("_algorithm", "_modules")
+
+    def __init__(self, algorithm: Algorithm, modules: dict[str, nn.Module]) -> None:
+        object.__setattr__(self, "_algorithm", algorithm)
+        object.__setattr__(self, "_modules", modules)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._modules:
+            return self._modules[name]
+        algorithm = self._algorithm
+        attribute = inspect.getattr_static(type(algorithm), name, None)
+        if hasattr(attribute, "__get__") and name not in vars(algorithm):
+            # Methods and properties are bound to the view, so self.model inside them is the acting copy.
+            return attribute.__get__(self, type(algorithm))
+        return getattr(algorithm, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._algorithm, name, value)
+
+
 class ComputationTask:
-    """One Algorithm served to agents: converts numpy batches to tensors per the model's specs and back."""
+    """One Algorithm served to agents: converts numpy batches to tensors per the model's specs and back.
+
+    ``version`` counts the learn() calls that changed the weights; every
+    prediction says which version answered it (``predicted_version``), so an
+    experience carries the version of the policy that acted. After
+    ``act_beside_learning()`` predictions use a copy of the weights that
+    ``learn`` refreshes as it ends, so ``learn`` may run in another thread
+    while ``predict`` serves.
+    """
 
     def __init__(self, name: str, algorithm: Algorithm, *, device: str | torch.device = "cpu") -> None:
         if not isinstance(algorithm, Algorithm):
@@ -50,11 +92,34 @@ class ComputationTask:
         )
         if not self.specs.inputs or not self.specs.actions:
             raise ConfigError(f"the model of CT {name!r} must declare at least one input spec and one action spec")
+        learn_ahead = getattr(algorithm, "learn_ahead", 0)
+        if type(learn_ahead) is not int or learn_ahead < 0:
+            raise ConfigError(f"{type(algorithm).__name__}.learn_ahead must be an int >= 0, got {learn_ahead!r}")
+        self.learn_ahead = learn_ahead
         self.predict_calls = 0
         self.learn_calls = 0
+        self.version = 0
+        self.predicted_version = 0
+        """The version of the weights that answered the latest prediction."""
+        self._acting: _ActingView | None = None
+        self._acting_modules: dict[str, nn.Module] = {}
+        self._weights_lock = threading.Lock()
+        self._learn_lock = threading.Lock()
+        # Host memory the GPU can read without a staging copy: batches go over without blocking the CPU.
+        self._pinned = self.device.type == "cuda"
+
+    def act_beside_learning(self) -> None:
+        """Give ``predict`` its own copy of every nn.Module of the algorithm, refreshed at the end of each ``learn``."""
+        with self._learn_lock:
+            self._acting_modules = {
+                name: copy.deepcopy(value) for name, value in vars(self.algorithm).items() if isinstance(value, nn.Module)
+            }
+            self._acting = _ActingView(self.algorithm, self._acting_modules)
 
     def _tensors(self, arrays: dict[str, np.ndarray]) -> Tensors:
-        return {key: torch.from_numpy(value).to(self.device, non_blocking=True) for key, value in arrays.items()}
+        if self._pinned:
+            return {key: torch.from_numpy(value).pin_memory().to(self.device, non_blocking=True) for key, value in arrays.items()}
+        return {key: torch.from_numpy(value).to(self.device) for key, value in arrays.items()}
 
     def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray]:
         owner = type(self.algorithm).__name__
@@ -73,39 +138,92 @@ class ComputationTask:
         return arrays
 
     def predict(
-        self, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray], *, greedy: bool = False
+        self, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray], *, greedy: bool | np.ndarray = False
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Actions and next states for ``[B, ...]`` arrays that already match the specs.
 
-        ``greedy`` asks the algorithm for its actions without exploration (``predict_greedy``).
+        ``greedy`` asks the algorithm for its actions without exploration (``predict_greedy``): for
+        every row, or for the rows a ``[B]`` bool array marks.
         """
+        if isinstance(greedy, np.ndarray):
+            if not greedy.any():
+                greedy = False
+            elif greedy.all():
+                greedy = True
+        with self._weights_lock:
+            algorithm = self._acting if self._acting is not None else self.algorithm
+            self.predicted_version = self.version
+            if isinstance(greedy, np.ndarray):
+                result = self._predict_mixed(algorithm, inputs, states, greedy)
+            else:
+                result = self._predict_rows(algorithm.predict_greedy if greedy else algorithm.predict, inputs, states)
+        self.predict_calls += 1
+        return result
+
+    def _predict_rows(self, predict: Any, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray]) -> tuple[dict, dict]:
         rows = len(next(iter(inputs.values())))
-        predict = self.algorithm.predict_greedy if greedy else self.algorithm.predict
         with torch.inference_mode():
             actions, next_states = predict(self._tensors(inputs), self._tensors(states))
-        self.predict_calls += 1
         return (
             self._arrays("actions", self.specs.actions, actions, rows),
             self._arrays("states", self.specs.states, next_states if next_states is not None else {}, rows),
         )
 
+    def _predict_mixed(self, algorithm: Any, inputs: dict, states: dict, greedy: np.ndarray) -> tuple[dict, dict]:
+        """Exploring rows through ``predict``, greedy rows through ``predict_greedy``, put back in their order."""
+        rows = len(greedy)
+        parts = []
+        for predict, index in ((algorithm.predict, np.flatnonzero(~greedy)), (algorithm.predict_greedy, np.flatnonzero(greedy))):
+            part_inputs = {key: value[index] for key, value in inputs.items()}
+            part_states = {key: value[index] for key, value in states.items()}
+            parts.append((index, self._predict_rows(predict, part_inputs, part_states)))
+        merged: tuple[dict, dict] = ({}, {})
+        for group, specs in enumerate((self.specs.actions, self.specs.states)):
+            for key, spec in specs.items():
+                array = np.empty((rows, *spec.shape), spec.dtype)
+                for index, result in parts:
+                    array[index] = result[group][key]
+                merged[group][key] = array
+        return merged
+
     def learn(self, batch: dict[str, Any]) -> dict[str, float]:
-        """One learn() call on ``[B, T, ...]`` arrays (groups as in ``Experience``); returns the costs as floats."""
-        experience = Experience(
-            **{group: self._tensors(batch.get(group, {})) for group in _EXPERIENCE_GROUPS},
-            terminated=torch.from_numpy(batch["terminated"]).to(self.device),
-            truncated=torch.from_numpy(batch["truncated"]).to(self.device),
-        )
-        self.algorithm.model.train()
-        costs = self.algorithm.learn(experience)
-        if not isinstance(costs, dict):
-            raise SpecError(f"{type(self.algorithm).__name__}.learn must return a dict of costs, got {type(costs).__name__}")
-        self.learn_calls += 1
+        """One learn() call on ``[B, T, ...]`` arrays (groups as in ``Experience``); returns the costs as floats.
+
+        The weights it makes are the next ``version``; with ``act_beside_learning`` the acting copy takes them as it ends.
+        """
+        with self._learn_lock:
+            experience = Experience(
+                **{group: self._tensors(batch.get(group, {})) for group in _EXPERIENCE_GROUPS},
+                terminated=torch.from_numpy(batch["terminated"]).to(self.device),
+                truncated=torch.from_numpy(batch["truncated"]).to(self.device),
+                policy_version=torch.from_numpy(batch["policy_version"]).to(self.device),
+                version=self.version,
+            )
+            self.algorithm.model.train()
+            costs = self.algorithm.learn(experience)
+            if not isinstance(costs, dict):
+                raise SpecError(
+                    f"{type(self.algorithm).__name__}.learn must return a dict of costs, got {type(costs).__name__}"
+                )
+            self.learn_calls += 1
+            self._publish(next_version=True)
         return {str(key): float(value) for key, value in costs.items()}
+
+    def _publish(self, *, next_version: bool) -> None:
+        """The learning weights become the acting ones (the next version after a learn()), for the predictions from now on."""
+        with self._weights_lock, torch.no_grad():
+            for name, acting in self._acting_modules.items():
+                learning = getattr(self.algorithm, name).state_dict(keep_vars=True).values()
+                for target, source in zip(acting.state_dict(keep_vars=True).values(), learning):
+                    target.copy_(source)
+            self.version += next_version
 
     def save(self, path: str | os.PathLike, counters: dict[str, int]) -> None:
         """Write model, optimizer and counters atomically: a crash mid-save never leaves a torn file at ``path``."""
-        path = Path(path)
+        with self._learn_lock:
+            self._save(Path(path), counters)
+
+    def _save(self, path: Path, counters: dict[str, int]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {
             "ct": self.name,
@@ -131,8 +249,10 @@ class ComputationTask:
             raise ConfigError(f"no checkpoint at {path}: check the --resume directory") from None
         if state.get("ct") != self.name:
             raise ConfigError(f"checkpoint {path} belongs to CT {state.get('ct')!r}, not {self.name!r}")
-        self.algorithm.load_state_dict(state["algorithm"])
-        counters = dict(state["counters"])
-        self.predict_calls = int(counters.get("predict_calls", 0))
-        self.learn_calls = int(counters.get("learn_calls", 0))
+        with self._learn_lock:
+            self.algorithm.load_state_dict(state["algorithm"])
+            counters = dict(state["counters"])
+            self.predict_calls = int(counters.get("predict_calls", 0))
+            self.learn_calls = int(counters.get("learn_calls", 0))
+            self._publish(next_version=False)
         return counters

@@ -7,31 +7,35 @@ from typing import Any
 import numpy as np
 
 from flare2.core.agent import AgentHelper
+from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs, Specs
 from flare2.errors import ConfigError
 
-_ARRAY_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states")
+def group_specs(specs: CTSpecs) -> dict[str, Specs]:
+    """The specs of each array group of a step (``next_inputs`` are inputs one step later)."""
+    return {"inputs": specs.inputs, "next_inputs": specs.inputs, "actions": specs.actions,
+            "rewards": specs.rewards, "states": specs.states}
 
 
-def stack_steps(steps: list[dict[str, Any]], specs: Any) -> dict[str, Any]:
-    """Stack per-step dicts into a learn payload of one sequence, ``[1, T, ...]``, with the spec dtypes."""
-    groups = {"inputs": specs.inputs, "next_inputs": specs.inputs, "actions": specs.actions,
-              "rewards": specs.rewards, "states": specs.states}
-    payload: dict[str, Any] = {}
-    for group in _ARRAY_GROUPS:
-        payload[group] = {
-            name: np.asarray([[step[group][name] for step in steps]], dtype=spec.dtype)
-            for name, spec in groups[group].items()
+def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
+    """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes."""
+    payload: dict[str, Any] = {
+        group: {
+            name: np.stack([step[group][name] for step in steps], axis=1).astype(spec.dtype, copy=False)
+            for name, spec in specs_of_group.items()
         }
-    payload["terminated"] = np.array([[step["terminated"] for step in steps]], dtype=bool)
-    payload["truncated"] = np.array([[step["truncated"] for step in steps]], dtype=bool)
+        for group, specs_of_group in group_specs(specs).items()
+    }
+    for flag, spec in STEP_FLAG_SPECS.items():
+        payload[flag] = np.stack([step[flag] for step in steps], axis=1).astype(spec.dtype, copy=False)
     return payload
 
 
 class OnlineHelper(AgentHelper):
-    """Every ``sample_interval`` steps, send those steps as one learn request and wait for the result.
+    """Every ``sample_interval`` steps, send those steps of every env as one learn request ``[K, T, ...]``.
 
     Steps run across episode ends: the episode flags in the request tell the
-    algorithm where one episode stopped and how (DESIGN §6).
+    algorithm where one episode stopped and how (DESIGN §6). Whether the agent
+    waits for ``learn()`` before it plays on is the CT's ``learn_ahead``.
     """
 
     def __init__(self, sample_interval: int = 5) -> None:
@@ -39,29 +43,31 @@ class OnlineHelper(AgentHelper):
             raise ConfigError(f"OnlineHelper.sample_interval must be >= 1, got {sample_interval}")
         self.sample_interval = sample_interval
         self._steps: list[dict[str, Any]] = []
-        self.last_costs: dict[str, float] = {}
 
     def store(self, step: dict[str, Any]) -> None:
         self._steps.append(step)
         if len(self._steps) >= self.sample_interval:
             payload = stack_steps(self._steps, self.specs)
             self._steps = []
-            self.last_costs = self.port.learn(payload).get("costs", {})
+            self.port.learn(payload)
 
 
 class ExpReplayHelper(AgentHelper):
     """A replay buffer in the agent process (FLARE's design): store every step, learn from random samples.
 
-    Once ``warmup`` steps are stored, every ``sample_interval`` stored steps it
-    sends one learn request of ``batch_size`` sequences of ``sequence_length``
-    consecutive steps (1 for single transitions) and waits for the result.
+    Once ``warmup`` steps are stored, it sends one learn request of
+    ``batch_size`` sequences of ``sequence_length`` consecutive steps of one
+    env (1 for single transitions) per ``sample_interval`` env steps stored
+    (counted over all the agent's envs; K envs may make several due at once,
+    and they go out as one request of that many times ``batch_size``).
     A sequence may run across an episode end: its ``terminated``/``truncated``
     flags say where and how, and ``states`` hold the model states before each
     step, so a recurrent learner can restart its states there.
 
-    Memory is bounded: ``capacity`` steps, preallocated when the helper is
-    attached; ``nbytes`` gives the exact size (every spec array of a step,
-    inputs twice for ``next_inputs``, and two flag bytes).
+    Memory is bounded: ``capacity`` steps (K envs keep ``capacity / K`` steps
+    each), preallocated when the helper is attached; ``nbytes`` gives the exact
+    size (every spec array of a step, inputs twice for ``next_inputs``, and the
+    step flags).
     """
 
     def __init__(
@@ -84,21 +90,24 @@ class ExpReplayHelper(AgentHelper):
         self.batch_size, self.sequence_length = batch_size, sequence_length
         self.rng = np.random.default_rng(seed)
         self.size = 0
+        """Steps held per env (time rows of the buffer)."""
         self.stored = 0
-        self.last_costs: dict[str, float] = {}
+        """Env steps stored so far, over all envs."""
+        self._intervals_seen = 0
         self._next = 0
+        self._rows = 0
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
         self._flags: dict[str, np.ndarray] = {}
 
-    def attach(self, ct: str, specs: Any, port: Any) -> None:
-        super().attach(ct, specs, port)
-        groups = {"inputs": specs.inputs, "next_inputs": specs.inputs, "actions": specs.actions,
-                  "rewards": specs.rewards, "states": specs.states}
+    def attach(self, ct: str, specs: CTSpecs, port: Any, *, num_envs: int = 1) -> None:
+        super().attach(ct, specs, port, num_envs=num_envs)
+        # Time-major, one column per env, so that a sequence is consecutive steps of one env.
+        self._rows = max(-(-self.capacity // num_envs), self.sequence_length)
         self._buffers = {
-            group: {name: np.zeros((self.capacity, *spec.shape), spec.dtype) for name, spec in group_specs.items()}
-            for group, group_specs in groups.items()
+            group: {name: np.zeros((self._rows, num_envs, *spec.shape), spec.dtype) for name, spec in specs_of_group.items()}
+            for group, specs_of_group in group_specs(specs).items()
         }
-        self._flags = {name: np.zeros(self.capacity, bool) for name in ("terminated", "truncated")}
+        self._flags = {name: np.zeros((self._rows, num_envs), spec.dtype) for name, spec in STEP_FLAG_SPECS.items()}
 
     @property
     def nbytes(self) -> int:
@@ -112,23 +121,26 @@ class ExpReplayHelper(AgentHelper):
                 array[index] = step[group][name]
         for name, array in self._flags.items():
             array[index] = step[name]
-        self._next = (index + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-        self.stored += 1
-        if self.size >= self.warmup and self.stored % self.sample_interval == 0:
-            self.last_costs = self.port.learn(self.sample(self.batch_size)).get("costs", {})
+        self._next = (index + 1) % self._rows
+        self.size = min(self.size + 1, self._rows)
+        self.stored += self.num_envs
+        intervals = self.stored // self.sample_interval
+        due, self._intervals_seen = intervals - self._intervals_seen, intervals
+        if due and self.size * self.num_envs >= self.warmup:
+            self.port.learn(self.sample(due * self.batch_size))
 
     def sample(self, count: int) -> dict[str, Any]:
         """A learn payload of ``count`` random sequences, ``[count, sequence_length, ...]``, oldest step first."""
         length = self.sequence_length
         if self.size < length:
-            raise ValueError(f"the buffer holds {self.size} steps, fewer than one sequence of {length}")
-        oldest = (self._next - self.size) % self.capacity
+            raise ValueError(f"the buffer holds {self.size} steps per env, fewer than one sequence of {length}")
+        oldest = (self._next - self.size) % self._rows
         # Sequences start anywhere among the stored steps but never run past the newest one.
         starts = self.rng.integers(0, self.size - length + 1, size=count)
-        rows = (oldest + starts[:, None] + np.arange(length)[None, :]) % self.capacity
+        rows = (oldest + starts[:, None] + np.arange(length)[None, :]) % self._rows
+        envs = self.rng.integers(0, self.num_envs, size=count)[:, None]
         payload: dict[str, Any] = {
-            group: {name: array[rows] for name, array in arrays.items()} for group, arrays in self._buffers.items()
+            group: {name: array[rows, envs] for name, array in arrays.items()} for group, arrays in self._buffers.items()
         }
-        payload.update({name: array[rows] for name, array in self._flags.items()})
+        payload.update({name: array[rows, envs] for name, array in self._flags.items()})
         return payload

@@ -134,11 +134,14 @@ class CTSpecs:
         return cls(**{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")})
 
     def check_predict(self, payload: dict[str, Any]) -> int:
-        """Validate a predict request ``{"inputs": ..., "states": ..., "greedy": bool}``; returns its row count."""
-        if not isinstance(payload.get("greedy", False), bool):
-            raise SpecError(f"'greedy' must be true or false, got {type(payload.get('greedy')).__name__}")
+        """Validate a predict request ``{"inputs": ..., "states": ..., "greedy": [rows] bool}``; returns its row count.
+
+        ``greedy`` (optional) marks the rows of evaluation episodes, which get the action without exploration.
+        """
         (rows,) = check_arrays("inputs", self.inputs, payload.get("inputs"))
         check_arrays("states", self.states, payload.get("states", {}), leading=(rows,))
+        if "greedy" in payload:
+            check_arrays("greedy rows", _GREEDY_SPECS, {"greedy": payload["greedy"]}, leading=(rows,))
         return rows
 
     def check_learn(self, payload: dict[str, Any]) -> tuple[int, int]:
@@ -149,9 +152,16 @@ class CTSpecs:
         check_arrays("actions", self.actions, payload.get("actions"), leading_ndim=2, leading=leading)
         check_arrays("rewards", self.rewards, payload.get("rewards"), leading_ndim=2, leading=leading)
         check_arrays("states", self.states, payload.get("states", {}), leading_ndim=2, leading=leading)
-        flags = {"terminated": payload.get("terminated"), "truncated": payload.get("truncated")}
-        check_arrays("episode flags", _EPISODE_FLAG_SPECS, flags, leading_ndim=2, leading=leading)
+        flags = {name: payload.get(name) for name in STEP_FLAG_SPECS}
+        check_arrays("step flags", STEP_FLAG_SPECS, flags, leading_ndim=2, leading=leading)
         return sequences, steps
 
 
-_EPISODE_FLAG_SPECS = {"terminated": Spec((), "bool"), "truncated": Spec((), "bool")}
+STEP_FLAG_SPECS = {
+    "terminated": Spec((), "bool"),
+    "truncated": Spec((), "bool"),
+    "policy_version": Spec((), "int64"),
+}
+"""Per-step arrays of every learn request besides the spec groups: how the episode ended there (DESIGN §6), and
+the version of the weights that chose the action (the reply to its prediction said which)."""
+_GREEDY_SPECS = {"greedy": Spec((), "bool")}

@@ -20,14 +20,17 @@ import socket
 import sys
 import time
 import traceback
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
-from flare2.core.agent import Agent, AgentHelper
+from flare2.core.agent import Agent, AgentHelper, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError
+from flare2.runtime.progress import LatencyHistogram
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
@@ -41,6 +44,9 @@ EXIT_CONFIG = 2
 EXIT_MANAGER_LOST = 3
 EXIT_REMOTE_FAILED = 4
 
+# At a stop, how long an agent waits for the learn requests it already sent, so their steps are learned.
+_FINISH_LEARNING_S = 2.0
+
 
 @dataclass(frozen=True)
 class AgentSettings:
@@ -49,6 +55,8 @@ class AgentSettings:
     agent_path: str
     agent_kwargs: dict[str, Any]
     seed: int
+    envs_per_agent: int = 1
+    """Environments this process plays (a VectorAgent; 1 for an Agent)."""
     parent_pid: int = 0
     """PID of the process that started this one (manager or ``flare2 attach``), to die with; 0 for none."""
     hello_timeout_s: float = 10.0
@@ -70,20 +78,37 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     _terminate_requested = True
 
 
-class EpisodeRecorder:
-    """Wraps the env to count steps and the return and length of each finished episode.
+class EpisodeStats:
+    """Steps and finished episodes of every env of this process since the last report.
 
-    Evaluation episodes (``evaluating`` set) are counted apart, so they never
-    mix with the training statistics or count towards the step budget.
+    Evaluation episodes are counted apart, so they never mix with the training
+    statistics or count towards the step budget.
     """
 
-    def __init__(self, env: Any) -> None:
-        self.env = env
-        self.evaluating = False
+    def __init__(self) -> None:
         self.steps = 0
         self.eval_steps = 0
         self.finished: list[tuple[float, int]] = []
         self.eval_finished: list[tuple[float, int]] = []
+
+    def take(self) -> dict[str, Any]:
+        stats = {"steps": self.steps, "episodes": [list(item) for item in self.finished]}
+        if self.eval_steps or self.eval_finished:
+            stats.update(eval_steps=self.eval_steps, eval_episodes=[list(item) for item in self.eval_finished])
+        self.steps, self.finished, self.eval_steps, self.eval_finished = 0, [], 0, []
+        return stats
+
+
+class EpisodeRecorder:
+    """Wraps one env to count its steps and the return and length of each finished episode into ``stats``.
+
+    ``evaluating`` says whether the episode it plays counts as an evaluation episode.
+    """
+
+    def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
+        self.env = env
+        self.stats = stats
+        self.evaluating = evaluating
         self._return = 0.0
         self._length = 0
 
@@ -96,23 +121,58 @@ class EpisodeRecorder:
 
     def step(self, action: Any) -> Any:
         result = self.env.step(action)
+        stats = self.stats
         if self.evaluating:
-            self.eval_steps += 1
+            stats.eval_steps += 1
         else:
-            self.steps += 1
+            stats.steps += 1
         self._return += float(result[1])
         self._length += 1
         if result[2] or result[3]:
-            (self.eval_finished if self.evaluating else self.finished).append((self._return, self._length))
+            (stats.eval_finished if self.evaluating else stats.finished).append((self._return, self._length))
             self._return, self._length = 0.0, 0
         return result
 
-    def take_stats(self) -> dict[str, Any]:
-        stats = {"steps": self.steps, "episodes": [list(item) for item in self.finished]}
-        if self.eval_steps or self.eval_finished:
-            stats.update(eval_steps=self.eval_steps, eval_episodes=[list(item) for item in self.eval_finished])
-        self.steps, self.finished, self.eval_steps, self.eval_finished = 0, [], 0, []
-        return stats
+
+def check_envs_per_agent(agent: Agent, envs_per_agent: int) -> None:
+    """Refuse an env count the agent cannot host, naming the option and the fix."""
+    if envs_per_agent < 1:
+        raise ConfigError(f"--envs-per-agent must be >= 1, got {envs_per_agent}")
+    if envs_per_agent > 1 and not isinstance(agent, VectorAgent):
+        name = type(agent).__name__
+        raise ConfigError(
+            f"--envs-per-agent {envs_per_agent}: {name} plays one env per process (an Agent with run_episode()); "
+            f"run it with --envs-per-agent 1 (and more --num-agents), or make {name} a flare2 VectorAgent"
+        )
+
+
+def make_envs(agent: Agent, eval_every: int) -> EpisodeStats:
+    """Create the agent's envs inside this process, each wrapped to count into the returned stats."""
+    stats = EpisodeStats()
+    agent.eval_every = eval_every
+    if isinstance(agent, VectorAgent):
+        agent.envs = [EpisodeRecorder(agent.make_env(), stats) for _ in range(agent.num_envs)]
+        agent.eval_env = EpisodeRecorder(agent.make_env(), stats, evaluating=True) if eval_every else None
+    else:
+        agent.env = EpisodeRecorder(agent.make_env(), stats)
+    return stats
+
+
+def play(agent: Agent, between_episodes: Callable[[], None]) -> None:
+    """Play until the run stops it (StopRequested, raised from inside a request or ``between_episodes``).
+
+    A ``VectorAgent`` plays in its own ``run()``; an ``Agent`` plays episode after
+    episode, every ``eval_every + 1``-th of them an evaluation episode.
+    """
+    if isinstance(agent, VectorAgent):
+        agent.run()
+        raise ConfigError(f"{type(agent).__name__}.run() returned: a VectorAgent plays until the run stops it")
+    episode_index = 0
+    while True:
+        agent.evaluating = agent.env.evaluating = is_evaluation_episode(episode_index, agent.eval_every)
+        agent.run_episode()
+        episode_index += 1
+        between_episodes()
 
 
 def is_evaluation_episode(episode_index: int, eval_every: int) -> bool:
@@ -128,7 +188,8 @@ class _Control:
         self.settings = settings
         self.interval_s = interval_s
         self.manager_timeout_s = manager_timeout_s
-        self.recorder: EpisodeRecorder | None = None
+        self.stats: EpisodeStats | None = None
+        self.round_trips = LatencyHistogram()
         now = time.monotonic()
         self._next_at = now + interval_s
         self._last_heard = now
@@ -159,12 +220,19 @@ class _Control:
             raise PeerDiedError(f"no word from the manager for {self.manager_timeout_s:.0f}s")
 
     def send_stats(self) -> None:
-        if self.recorder is not None:
-            self.requester.send(STATS, {"role": "agent", **self.recorder.take_stats()})
+        if self.stats is not None:
+            report = {"role": "agent", **self.stats.take(), "predict_round_trips": self.round_trips.take()}
+            self.requester.send(STATS, report)
 
 
 class _Port:
-    """One CT as the agent sees it: a predict and a learn requester."""
+    """One CT as the agent sees it: a predict and a learn requester.
+
+    Learn requests go out without waiting for their reply while fewer than
+    the CT's ``learn_ahead`` are on their way, so the agent plays on while
+    ``learn()`` runs; each wait services the manager link, so a STOP or a dead
+    manager is noticed even while a CDP is busy.
+    """
 
     def __init__(
         self,
@@ -180,11 +248,13 @@ class _Port:
         self.ct = ct
         self.control = control
         self.reply_timeout_s = reply_timeout_s
+        learn_ahead = info.get("learn_ahead", 0)
+        self.learn_ahead = learn_ahead if type(learn_ahead) is int and learn_ahead >= 0 else 0
         self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
         self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
+        self._learns_in_flight: deque[int] = deque()
 
-    def _ask(self, requester: Requester, kind: str, payload: dict[str, Any], what: str) -> dict[str, Any]:
-        seq = requester.send(kind, payload, ct=self.ct)
+    def _wait(self, requester: Requester, seq: int, what: str) -> dict[str, Any]:
         reply = requester.wait_reply(
             seq,
             timeout_s=self.reply_timeout_s,
@@ -192,14 +262,30 @@ class _Port:
             idle_every_s=self.control.interval_s,
             on_idle=self.control.service,
         )
-        self.control.maybe_service()
         return reply.payload
 
     def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._ask(self.predictor, PREDICT, payload, f"predict on CT {self.ct!r}")
+        started = time.perf_counter()
+        seq = self.predictor.send_request(PREDICT, payload, ct=self.ct)
+        reply = self._wait(self.predictor, seq, f"predict on CT {self.ct!r}")
+        self.control.round_trips.add(time.perf_counter() - started)
+        self.control.maybe_service()
+        return reply
 
-    def learn(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._ask(self.learner, LEARN, payload, f"learn on CT {self.ct!r}")
+    def learn(self, payload: dict[str, Any]) -> None:
+        self._learns_in_flight.append(self.learner.send_request(LEARN, payload, ct=self.ct))
+        while len(self._learns_in_flight) > self.learn_ahead:
+            self._wait(self.learner, self._learns_in_flight.popleft(), f"learn on CT {self.ct!r}")
+        self.control.maybe_service()
+
+    def finish_learning(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the learn requests on their way are learned, so none is lost at a stop."""
+        deadline = time.monotonic() + timeout_s
+        while self._learns_in_flight:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.learner.wait_reply(self._learns_in_flight.popleft(), timeout_s=remaining, what=f"learn on CT {self.ct!r}")
 
     def close(self) -> None:
         self.predictor.close()
@@ -240,10 +326,15 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
                 "agent module of %s imports torch: agent processes then start slower and use about 140 MB more; "
                 "keep Agent classes in modules that do not import torch", settings.agent_path,
             )
+        check_envs_per_agent(agent, settings.envs_per_agent)
+        agent.num_envs = settings.envs_per_agent
         helpers: dict[str, AgentHelper] = agent.helpers()
         welcome = requester.request(
             HELLO,
-            {"role": "agent", "pid": os.getpid(), "host": socket.gethostname(), "cts": sorted(helpers), "remote": settings.remote},
+            {
+                "role": "agent", "pid": os.getpid(), "host": socket.gethostname(), "cts": sorted(helpers),
+                "remote": settings.remote, "envs": settings.envs_per_agent,
+            },
             timeout_s=settings.hello_timeout_s,
             what="hello to the manager",
         )
@@ -277,17 +368,12 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
                 settings.curve,
             )
         specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
-        recorder = EpisodeRecorder(agent.make_env())
-        agent.env = control.recorder = recorder
+        control.stats = make_envs(agent, int(welcome.get("eval_every", 0)))
         agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
-        eval_every = int(welcome.get("eval_every", 0))
-        episode_index = 0
-        while True:
-            agent.evaluating = recorder.evaluating = is_evaluation_episode(episode_index, eval_every)
-            agent.run_episode()
-            episode_index += 1
-            control.maybe_service()
+        play(agent, control.maybe_service)
     except StopRequested:
+        for port in ports.values():
+            port.finish_learning(timeout_s=_FINISH_LEARNING_S)
         control.send_stats()
         requester.send(BYE, {"reason": "stopped"})
         requester.socket.setsockopt(zmq.LINGER, 2000)
@@ -321,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", required=True, help="package.module:Class or file.py:Class")
     parser.add_argument("--agent-kwargs", default="{}", help="JSON object of keyword arguments")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--envs-per-agent", type=int, default=1, help="environments this process plays")
     parser.add_argument("--parent-pid", type=int, default=0)
     parser.add_argument("--hello-timeout", type=float, default=10.0, help="seconds to wait for the manager's welcome")
     parser.add_argument("--remote", action="store_true", help="started by flare2 attach on another machine")
@@ -339,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", exc)
         return EXIT_CONFIG
     settings = AgentSettings(
-        args.control, args.agent_id, args.agent, kwargs, args.seed, args.parent_pid, args.hello_timeout, args.remote, curve
+        args.control, args.agent_id, args.agent, kwargs, args.seed, args.envs_per_agent, args.parent_pid,
+        args.hello_timeout, args.remote, curve,
     )
     return run_agent(settings)
 

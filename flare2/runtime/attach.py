@@ -42,6 +42,8 @@ class AttachConfig:
     agent_path: str
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     num_agents: int = 1
+    envs_per_agent: int = 1
+    """Environments each agent process plays (a VectorAgent such as GymAgent)."""
     seed: int = 0
     curve: CurveClient | None = None
     probe_timeout_s: float = 5.0
@@ -54,6 +56,8 @@ class AttachConfig:
             raise ConfigError(f"--agent must look like package.module:Class, got {self.agent_path!r}")
         if self.num_agents < 1:
             raise ConfigError(f"--num-agents must be >= 1, got {self.num_agents}")
+        if self.envs_per_agent < 1:
+            raise ConfigError(f"--envs-per-agent must be >= 1, got {self.envs_per_agent}")
 
 
 def probe(config: AttachConfig) -> dict[str, Any]:
@@ -106,6 +110,7 @@ def attach(config: AttachConfig) -> int:
             "--agent", config.agent_path,
             "--agent-kwargs", json.dumps(config.agent_kwargs),
             "--seed", str(config.seed * 100_003 + index),
+            "--envs-per-agent", str(config.envs_per_agent),
             "--parent-pid", str(os.getpid()),
             "--remote",
         ]

@@ -11,6 +11,12 @@ last prediction was greedy), since they send nothing to learn from.
 
 Requests are validated against the CT's specs before they join a batch; a bad
 one gets an ERROR reply naming the key, what was expected and what arrived.
+
+The batching does not know how requests arrive: :class:`SocketFront` feeds it
+from the CT's two ROUTER sockets in the compute process, the serial runner
+from in-process ports. A ready learn batch goes to a learner
+(:mod:`flare2.runtime.learner`), which may run ``learn()`` in another thread
+while predictions go on; its reply comes back through ``learned``.
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ from __future__ import annotations
 import logging
 import traceback
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 
+from flare2.core.helpers import group_specs
+from flare2.core.specs import STEP_FLAG_SPECS
 from flare2.errors import DecodeError, SpecError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import DEFAULT_MAX_BYTES
@@ -44,7 +53,8 @@ _MAX_PENDING_PER_AGENT = 4
 
 @dataclass
 class _Request:
-    identity: bytes
+    reply_to: Any
+    """Where the reply goes: a ROUTER identity, or an in-process port."""
     agent_id: str
     seq: int
     payload: dict[str, Any]
@@ -93,6 +103,10 @@ class _BatchQueue:
         batch, self.requests = self.requests[: self.max_batch], self.requests[self.max_batch :]
         return batch
 
+    def take_all(self) -> list[_Request]:
+        batch, self.requests = self.requests, []
+        return batch
+
     def discard(self, agent_ids: frozenset[str]) -> int:
         """Drop the requests of ``agent_ids``; returns how many there were."""
         kept = [request for request in self.requests if request.agent_id not in agent_ids]
@@ -117,6 +131,9 @@ class CDPStats:
     discarded: int = 0
     """Requests of agents that left (died, were restarted) before they were served."""
     max_predict_wait_ms: float = 0.0
+    policy_lag_sum: int = 0
+    """Over every learned step: learner version minus the version that acted (see ``policy_lag_steps``)."""
+    policy_lag_steps: int = 0
     costs_sum: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     costs_count: int = 0
 
@@ -131,6 +148,8 @@ class CDPStats:
             "rejected": self.rejected,
             "discarded": self.discarded,
             "max_predict_wait_ms": self.max_predict_wait_ms,
+            "policy_lag_sum": self.policy_lag_sum,
+            "policy_lag_steps": self.policy_lag_steps,
             "costs": {key: value / self.costs_count for key, value in self.costs_sum.items()} if self.costs_count else {},
         }
         self.costs_sum = defaultdict(float)
@@ -139,33 +158,38 @@ class CDPStats:
         return report
 
 
-class ComputationDataProcessor:
-    """Serves one ComputationTask on a predict and a learn ROUTER socket."""
+Reply = Callable[[Any, bool, Message], None]
+"""``reply(reply_to, learn, message)``: send ``message`` to a requester (``learn``: on the learn channel)."""
 
-    def __init__(
-        self,
-        ct: ComputationTask,
-        ctx: zmq.Context,
-        *,
-        host: str = "127.0.0.1",
-        config: BatchingConfig = BatchingConfig(),
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        curve: CurveServer | None = None,
-    ) -> None:
+
+@dataclass
+class LearnBatch:
+    """Learn requests flushed together, their experience assembled, on the way to ``learn()``."""
+
+    cdp: ComputationDataProcessor
+    requests: list[_Request]
+    experience: dict[str, Any]
+
+    def run(self) -> tuple[dict[str, float], int, int]:
+        """``learn()`` on it (in whatever thread the learner uses); returns the costs and the summed policy lag."""
+        ct = self.cdp.ct
+        versions = self.experience["policy_version"]
+        lag_sum = ct.version * versions.size - int(versions.sum())
+        return ct.learn(self.experience), lag_sum, versions.size
+
+
+class ComputationDataProcessor:
+    """Batches the predict and learn requests of one ComputationTask and serves them."""
+
+    def __init__(self, ct: ComputationTask, *, config: BatchingConfig = BatchingConfig(), reply: Reply) -> None:
         self.ct = ct
         self.config = config
-        self.max_bytes = max_bytes
+        self.reply = reply
         self._live: frozenset[str] = frozenset()
         self._evaluating: set[str] = set()
         self.stats = CDPStats(learn_calls=ct.learn_calls)
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
-        self.predict_socket, self.predict_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
-        try:
-            self.learn_socket, self.learn_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
-        except BaseException:
-            self.predict_socket.close(linger=0)
-            raise
 
     @property
     def live(self) -> frozenset[str]:
@@ -182,54 +206,27 @@ class ComputationDataProcessor:
         self._evaluating -= gone
         self._live = agents
 
-    def close(self) -> None:
-        self.predict_socket.close(linger=0)
-        self.learn_socket.close(linger=0)
-
     # ---- receiving -------------------------------------------------------------------
 
-    def drain(self, sock: zmq.Socket, now: float) -> None:
-        """Take the waiting messages of ``sock`` (at most a bounded number) into the queues."""
-        learn = sock is self.learn_socket
-        for _ in range(_MAX_DRAIN):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                self._accept(frames, now, learn=learn)
-            except Exception:  # a message nobody foresaw must not take the compute process down
-                self.stats.rejected += 1
-                logger.exception("CT %r dropped a request it could not handle", self.ct.name)
-
-    def _reject(self, sock: zmq.Socket, identity: bytes, seq: int, reason: str, code: str) -> None:
+    def reject(self, reply_to: Any, learn: bool, seq: int, reason: str, code: str) -> None:
         self.stats.rejected += 1
-        logger.debug("CT %r rejected a request from %r: %s", self.ct.name, identity, reason)
-        router_send(sock, identity, Message(ERROR, error_payload(reason, code=code), seq=seq, ct=self.ct.name))
+        logger.debug("CT %r rejected a request from %r: %s", self.ct.name, reply_to, reason)
+        self.reply(reply_to, learn, Message(ERROR, error_payload(reason, code=code), seq=seq, ct=self.ct.name))
 
-    def _accept(self, frames: list[bytes], now: float, *, learn: bool) -> None:
-        sock = self.learn_socket if learn else self.predict_socket
-        identity, frames = frames[0], frames[1:]
-        try:
-            message = unpack(frames, max_bytes=self.max_bytes)
-        except DecodeError as exc:
-            self._reject(sock, identity, 0, str(exc), "bad_request")
-            return
+    def accept(self, message: Message, reply_to: Any, now: float, *, learn: bool) -> None:
+        """Validate a decoded request and queue it, or answer it with an error naming what is wrong."""
         expected_kind = LEARN if learn else PREDICT
         if message.kind != expected_kind:
-            self._reject(sock, identity, message.seq, f"this socket takes {expected_kind!r}, got {message.kind!r}", "bad_request")
+            self.reject(reply_to, learn, message.seq, f"this socket takes {expected_kind!r}, got {message.kind!r}", "bad_request")
             return
         if message.ct != self.ct.name:
-            self._reject(
-                sock, identity, message.seq, f"unknown CT {message.ct!r}: this endpoint serves {self.ct.name!r}", "config"
+            self.reject(
+                reply_to, learn, message.seq, f"unknown CT {message.ct!r}: this endpoint serves {self.ct.name!r}", "config"
             )
-            return
-        if message.agent_id.encode() != identity:
-            self._reject(sock, identity, message.seq, "header agent_id does not match the connection's identity", "bad_request")
             return
         if learn and message.agent_id not in self._live:
             # Only agents the manager registered may feed learn().
-            self._reject(sock, identity, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config")
+            self.reject(reply_to, learn, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config")
             return
         try:
             if learn:
@@ -238,7 +235,7 @@ class ComputationDataProcessor:
             else:
                 size, steps = self.ct.specs.check_predict(message.payload), 0
         except SpecError as exc:
-            self._reject(sock, identity, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
+            self.reject(reply_to, learn, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return
         if learn:
             # Sequences of one length are batched together.
@@ -249,101 +246,163 @@ class ComputationDataProcessor:
                 )
         else:
             queue = self._predict_queue
-        # An agent waits for each reply before it asks again; more than this is a flood, and
-        # refusing it keeps one peer from filling the batches of everyone else.
+        # An agent has at most a few requests on their way (its learn_ahead); more than this is a flood,
+        # and refusing it keeps one peer from filling the batches of everyone else.
         if queue.pending(message.agent_id) >= _MAX_PENDING_PER_AGENT:
-            self._reject(sock, identity, message.seq, f"more than {_MAX_PENDING_PER_AGENT} requests waiting", "bad_request")
+            self.reject(reply_to, learn, message.seq, f"more than {_MAX_PENDING_PER_AGENT} requests waiting", "bad_request")
             return
         if learn:
             self.stats.learn_requests += 1
         else:
             self.stats.predict_requests += 1
-            if message.payload.get("greedy", False) and message.agent_id in self._live:
+            greedy = message.payload.get("greedy")
+            # An agent whose every row is greedy plays an evaluation episode and sends nothing to learn from.
+            if greedy is not None and greedy.all() and message.agent_id in self._live:
                 self._evaluating.add(message.agent_id)
             else:
                 self._evaluating.discard(message.agent_id)
-        queue.add(_Request(identity, message.agent_id, message.seq, message.payload, now, size))
+        queue.add(_Request(reply_to, message.agent_id, message.seq, message.payload, now, size))
 
     # ---- serving ---------------------------------------------------------------------
 
-    def next_deadline(self) -> float | None:
-        deadlines = [queue.deadline() for queue in (self._predict_queue, *self._learn_queues.values())]
-        deadlines = [deadline for deadline in deadlines if deadline is not None]
+    def next_deadline(self, *, learning: bool = True) -> float | None:
+        """When the oldest waiting request must be served; learn requests count only when ``learning``."""
+        queues = (self._predict_queue, *self._learn_queues.values()) if learning else (self._predict_queue,)
+        deadlines = [deadline for deadline in (queue.deadline() for queue in queues) if deadline is not None]
         return min(deadlines) if deadlines else None
 
-    def serve_ready(self, now: float) -> None:
-        """Flush every batch that the batching rule says is ready."""
+    def serve_predictions(self, now: float) -> None:
+        """Serve every prediction batch that the batching rule says is ready."""
         while self._predict_queue.ready(now, self.live):
             self._serve_predict(self._predict_queue.take(), now)
+
+    def take_learn_batch(self, now: float, *, flush: bool = False) -> LearnBatch | None:
+        """The next learn batch the batching rule says is ready (with ``flush``, any waiting one), assembled."""
         learners = self.live - self._evaluating if self._learn_queues else frozenset()
         for steps, queue in list(self._learn_queues.items()):
-            while queue.ready(now, learners):
-                self._serve_learn(queue.take())
+            if flush and queue.requests:
+                batch = queue.take_all()
+            elif queue.ready(now, learners):
+                batch = queue.take()
+            else:
+                continue
             if not queue.requests:
                 del self._learn_queues[steps]
+            return LearnBatch(self, batch, self._experience(batch))
+        return None
 
-    def _fail_batch(self, sock: zmq.Socket, batch: list[_Request], what: str) -> None:
-        text = traceback.format_exc()
+    def _fail(self, batch: list[_Request], learn: bool, what: str, text: str) -> None:
         reason = f"{what} of CT {self.ct.name!r} raised in the compute process"
         for request in batch:
-            router_send(sock, request.identity, Message(ERROR, error_payload(reason, traceback=text, code="user_code"), seq=request.seq, ct=self.ct.name))
+            self.reply(request.reply_to, learn, Message(ERROR, error_payload(reason, traceback=text, code="user_code"), seq=request.seq, ct=self.ct.name))
         raise UserCodeError(self.ct.name, what, text)
 
     def _serve_predict(self, batch: list[_Request], now: float) -> None:
-        # Evaluation requests ask for the greedy action: they ride in the same batch (so no agent waits
-        # longer) but take their own forward pass. check_predict made "greedy" a bool where present.
-        evaluation = [request for request in batch if request.payload.get("greedy", False)]
-        training = [request for request in batch if not request.payload.get("greedy", False)] if evaluation else batch
-        if training:
-            self._predict_part(training, greedy=False)
-        if evaluation:
-            self._predict_part(evaluation, greedy=True)
-        stats = self.stats
-        stats.predict_batches += 1
-        stats.predict_rows += sum(request.size for request in batch)
-        stats.max_predict_wait_ms = max(stats.max_predict_wait_ms, (now - batch[0].arrived) * 1000)
-
-    def _predict_part(self, batch: list[_Request], *, greedy: bool) -> None:
         specs = self.ct.specs
         inputs = {key: np.concatenate([r.payload["inputs"][key] for r in batch]) for key in specs.inputs}
         states = {key: np.concatenate([r.payload["states"][key] for r in batch]) for key in specs.states}
+        greedy: bool | np.ndarray = False
+        if any("greedy" in r.payload for r in batch):
+            greedy = np.concatenate([r.payload.get("greedy", np.zeros(r.size, bool)) for r in batch])
         try:
             actions, next_states = self.ct.predict(inputs, states, greedy=greedy)
         except Exception:
-            self._fail_batch(self.predict_socket, batch, "predict_greedy" if greedy else "predict")
+            self._fail(batch, False, "predict", traceback.format_exc())
+        version = self.ct.predicted_version
         start = 0
         for request in batch:
             stop = start + request.size
             reply = {
                 "actions": {key: value[start:stop] for key, value in actions.items()},
                 "states": {key: value[start:stop] for key, value in next_states.items()},
+                "version": version,
             }
-            router_send(self.predict_socket, request.identity, Message(PREDICTION, reply, seq=request.seq, ct=self.ct.name))
+            self.reply(request.reply_to, False, Message(PREDICTION, reply, seq=request.seq, ct=self.ct.name))
             start = stop
+        stats = self.stats
+        stats.predict_batches += 1
+        stats.predict_rows += start
+        stats.max_predict_wait_ms = max(stats.max_predict_wait_ms, (now - batch[0].arrived) * 1000)
 
-    def _serve_learn(self, batch: list[_Request]) -> None:
+    def _experience(self, batch: list[_Request]) -> dict[str, Any]:
         def stacked(group: str, specs: dict) -> dict[str, np.ndarray]:
             return {key: np.concatenate([r.payload[group][key] for r in batch]) for key in specs}
 
-        specs = self.ct.specs
-        experience = {
-            "inputs": stacked("inputs", specs.inputs),
-            "next_inputs": stacked("next_inputs", specs.inputs),
-            "actions": stacked("actions", specs.actions),
-            "rewards": stacked("rewards", specs.rewards),
-            "states": stacked("states", specs.states),
-            "terminated": np.concatenate([r.payload["terminated"] for r in batch]),
-            "truncated": np.concatenate([r.payload["truncated"] for r in batch]),
-        }
-        try:
-            costs = self.ct.learn(experience)
-        except Exception:
-            self._fail_batch(self.learn_socket, batch, "learn")
+        experience = {group: stacked(group, specs) for group, specs in group_specs(self.ct.specs).items()}
+        for flag in STEP_FLAG_SPECS:
+            experience[flag] = np.concatenate([r.payload[flag] for r in batch])
+        return experience
+
+    def learned(self, batch: LearnBatch, costs: dict[str, float], lag_sum: int, lag_steps: int) -> None:
+        """Reply to the requests of a learned batch and count it."""
+        stats = self.stats
         # The CT's count, which a resumed run continues.
-        self.stats.learn_calls = self.ct.learn_calls
+        stats.learn_calls = self.ct.learn_calls
+        stats.policy_lag_sum += lag_sum
+        stats.policy_lag_steps += lag_steps
         for key, value in costs.items():
-            self.stats.costs_sum[key] += value
-        self.stats.costs_count += 1
+            stats.costs_sum[key] += value
+        stats.costs_count += 1
         reply = {"costs": costs, "learn_calls": self.ct.learn_calls}
-        for request in batch:
-            router_send(self.learn_socket, request.identity, Message(LEARNED, reply, seq=request.seq, ct=self.ct.name))
+        for request in batch.requests:
+            self.reply(request.reply_to, True, Message(LEARNED, reply, seq=request.seq, ct=self.ct.name))
+
+    def learn_failed(self, batch: LearnBatch, text: str) -> None:
+        """``learn()`` raised (``text`` is its traceback): the requesters hear why, and the run must stop."""
+        self._fail(batch.requests, True, "learn", text)
+
+
+class SocketFront:
+    """A CDP's predict and learn ROUTER sockets in the compute process: decode, check the sender, hand over."""
+
+    def __init__(
+        self,
+        ct: ComputationTask,
+        ctx: zmq.Context,
+        *,
+        host: str = "127.0.0.1",
+        config: BatchingConfig = BatchingConfig(),
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        curve: CurveServer | None = None,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.cdp = ComputationDataProcessor(ct, config=config, reply=self._send)
+        self.predict_socket, self.predict_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
+        try:
+            self.learn_socket, self.learn_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
+        except BaseException:
+            self.predict_socket.close(linger=0)
+            raise
+
+    def _send(self, identity: bytes, learn: bool, message: Message) -> None:
+        router_send(self.learn_socket if learn else self.predict_socket, identity, message)
+
+    def close(self) -> None:
+        self.predict_socket.close(linger=0)
+        self.learn_socket.close(linger=0)
+
+    def drain(self, sock: zmq.Socket, now: float) -> None:
+        """Take the waiting messages of ``sock`` (at most a bounded number) into the CDP's queues."""
+        learn = sock is self.learn_socket
+        for _ in range(_MAX_DRAIN):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._accept(frames, now, learn=learn)
+            except Exception:  # a message nobody foresaw must not take the compute process down
+                self.cdp.stats.rejected += 1
+                logger.exception("CT %r dropped a request it could not handle", self.cdp.ct.name)
+
+    def _accept(self, frames: list[bytes], now: float, *, learn: bool) -> None:
+        identity, frames = frames[0], frames[1:]
+        try:
+            message = unpack(frames, max_bytes=self.max_bytes)
+        except DecodeError as exc:
+            self.cdp.reject(identity, learn, 0, str(exc), "bad_request")
+            return
+        if message.agent_id.encode() != identity:
+            self.cdp.reject(identity, learn, message.seq, "header agent_id does not match the connection's identity", "bad_request")
+            return
+        self.cdp.accept(message, identity, now, learn=learn)

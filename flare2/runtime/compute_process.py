@@ -2,8 +2,9 @@
 
 A single loop polls the control socket and every CDP socket; its poll timeout
 is the nearest batch deadline, so a batch waits at most ``max_wait`` plus one
-wake-up. Predictions and learning of a CT share that loop, so they never race
-on the model's parameters.
+wake-up. Ready learn batches go to the learner thread (``learner_thread``,
+the default) while the loop keeps serving predictions from the acting copy of
+the weights; without it they are learned in the loop, between predictions.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 import zmq
 
 from flare2.errors import ConfigError, DecodeError, FlareError
-from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.cdp import ComputationDataProcessor, SocketFront, UserCodeError
+from flare2.runtime.learner import InlineLearner, LearnerThread
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
@@ -47,6 +49,8 @@ class ComputeSettings:
     checkpoint_dir: str
     resume_dir: str | None
     torch_threads: int
+    learner_thread: bool
+    """learn() in a thread of its own, beside the predictions (see flare2.runtime.learner)."""
     max_message_bytes: int
     parent_pid: int
     stats_interval_s: float = 1.0
@@ -121,64 +125,102 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
     if settings.resume_dir:
         for ct in cts:
             counters = ct.load(resume_checkpoint_path(settings.resume_dir, ct.name))
-    cdps = []
+    fronts: list[SocketFront] = []
+    learner: LearnerThread | InlineLearner = InlineLearner()
     try:
         for ct, config in zip(cts, settings.cts):
-            cdps.append(
-                ComputationDataProcessor(
+            fronts.append(
+                SocketFront(
                     ct, ctx, host=settings.bind, config=config.batching, max_bytes=settings.max_message_bytes,
                     curve=settings.curve_server,
                 )
             )
+        if settings.learner_thread:
+            for ct in cts:
+                ct.act_beside_learning()
+            learner = LearnerThread(ctx)
         hello = {
             "role": "compute",
             "pid": os.getpid(),
             "device": str(cts[0].device),
             "counters": counters,
             "cts": {
-                cdp.ct.name: {
-                    "specs": cdp.ct.specs.to_wire(),
-                    "predict_endpoint": cdp.predict_endpoint,
-                    "learn_endpoint": cdp.learn_endpoint,
+                front.cdp.ct.name: {
+                    "specs": front.cdp.ct.specs.to_wire(),
+                    "predict_endpoint": front.predict_endpoint,
+                    "learn_endpoint": front.learn_endpoint,
+                    "learn_ahead": front.cdp.ct.learn_ahead,
                 }
-                for cdp in cdps
+                for front in fronts
             },
         }
         control.send_multipart(pack(Message(HELLO, hello)))
+        cdps = [front.cdp for front in fronts]
         # The counters a resumed run continues reach the manager before its first progress row.
         _send_stats(control, cdps)
-        _loop(control, cdps, settings)
+        _loop(control, fronts, learner, settings)
     finally:
-        for cdp in cdps:
-            cdp.close()
+        if isinstance(learner, LearnerThread):
+            learner.close()
+        for front in fronts:
+            front.close()
 
 
-def _loop(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: ComputeSettings) -> None:
+def serve_ready(cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner, now: float) -> None:
+    """Serve the ready prediction batches, and hand ready learn batches to the learner while it is idle."""
+    for cdp in cdps:
+        cdp.serve_predictions(now)
+    for cdp in cdps:
+        while learner.idle and (batch := cdp.take_learn_batch(now)) is not None:
+            learner.submit(batch)
+
+
+def finish_learning(cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner) -> None:
+    """Learn every batch still waiting, as a run stops: no experience that reached the CDPs is lost."""
+    now = time.monotonic()
+    for cdp in cdps:
+        while True:
+            learner.finish()
+            batch = cdp.take_learn_batch(now, flush=True)
+            if batch is None:
+                break
+            learner.submit(batch)
+    learner.finish()
+
+
+def _loop(
+    control: zmq.Socket, fronts: list[SocketFront], learner: LearnerThread | InlineLearner, settings: ComputeSettings
+) -> None:
+    cdps = [front.cdp for front in fronts]
     poller = zmq.Poller()
     poller.register(control, zmq.POLLIN)
-    owner: dict[zmq.Socket, ComputationDataProcessor] = {}
-    for cdp in cdps:
-        for sock in (cdp.predict_socket, cdp.learn_socket):
+    wake = learner.wake_socket if isinstance(learner, LearnerThread) else None
+    if wake is not None:
+        poller.register(wake, zmq.POLLIN)
+    owner: dict[zmq.Socket, SocketFront] = {}
+    for front in fronts:
+        for sock in (front.predict_socket, front.learn_socket):
             poller.register(sock, zmq.POLLIN)
-            owner[sock] = cdp
+            owner[sock] = front
     next_stats = time.monotonic() + settings.stats_interval_s
     while True:
         now = time.monotonic()
-        deadlines = [d for d in (cdp.next_deadline() for cdp in cdps) if d is not None]
-        wake = min([next_stats, *deadlines])
-        events = poller.poll(poll_timeout_ms(min(wake - now, _IDLE_POLL_S)))
+        # While the learner is busy, learn batches wait for it, not for their deadline.
+        deadlines = [d for d in (cdp.next_deadline(learning=learner.idle) for cdp in cdps) if d is not None]
+        wake_at = min([next_stats, *deadlines])
+        events = poller.poll(poll_timeout_ms(min(wake_at - now, _IDLE_POLL_S)))
         now = time.monotonic()
         ready = {sock for sock, _ in events}
         # Control first: a LIVE update must reach the CDPs before the requests of the agents it names.
         if control in ready:
             while control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                if _handle_control(control, cdps, settings):
+                if _handle_control(control, cdps, learner, settings):
                     return
-        for sock in ready - {control}:
+        if wake in ready:
+            learner.deliver()
+        for sock in ready - {control, wake}:
             owner[sock].drain(sock, now)
-        now = time.monotonic()
-        for cdp in cdps:
-            cdp.serve_ready(now)
+        serve_ready(cdps, learner, time.monotonic())
         if now >= next_stats:
             next_stats = now + settings.stats_interval_s
             if os.getppid() != settings.parent_pid:
@@ -198,7 +240,10 @@ def _save_checkpoints(cdps: list[ComputationDataProcessor], settings: ComputeSet
         cdp.ct.save(checkpoint_path(settings.checkpoint_dir, cdp.ct.name), counters)
 
 
-def _handle_control(control: zmq.Socket, cdps: list[ComputationDataProcessor], settings: ComputeSettings) -> bool:
+def _handle_control(
+    control: zmq.Socket, cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner,
+    settings: ComputeSettings,
+) -> bool:
     """Apply one manager message; True when the process must stop."""
     try:
         message = unpack(control.recv_multipart(), max_bytes=settings.max_message_bytes)
@@ -216,6 +261,7 @@ def _handle_control(control: zmq.Socket, cdps: list[ComputationDataProcessor], s
         control.send_multipart(pack(Message(CHECKPOINT, {"checkpoint_dir": settings.checkpoint_dir}, seq=message.seq)))
         return False
     if message.kind == STOP:
+        finish_learning(cdps, learner)
         _save_checkpoints(cdps, settings, message.payload.get("counters"))
         _send_stats(control, cdps)
         control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))

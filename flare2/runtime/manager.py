@@ -102,6 +102,8 @@ class _AgentSlot:
     """Restarts of this slot in a row, each after a short life; sets the backoff."""
     cts: frozenset[str] = frozenset()
     """The CTs the agent asks (from its hello)."""
+    envs: int = 0
+    """The environments it plays (from its hello)."""
 
     @property
     def live(self) -> bool:
@@ -243,10 +245,12 @@ class Manager:
 
     def _report_progress(self) -> None:
         if self._progress is not None:
+            live = [agent for agent in (*self._slots, *self._remotes.values()) if agent.live]
             self._progress.report(
                 self.totals,
-                agents=sum(agent.live for agent in self._slots),
-                remote_agents=sum(agent.live for agent in self._remotes.values()),
+                agents=sum(not agent.remote for agent in live),
+                remote_agents=sum(agent.remote for agent in live),
+                envs=sum(agent.envs for agent in live),
             )
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -276,6 +280,7 @@ class Manager:
             checkpoint_dir=str(self.checkpoint_dir),
             resume_dir=config.resume_dir,
             torch_threads=config.torch_threads,
+            learner_thread=config.learner_thread,
             max_message_bytes=config.max_message_bytes,
             parent_pid=os.getpid(),
             # At least one compute report per progress row, so each row sees fresh batching figures.
@@ -299,6 +304,7 @@ class Manager:
             "--agent-kwargs", json.dumps(config.agents.kwargs),
             # A restarted agent plays other episodes than its predecessor.
             "--seed", str(config.seed * 100_003 + slot * 1009 + incarnation),
+            "--envs-per-agent", str(config.agents.envs_per_agent),
             "--parent-pid", str(os.getpid()),
             "--hello-timeout", str(config.startup_timeout_s),
         ]
@@ -523,6 +529,7 @@ class Manager:
             return
         self.totals.add_agent_stats(steps, episodes, remote=agent.remote)
         self.totals.add_eval_stats(eval_steps, eval_episodes)
+        self.totals.round_trips.merge(payload.get("predict_round_trips"))
 
     def _welcome(self, control: zmq.Socket, hello: Message) -> None:
         agent = self._by_id.get(hello.agent_id)
@@ -545,6 +552,8 @@ class Manager:
         }
         agent.registered = True
         agent.cts = frozenset(wanted)
+        envs = hello.payload.get("envs", 1)
+        agent.envs = envs if type(envs) is int and envs >= 0 else 0
         # Its heartbeat clock starts now, not when its hello arrived (it may have waited for the compute process).
         agent.last_seen = time.monotonic()
         # The CDPs learn of the agent before it can send its first request.

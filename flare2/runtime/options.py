@@ -22,11 +22,15 @@ def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     return None, int(match.group(1))
 
 
-def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max_steps: int | None = 500_000,
-                    log_dir: str = "runs/latest") -> None:
+def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 2, envs_per_agent: int = 4,
+                    max_steps: int | None = 500_000, log_dir: str = "runs/latest") -> None:
     """Add the options of a run (budget, agents, device, batching, supervision, checkpoints) to ``parser``."""
     run = parser.add_argument_group("run")
     run.add_argument("--num-agents", type=int, default=num_agents, help="agent processes on this machine")
+    run.add_argument("--envs-per-agent", type=int, default=envs_per_agent,
+                     help="environments each agent process plays, asked for in one request per step")
+    run.add_argument("--serial", action="store_true",
+                     help="run everything in this one process (one agent with all the envs): for debuggers")
     run.add_argument("--max-steps", type=int, default=max_steps, help="stop after this many env steps in total")
     run.add_argument("--max-episodes", type=int, default=None, help="stop after this many episodes in total")
     run.add_argument("--stop-return", type=float, default=None,
@@ -47,6 +51,8 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 8, max
                           help="... or once its oldest request has waited this long (or when every live agent waits)")
     batching.add_argument("--learn-max-wait-ms", type=float, default=20.0,
                           help="a learn batch waits at most this long for the learn requests of the other live agents")
+    batching.add_argument("--no-learner-thread", dest="learner_thread", action="store_false",
+                          help="learn() between predictions in the compute loop instead of beside them in a thread")
     supervision = parser.add_argument_group("supervision and checkpoints")
     supervision.add_argument("--max-restarts", type=int, default=10,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
@@ -84,7 +90,9 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
     every_s, every_steps = args.checkpoint_every
     return RunConfig(
         cts=tuple(cts),
-        agents=AgentConfig(path=agent_path, kwargs=agent_kwargs or {}, num_agents=args.num_agents),
+        agents=AgentConfig(
+            path=agent_path, kwargs=agent_kwargs or {}, num_agents=args.num_agents, envs_per_agent=args.envs_per_agent
+        ),
         log_dir=args.log_dir,
         max_steps=args.max_steps,
         max_episodes=args.max_episodes,
@@ -104,4 +112,6 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         checkpoint_every_s=every_s,
         checkpoint_every_steps=every_steps,
         resume_dir=args.resume,
+        learner_thread=args.learner_thread,
+        serial=args.serial,
     )

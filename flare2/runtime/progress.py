@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,11 +33,56 @@ PROGRESS_COLUMNS = (
     "eval_env_steps",
     "eval_episodes",
     "eval_return_mean",
+    "envs",
+    "policy_lag_mean",
+    "predict_rtt_p50_ms",
+    "predict_rtt_p99_ms",
 )
 CT_COLUMNS = ("wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean")
 """cts.csv: per CT, the batches since the last row and their mean size (requests per forward pass or learn call)."""
 RETURN_WINDOW = 100
+# Round-trip histogram: quarter-octave buckets from 1 µs; the last bucket holds everything above ~1 min.
+_BUCKETS_PER_OCTAVE = 4
+_LATENCY_BUCKETS = 26 * _BUCKETS_PER_OCTAVE
 EVAL_RETURN_WINDOW = 20
+
+
+class LatencyHistogram:
+    """Counts of durations in log-spaced buckets (about 19 % wide): cheap to fill in an agent, exact to add up.
+
+    Agents send theirs with their stats; the manager adds them and reads
+    quantiles, so a percentile over all agents is right without shipping every
+    sample.
+    """
+
+    def __init__(self) -> None:
+        self.counts = [0] * _LATENCY_BUCKETS
+
+    def add(self, seconds: float) -> None:
+        micros = seconds * 1e6
+        bucket = int(math.log2(micros) * _BUCKETS_PER_OCTAVE) if micros > 1 else 0
+        self.counts[min(bucket, _LATENCY_BUCKETS - 1)] += 1
+
+    def take(self) -> list[int]:
+        counts, self.counts = self.counts, [0] * _LATENCY_BUCKETS
+        return counts
+
+    def merge(self, counts: Any) -> None:
+        """Add counts an agent sent; anything but a list of as many non-negative ints is ignored."""
+        if isinstance(counts, list) and len(counts) == _LATENCY_BUCKETS and all(type(c) is int and c >= 0 for c in counts):
+            self.counts = [mine + theirs for mine, theirs in zip(self.counts, counts)]
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile in milliseconds (the middle of its bucket); NaN when empty."""
+        total = sum(self.counts)
+        if not total:
+            return float("nan")
+        seen = 0
+        for bucket, count in enumerate(self.counts):
+            seen += count
+            if seen >= q * total:
+                return 2 ** ((bucket + 0.5) / _BUCKETS_PER_OCTAVE) / 1000
+        return float("nan")
 
 
 @dataclass
@@ -63,6 +109,8 @@ class RunTotals:
     """Steps of evaluation episodes (not in ``env_steps``: they do not count towards the budget)."""
     eval_episodes: int = 0
     recent_eval_returns: deque = field(default_factory=lambda: deque(maxlen=EVAL_RETURN_WINDOW))
+    round_trips: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Prediction round trips as the agents timed them, since the last progress row."""
     _finished: list = field(default_factory=list)
     """(return, length, evaluation) of the episodes finished since the last ``take_finished``."""
 
@@ -160,8 +208,9 @@ class ProgressLog:
         self._last_rows = 0.0
         self._last_batches = 0.0
         self._last_ct_counts: dict[str, tuple[float, float, float, float]] = {}
+        self._last_lag = (0.0, 0.0)
 
-    def report(self, totals: RunTotals, *, agents: int, remote_agents: int = 0) -> dict[str, Any]:
+    def report(self, totals: RunTotals, *, agents: int, remote_agents: int = 0, envs: int = 0) -> dict[str, Any]:
         now = time.monotonic()
         rows, batches = totals.ct_total("predict_rows"), totals.ct_total("predict_batches")
         elapsed = max(now - self._last_time, 1e-9)
@@ -187,8 +236,13 @@ class ProgressLog:
             "eval_env_steps": totals.eval_env_steps,
             "eval_episodes": totals.eval_episodes,
             "eval_return_mean": round(totals.eval_return_mean, 3),
+            "envs": envs,
+            "policy_lag_mean": round(self._policy_lag_mean(totals), 3),
+            "predict_rtt_p50_ms": round(totals.round_trips.quantile(0.5), 3),
+            "predict_rtt_p99_ms": round(totals.round_trips.quantile(0.99), 3),
         }
         totals.max_predict_wait_ms = 0.0
+        totals.round_trips.take()
         self._last_time, self._last_steps, self._last_rows, self._last_batches = now, totals.env_steps, rows, batches
         self._progress.writerow([row[column] for column in PROGRESS_COLUMNS])
         self._progress_file.flush()
@@ -205,12 +259,20 @@ class ProgressLog:
         self._episodes_file.flush()
         eval_text = f" | eval {row['eval_return_mean']:.1f} ({totals.eval_episodes} ep)" if totals.eval_episodes else ""
         logger.info(
-            "steps %d | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d | agents %d local, %d remote "
-            "| restarts %d%s",
+            "steps %d | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | agents %d local, "
+            "%d remote, %d envs | restarts %d%s",
             row["env_steps"], row["steps_per_s"], row["episodes"], row["return_mean"], eval_text, row["batch_size_mean"],
-            row["learn_steps"], agents, remote_agents, row["restarts"], (" | " + " ".join(costs_text)) if costs_text else "",
+            row["learn_steps"], row["policy_lag_mean"], agents, remote_agents, envs, row["restarts"],
+            (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row
+
+    def _policy_lag_mean(self, totals: RunTotals) -> float:
+        """Mean policy lag (learner version minus the version that acted) of the steps learned since the last row."""
+        lag_sum, lag_steps = totals.ct_total("policy_lag_sum"), totals.ct_total("policy_lag_steps")
+        before_sum, before_steps = self._last_lag
+        self._last_lag = (lag_sum, lag_steps)
+        return (lag_sum - before_sum) / (lag_steps - before_steps) if lag_steps > before_steps else float("nan")
 
     def _write_ct_rows(self, wall_time: float, totals: RunTotals) -> None:
         for ct, report in totals.ct_reports.items():

@@ -114,8 +114,10 @@ def raise_for_error(message: Message, what: str) -> None:
 class Requester:
     """One DEALER that sends requests and waits for the reply with the same ``seq``.
 
-    Replies to earlier requests that timed out are dropped, so a late answer
-    is never taken for the answer to a newer question.
+    Several requests may be on their way at once; a reply that arrives while
+    another is waited for is kept until its own turn. Replies to requests that
+    timed out are dropped, so a late answer is never taken for the answer to a
+    newer question.
     """
 
     def __init__(
@@ -132,18 +134,27 @@ class Requester:
         self._max_bytes = max_bytes
         self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes, curve=curve)
         self._seq = 0
+        self._awaited: set[int] = set()
+        self._early: dict[int, Message] = {}
 
     @property
     def socket(self) -> zmq.Socket:
         return self._sock
 
     def send(self, kind: str, payload: dict, *, ct: str = "") -> int:
+        """Send a message that expects no reply; returns its seq."""
         self._seq += 1
         self._sock.send_multipart(pack(Message(kind, payload, self.identity, self._seq, ct)))
         return self._seq
 
-    def request(self, kind: str, payload: dict, *, ct: str = "", timeout_s: float, what: str) -> Message:
+    def send_request(self, kind: str, payload: dict, *, ct: str = "") -> int:
+        """Send a request whose reply ``wait_reply`` will be asked for; returns its seq."""
         seq = self.send(kind, payload, ct=ct)
+        self._awaited.add(seq)
+        return seq
+
+    def request(self, kind: str, payload: dict, *, ct: str = "", timeout_s: float, what: str) -> Message:
+        seq = self.send_request(kind, payload, ct=ct)
         return self.wait_reply(seq, timeout_s=timeout_s, what=what)
 
     def wait_reply(
@@ -156,10 +167,16 @@ class Requester:
         on_idle: Callable[[], None] | None = None,
     ) -> Message:
         """The reply to request ``seq``; ``on_idle`` runs every ``idle_every_s`` while waiting."""
+        early = self._early.pop(seq, None)
+        if early is not None:
+            self._awaited.discard(seq)
+            raise_for_error(early, what)
+            return early
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self._awaited.discard(seq)
                 raise PeerDiedError(
                     f"no reply to {what} from {self.endpoint} within {timeout_s:.1f}s: the peer is gone or unreachable"
                 )
@@ -176,7 +193,10 @@ class Requester:
                 logger.warning("dropped a malformed reply from %s: %s", self.endpoint, exc)
                 continue
             if reply.seq != seq:
+                if reply.seq in self._awaited:
+                    self._early[reply.seq] = reply
                 continue
+            self._awaited.discard(seq)
             raise_for_error(reply, what)
             return reply
 

@@ -1,0 +1,104 @@
+"""Learners: where the ``learn()`` calls of the compute process run.
+
+:class:`InlineLearner` runs each learn batch at once, in the thread that
+flushed it: predictions wait while it runs. The serial runner uses it, so a
+debugger sees one call stack from the Agent down to ``Algorithm.learn``.
+
+:class:`LearnerThread` runs them in one thread of its own, one at a time and
+in order, while the compute process's loop keeps serving predictions from the
+acting copy of the weights (``ComputationTask.act_beside_learning``). One
+thread for every CT, because CTs may share parameters and two ``learn()``
+calls must never update them at once. torch releases the GIL inside its
+operators, so the two threads overlap even in one process. The loop hands
+over the next batch only when the thread is idle: batches wait in the CDP's
+queues meanwhile (and grow), never in an unbounded queue here.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from typing import Any
+
+import zmq
+
+from flare2.runtime.cdp import LearnBatch
+
+
+class InlineLearner:
+    """Runs ``learn()`` at once in the calling thread."""
+
+    idle = True
+
+    def submit(self, batch: LearnBatch) -> None:
+        try:
+            costs, lag_sum, lag_steps = batch.run()
+        except Exception:
+            batch.cdp.learn_failed(batch, traceback.format_exc())
+        batch.cdp.learned(batch, costs, lag_sum, lag_steps)
+
+    def finish(self) -> None:
+        """Nothing is ever left running."""
+
+
+class LearnerThread:
+    """Runs ``learn()`` in a thread; ``wake_socket`` becomes readable when a result is ready for ``deliver``."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        endpoint = f"inproc://flare2-learner-{id(self)}"
+        self.wake_socket = ctx.socket(zmq.PAIR)
+        self.wake_socket.bind(endpoint)
+        self._signal = ctx.socket(zmq.PAIR)
+        self._signal.connect(endpoint)
+        self._batches: queue.SimpleQueue[LearnBatch | None] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[tuple[LearnBatch, Any, str]] = queue.SimpleQueue()
+        self._busy = False
+        self._thread = threading.Thread(target=self._work, name="flare2-learner", daemon=True)
+        self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy
+
+    def submit(self, batch: LearnBatch) -> None:
+        self._busy = True
+        self._batches.put(batch)
+
+    def _work(self) -> None:
+        while (batch := self._batches.get()) is not None:
+            try:
+                result, failure = batch.run(), ""
+            except Exception:
+                result, failure = None, traceback.format_exc()
+            self._results.put((batch, result, failure))
+            # The wake-up socket is this thread's alone; the loop's end of the pair is the loop's alone.
+            self._signal.send(b"", copy=True)
+
+    def deliver(self) -> None:
+        """Reply for the batch that was learned (in the loop's thread); raises UserCodeError if learn() raised."""
+        while self.wake_socket.poll(0):
+            self.wake_socket.recv()
+        while True:
+            try:
+                batch, result, failure = self._results.get_nowait()
+            except queue.Empty:
+                return
+            self._busy = False
+            if failure:
+                batch.cdp.learn_failed(batch, failure)
+            batch.cdp.learned(batch, *result)
+
+    def finish(self) -> None:
+        """Wait for the batch being learned and reply for it, so none is lost at a stop."""
+        while self._busy:
+            if self.wake_socket.poll(1000):
+                self.deliver()
+            elif not self._thread.is_alive():
+                return
+
+    def close(self) -> None:
+        self._batches.put(None)
+        self._thread.join(timeout=5)
+        self._signal.close(linger=0)
+        self.wake_socket.close(linger=0)

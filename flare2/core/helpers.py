@@ -126,7 +126,7 @@ class ExpReplayHelper(AgentHelper):
         self.stored += self.num_envs
         intervals = self.stored // self.sample_interval
         due, self._intervals_seen = intervals - self._intervals_seen, intervals
-        if due and self.size * self.num_envs >= self.warmup:
+        if due and self.size * self.num_envs >= self.warmup and self.size >= self.sequence_length:
             self.port.learn(self.sample(due * self.batch_size))
 
     def sample(self, count: int) -> dict[str, Any]:

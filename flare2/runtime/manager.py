@@ -143,6 +143,10 @@ class Manager:
 
     def run(self) -> int:
         """Start the run, supervise it to the end and return the process exit code."""
+        if self.config.serial:
+            from flare2.runtime.serial import SerialRun
+
+            return SerialRun(self.config).run()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_handler = _attach_log_file(self.log_dir / "manager.log")
         previous_handlers = _install_signal_handlers(self._on_signal)
@@ -200,7 +204,7 @@ class Manager:
         next_progress = time.monotonic() + config.progress_interval_s
         next_heartbeat = time.monotonic()
         try:
-            while not self._budget_reached():
+            while not self.totals.budget_reached(config):
                 if self._stop_signal is not None:
                     logger.warning("stopping on %s", signal.Signals(self._stop_signal).name)
                     return EXIT_SIGINT if self._stop_signal == signal.SIGINT else EXIT_SIGTERM
@@ -233,16 +237,6 @@ class Manager:
             logger.error("%s", exc)
             return exc.exit_code
 
-    def _budget_reached(self) -> bool:
-        config, totals = self.config, self.totals
-        return (
-            (config.max_steps is not None and totals.env_steps >= config.max_steps)
-            or (config.max_episodes is not None and totals.episodes >= config.max_episodes)
-            or (config.stop_return is not None and totals.window_full and totals.return_mean >= config.stop_return)
-            or (config.stop_eval_return is not None and totals.eval_window_full
-                and totals.eval_return_mean >= config.stop_eval_return)
-        )
-
     def _report_progress(self) -> None:
         if self._progress is not None:
             live = [agent for agent in (*self._slots, *self._remotes.values()) if agent.live]
@@ -255,15 +249,6 @@ class Manager:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop_signal = signum
-
-    def _counters(self) -> dict[str, Any]:
-        totals = self.totals
-        return {
-            "env_steps": totals.env_steps,
-            "episodes": totals.episodes,
-            "restarts": totals.restarts,
-            "recent_returns": list(totals.recent_returns),
-        }
 
     # ---- children --------------------------------------------------------------------
 
@@ -587,7 +572,7 @@ class Manager:
         if self.config.checkpoint_every_steps:
             self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
         self._checkpoint_pending = True
-        router_send(control, COMPUTE_IDENTITY.encode(), Message(CHECKPOINT, {"counters": self._counters()}))
+        router_send(control, COMPUTE_IDENTITY.encode(), Message(CHECKPOINT, {"counters": self.totals.counters()}))
 
     # ---- stopping --------------------------------------------------------------------
 
@@ -620,7 +605,7 @@ class Manager:
         if compute is not None and compute.exitcode is None:
             wait_s = timeout_s
             if self._compute_hello is not None:
-                router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": self._counters()}))
+                router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": self.totals.counters()}))
                 # Saving a checkpoint of a big model takes a while.
                 wait_s = timeout_s * 4
             compute.join(wait_s)

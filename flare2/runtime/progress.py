@@ -121,6 +121,25 @@ class RunTotals:
         self.restarts = int(counters.get("restarts", 0))
         self.recent_returns.extend(float(value) for value in counters.get("recent_returns", []))
 
+    def budget_reached(self, config: Any) -> bool:
+        """Whether the run (a RunConfig) is over: a budget spent or a target return reached."""
+        return (
+            (config.max_steps is not None and self.env_steps >= config.max_steps)
+            or (config.max_episodes is not None and self.episodes >= config.max_episodes)
+            or (config.stop_return is not None and self.window_full and self.return_mean >= config.stop_return)
+            or (config.stop_eval_return is not None and self.eval_window_full
+                and self.eval_return_mean >= config.stop_eval_return)
+        )
+
+    def counters(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the run, for ``resume_from``."""
+        return {
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "restarts": self.restarts,
+            "recent_returns": list(self.recent_returns),
+        }
+
     def add_compute_stats(self, reports: dict[str, dict[str, Any]]) -> None:
         self.ct_reports.update(reports)
         for report in reports.values():

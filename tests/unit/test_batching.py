@@ -17,7 +17,9 @@ from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.model import Model
 from flare2.core.specs import Spec
-from flare2.runtime.cdp import ComputationDataProcessor
+from flare2.runtime.cdp import SocketFront
+from flare2.runtime.compute_process import serve_ready
+from flare2.runtime.learner import InlineLearner
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.sockets import connect_dealer, poll_timeout_ms
@@ -55,16 +57,17 @@ def ctx():
     context.destroy(linger=0)
 
 
-def make_cdp(ctx, **batching) -> ComputationDataProcessor:
+def make_cdp(ctx, **batching) -> SocketFront:
     ct = ComputationTask("RL", DoublerAlgorithm(Doubler()), device="cpu")
-    return ComputationDataProcessor(ct, ctx, config=BatchingConfig(**batching))
+    return SocketFront(ct, ctx, config=BatchingConfig(**batching))
 
 
 class Agents:
     """DEALER sockets posing as agents, plus the CDP's serving loop."""
 
-    def __init__(self, ctx, cdp: ComputationDataProcessor, names: list[str]) -> None:
-        self.cdp = cdp
+    def __init__(self, ctx, front: SocketFront, names: list[str]) -> None:
+        self.front = front
+        cdp = front
         self.predict = {name: connect_dealer(ctx, cdp.predict_endpoint, identity=name) for name in names}
         self.learn = {name: connect_dealer(ctx, cdp.learn_endpoint, identity=name) for name in names}
         self.replies: dict[str, Message] = {}
@@ -72,7 +75,7 @@ class Agents:
 
     def send_predict(self, name: str, x: np.ndarray, *, header_id: str | None = None, greedy: bool = False) -> None:
         self._seq += 1
-        payload = {"inputs": {"x": x}, "states": {}, **({"greedy": True} if greedy else {})}
+        payload = {"inputs": {"x": x}, "states": {}, **({"greedy": np.ones(len(x), bool)} if greedy else {})}
         self.predict[name].send_multipart(pack(Message(PREDICT, payload, header_id or name, self._seq, "RL")))
 
     def send_learn(self, name: str, steps: int, sequences: int = 1) -> None:
@@ -86,27 +89,29 @@ class Agents:
             "states": {},
             "terminated": np.zeros(lead, bool),
             "truncated": np.zeros(lead, bool),
+            "policy_version": np.zeros(lead, np.int64),
         }
         self.learn[name].send_multipart(pack(Message(LEARN, payload, name, self._seq, "RL")))
 
     def serve(self, until, timeout_s: float) -> bool:
         """Run the CDP loop until ``until()`` holds (True) or ``timeout_s`` passes (False)."""
         poller = zmq.Poller()
-        for sock in (self.cdp.predict_socket, self.cdp.learn_socket, *self.predict.values(), *self.learn.values()):
+        front = self.front
+        for sock in (front.predict_socket, front.learn_socket, *self.predict.values(), *self.learn.values()):
             poller.register(sock, zmq.POLLIN)
         deadline = time.monotonic() + timeout_s
         while not until():
             now = time.monotonic()
             if now >= deadline:
                 return False
-            wake = min(deadline, self.cdp.next_deadline() or deadline)
+            wake = min(deadline, front.cdp.next_deadline() or deadline)
             for sock, _ in poller.poll(poll_timeout_ms(wake - now)):
-                if sock in (self.cdp.predict_socket, self.cdp.learn_socket):
-                    self.cdp.drain(sock, time.monotonic())
+                if sock in (front.predict_socket, front.learn_socket):
+                    front.drain(sock, time.monotonic())
                 else:
                     name = sock.getsockopt(zmq.IDENTITY).decode()
                     self.replies[name] = unpack(sock.recv_multipart())
-            self.cdp.serve_ready(time.monotonic())
+            serve_ready([front.cdp], InlineLearner(), time.monotonic())
         return True
 
     def have_replies(self, *names: str):
@@ -114,52 +119,52 @@ class Agents:
 
 
 def test_a_batch_is_flushed_when_it_holds_max_batch_requests(ctx):
-    cdp = make_cdp(ctx, max_batch=2, max_wait_ms=60_000)
-    cdp.live = frozenset({"a", "b", "c"})
-    agents = Agents(ctx, cdp, ["a", "b", "c"])
+    front = make_cdp(ctx, max_batch=2, max_wait_ms=60_000)
+    front.cdp.live = frozenset({"a", "b", "c"})
+    agents = Agents(ctx, front, ["a", "b", "c"])
     agents.send_predict("a", np.ones((1, 2), np.float32))
     agents.send_predict("b", np.full((1, 2), 3, np.float32))
 
     # Agent c never asks and max_wait is a minute: only the size rule can flush.
     assert agents.serve(agents.have_replies("a", "b"), timeout_s=10)
-    assert cdp.stats.predict_batches == 1 and cdp.stats.predict_rows == 2
+    assert front.cdp.stats.predict_batches == 1 and front.cdp.stats.predict_rows == 2
     assert agents.replies["a"].kind == PREDICTION
     np.testing.assert_array_equal(agents.replies["b"].payload["actions"]["y"], np.full((1, 2), 6, np.float32))
 
 
 def test_a_batch_is_flushed_when_every_live_agent_is_waiting(ctx):
-    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=60_000)
-    cdp.live = frozenset({"a", "b"})
-    agents = Agents(ctx, cdp, ["a", "b"])
+    front = make_cdp(ctx, max_batch=64, max_wait_ms=60_000)
+    front.cdp.live = frozenset({"a", "b"})
+    agents = Agents(ctx, front, ["a", "b"])
     agents.send_predict("a", np.ones((1, 2), np.float32))
     # With one of two live agents waiting, nothing is flushed.
     assert not agents.serve(agents.have_replies("a"), timeout_s=0.2)
     agents.send_predict("b", np.ones((1, 2), np.float32))
 
     assert agents.serve(agents.have_replies("a", "b"), timeout_s=10)
-    assert cdp.stats.predict_batches == 1 and cdp.stats.predict_rows == 2
+    assert front.cdp.stats.predict_batches == 1 and front.cdp.stats.predict_rows == 2
 
 
 def test_a_batch_is_flushed_when_its_oldest_request_has_waited_max_wait(ctx):
     max_wait_ms = 150
-    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=max_wait_ms)
+    front = make_cdp(ctx, max_batch=64, max_wait_ms=max_wait_ms)
     # Agent b is live but never asks, like a dead or slow agent.
-    cdp.live = frozenset({"a", "b"})
-    agents = Agents(ctx, cdp, ["a"])
+    front.cdp.live = frozenset({"a", "b"})
+    agents = Agents(ctx, front, ["a"])
     sent = time.monotonic()
     agents.send_predict("a", np.ones((1, 2), np.float32))
 
     assert agents.serve(agents.have_replies("a"), timeout_s=10)
     waited = time.monotonic() - sent
     assert waited >= max_wait_ms / 1000
-    assert cdp.stats.predict_batches == 1 and cdp.stats.predict_rows == 1
-    assert cdp.stats.max_predict_wait_ms >= max_wait_ms
+    assert front.cdp.stats.predict_batches == 1 and front.cdp.stats.predict_rows == 1
+    assert front.cdp.stats.max_predict_wait_ms >= max_wait_ms
 
 
 def test_each_agent_gets_its_own_rows_of_a_batch(ctx):
-    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=60_000)
-    cdp.live = frozenset({"a", "b"})
-    agents = Agents(ctx, cdp, ["a", "b"])
+    front = make_cdp(ctx, max_batch=64, max_wait_ms=60_000)
+    front.cdp.live = frozenset({"a", "b"})
+    agents = Agents(ctx, front, ["a", "b"])
     agents.send_predict("a", np.array([[1, 2], [3, 4]], np.float32))
     agents.send_predict("b", np.array([[5, 6]], np.float32))
 
@@ -169,8 +174,8 @@ def test_each_agent_gets_its_own_rows_of_a_batch(ctx):
 
 
 def test_a_request_that_breaks_the_specs_gets_an_error_naming_key_expected_and_received(ctx):
-    cdp = make_cdp(ctx, max_batch=64, max_wait_ms=1)
-    agents = Agents(ctx, cdp, ["a", "b"])
+    front = make_cdp(ctx, max_batch=64, max_wait_ms=1)
+    agents = Agents(ctx, front, ["a", "b"])
     agents.send_predict("a", np.ones((1, 3), np.float32))
 
     assert agents.serve(agents.have_replies("a"), timeout_s=10)
@@ -178,7 +183,7 @@ def test_a_request_that_breaks_the_specs_gets_an_error_naming_key_expected_and_r
     assert error.kind == ERROR and error.payload["code"] == "spec"
     reason = error.payload["reason"]
     assert "inputs['x']" in reason and "(2,)" in reason and "(1, 3)" in reason
-    assert cdp.stats.rejected == 1
+    assert front.cdp.stats.rejected == 1
     # The CDP keeps serving others.
     agents.send_predict("b", np.ones((1, 2), np.float32))
     assert agents.serve(agents.have_replies("b"), timeout_s=10)
@@ -186,8 +191,8 @@ def test_a_request_that_breaks_the_specs_gets_an_error_naming_key_expected_and_r
 
 
 def test_a_request_whose_header_names_another_agent_is_rejected(ctx):
-    cdp = make_cdp(ctx, max_wait_ms=1)
-    agents = Agents(ctx, cdp, ["a"])
+    front = make_cdp(ctx, max_wait_ms=1)
+    agents = Agents(ctx, front, ["a"])
     agents.send_predict("a", np.ones((1, 2), np.float32), header_id="someone-else")
 
     assert agents.serve(agents.have_replies("a"), timeout_s=10)
@@ -196,9 +201,9 @@ def test_a_request_whose_header_names_another_agent_is_rejected(ctx):
 
 
 def test_a_learn_batch_does_not_wait_for_an_agent_playing_an_evaluation_episode(ctx):
-    cdp = make_cdp(ctx, max_wait_ms=60_000, learn_max_batch=64, learn_max_wait_ms=60_000)
-    cdp.live = frozenset({"a", "b", "c"})
-    agents = Agents(ctx, cdp, ["a", "b", "c"])
+    front = make_cdp(ctx, max_wait_ms=60_000, learn_max_batch=64, learn_max_wait_ms=60_000)
+    front.cdp.live = frozenset({"a", "b", "c"})
+    agents = Agents(ctx, front, ["a", "b", "c"])
     for name in ("a", "b"):
         agents.send_predict(name, np.ones((1, 2), np.float32))
     agents.send_predict("c", np.ones((1, 2), np.float32), greedy=True)
@@ -206,7 +211,7 @@ def test_a_learn_batch_does_not_wait_for_an_agent_playing_an_evaluation_episode(
 
     for name in ("a", "b"):
         agents.send_learn(name, steps=5)
-    assert agents.serve(lambda: cdp.stats.learn_calls == 1, timeout_s=10)
+    assert agents.serve(lambda: front.cdp.stats.learn_calls == 1, timeout_s=10)
 
     # Back in a training episode, "c" is waited for again.
     agents.replies.clear()
@@ -215,21 +220,21 @@ def test_a_learn_batch_does_not_wait_for_an_agent_playing_an_evaluation_episode(
     assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
     for name in ("a", "b"):
         agents.send_learn(name, steps=5)
-    assert not agents.serve(lambda: cdp.stats.learn_calls == 2, timeout_s=0.3)
+    assert not agents.serve(lambda: front.cdp.stats.learn_calls == 2, timeout_s=0.3)
     agents.send_learn("c", steps=5)
-    assert agents.serve(lambda: cdp.stats.learn_calls == 2, timeout_s=10)
+    assert agents.serve(lambda: front.cdp.stats.learn_calls == 2, timeout_s=10)
 
 
 def test_learn_requests_of_all_live_agents_become_one_learn_call(ctx):
-    cdp = make_cdp(ctx, learn_max_batch=64, learn_max_wait_ms=60_000)
-    cdp.live = frozenset({"a", "b", "c"})
-    agents = Agents(ctx, cdp, ["a", "b", "c"])
+    front = make_cdp(ctx, learn_max_batch=64, learn_max_wait_ms=60_000)
+    front.cdp.live = frozenset({"a", "b", "c"})
+    agents = Agents(ctx, front, ["a", "b", "c"])
     for name in ("a", "b"):
         agents.send_learn(name, steps=5)
     agents.send_learn("c", steps=5, sequences=4)  # a replay sample: several sequences in one request
 
     assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
-    assert cdp.stats.learn_calls == 1
+    assert front.cdp.stats.learn_calls == 1
     reply = agents.replies["c"]
     assert reply.kind == LEARNED
     assert reply.payload["costs"] == {"batch": 6.0, "steps": 5.0}

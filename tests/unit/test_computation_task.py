@@ -41,6 +41,7 @@ def learn_batch(batch: int = 2, steps: int = 5, seed: int = 0) -> dict:
         "states": {},
         "terminated": terminated,
         "truncated": truncated,
+        "policy_version": np.zeros((batch, steps), np.int64),
     }
 
 

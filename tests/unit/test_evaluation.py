@@ -8,7 +8,7 @@ import pytest
 from flare2.core.agent import Agent
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import SpecError
-from flare2.runtime.agent_process import EpisodeRecorder, is_evaluation_episode
+from flare2.runtime.agent_process import EpisodeRecorder, EpisodeStats, is_evaluation_episode
 
 
 class _OneStepEnv:
@@ -25,14 +25,14 @@ class _RecordingPort:
 
     def predict(self, payload):
         self.payloads.append(payload)
-        return {"actions": {"action": np.zeros(1, np.int64)}, "states": {}}
+        return {"actions": {"action": np.zeros(1, np.int64)}, "states": {}, "version": 0}
 
 
 class _RecordingHelper:
     def __init__(self):
         self.steps = []
 
-    def attach(self, ct, specs, port):
+    def attach(self, ct, specs, port, *, num_envs=1):
         pass
 
     def store(self, step):
@@ -49,14 +49,15 @@ def test_every_nth_plus_one_episode_is_an_evaluation_after_n_training_episodes()
 
 
 def test_evaluation_episodes_are_counted_apart_from_training_episodes():
-    recorder = EpisodeRecorder(_OneStepEnv())
+    stats = EpisodeStats()
+    recorder = EpisodeRecorder(_OneStepEnv(), stats)
     recorder.reset()
     recorder.step(0)
     recorder.evaluating = True
     recorder.reset()
     recorder.step(0)
-    assert recorder.take_stats() == {"steps": 1, "episodes": [[2.0, 1]], "eval_steps": 1, "eval_episodes": [[2.0, 1]]}
-    assert recorder.take_stats() == {"steps": 0, "episodes": []}
+    assert stats.take() == {"steps": 1, "episodes": [[2.0, 1]], "eval_steps": 1, "eval_episodes": [[2.0, 1]]}
+    assert stats.take() == {"steps": 0, "episodes": []}
 
 
 def test_an_evaluating_agent_asks_for_greedy_actions_and_stores_nothing():
@@ -69,7 +70,8 @@ def test_an_evaluating_agent_asks_for_greedy_actions_and_stores_nothing():
     agent.evaluating = True
     agent.predict("RL", {"obs": np.zeros(1, np.float32)})
     agent.store("RL", **step)
-    assert [payload.get("greedy", False) for payload in port.payloads] == [False, True]
+    assert [payload.get("greedy", [False]).tolist() if "greedy" in payload else [False] for payload in port.payloads] == [
+        [False], [True]]
     assert len(helper.steps) == 1
 
 

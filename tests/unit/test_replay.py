@@ -27,19 +27,19 @@ class RecordingPort:
     def learn(self, payload):
         SPECS.check_learn(payload)  # what the CDP would check
         self.learned.append(payload)
-        return {"costs": {"loss": 1.0}}
 
 
 def step(t: int, terminated: bool = False, truncated: bool = False) -> dict:
-    """Step number t, recognisable in every array."""
+    """Step number t of one env (a row of 1), recognisable in every array."""
     return {
-        "inputs": {"obs": np.array([t, t], np.float32)},
-        "next_inputs": {"obs": np.array([t + 1, t + 1], np.float32)},
-        "actions": {"action": np.int64(t)},
-        "rewards": {"reward": np.float32(t)},
-        "states": {"h": np.full(3, t, np.float32)},
-        "terminated": terminated,
-        "truncated": truncated,
+        "inputs": {"obs": np.array([[t, t]], np.float32)},
+        "next_inputs": {"obs": np.array([[t + 1, t + 1]], np.float32)},
+        "actions": {"action": np.array([t], np.int64)},
+        "rewards": {"reward": np.array([t], np.float32)},
+        "states": {"h": np.full((1, 3), t, np.float32)},
+        "terminated": np.array([terminated]),
+        "truncated": np.array([truncated]),
+        "policy_version": np.array([t], np.int64),
     }
 
 
@@ -84,12 +84,11 @@ def test_learning_starts_after_warmup_and_then_comes_every_sample_interval_steps
             calls_after.append(t + 1)
     assert calls_after == [6, 8, 10, 12]
     assert port.learned[0]["inputs"]["obs"].shape == (8, 2, 2)
-    assert replay.last_costs == {"loss": 1.0}
 
 
 def test_memory_is_preallocated_and_stated():
     replay, _ = helper(capacity=1000, warmup=10)
-    per_step = 4 * 2 * 2 + 8 + 4 + 4 * 3 + 2  # obs twice, action, reward, state, two flags
+    per_step = 4 * 2 * 2 + 8 + 4 + 4 * 3 + 2 + 8  # obs twice, action, reward, state, two flags, policy version
     assert replay.nbytes == 1000 * per_step
 
 
@@ -97,3 +96,23 @@ def test_memory_is_preallocated_and_stated():
 def test_impossible_settings_are_refused(options):
     with pytest.raises(ConfigError):
         ExpReplayHelper(**{"capacity": 10, "warmup": 4, **options})
+
+
+def test_sequences_of_several_envs_are_consecutive_steps_of_one_env():
+    port = RecordingPort()
+    replay = ExpReplayHelper(capacity=30, warmup=6, sample_interval=3, batch_size=4, sequence_length=3, seed=0)
+    replay.attach("RL", SPECS, port, num_envs=3)
+    for t in range(12):
+        # Env e at time t carries the value 100 * e + t in every array.
+        rows = [step(100 * env + t) for env in range(3)]
+        replay.store({
+            group: {key: np.concatenate([row[group][key] for row in rows]) for key in rows[0][group]}
+            if isinstance(rows[0][group], dict) else np.concatenate([row[group] for row in rows])
+            for group in rows[0]
+        })
+    # 3 env steps per store and one request per 3 steps, once 6 are stored and each env holds a sequence.
+    assert len(port.learned) == 10 and port.learned[0]["actions"]["action"].shape == (4, 3)
+    actions = replay.sample(300)["actions"]["action"]
+    assert (np.diff(actions, axis=1) == 1).all()
+    assert set(np.unique(actions[:, 0] // 100)) == {0, 1, 2}
+    assert replay.nbytes == 10 * 3 * (4 * 2 * 2 + 8 + 4 + 4 * 3 + 2 + 8)

@@ -35,6 +35,7 @@ def learn_payload(steps: int = 5, sequences: int = 1) -> dict:
         "states": {"h": np.zeros((*lead, 8), np.float32)},
         "terminated": np.zeros(lead, bool),
         "truncated": np.zeros(lead, bool),
+        "policy_version": np.zeros(lead, np.int64),
     }
 
 
@@ -229,15 +230,15 @@ def test_check_learn_names_the_group_and_key_of_a_bad_array(group, key, bad, exp
 def test_check_learn_requires_bool_episode_flags_of_the_same_length(flag):
     payload = learn_payload(steps=5)
     payload[flag] = np.zeros((1, 5), np.int8)
-    with pytest.raises(SpecError, match=rf"episode flags\['{flag}'\]: expected dtype bool, got int8"):
+    with pytest.raises(SpecError, match=rf"step flags\['{flag}'\]: expected dtype bool, got int8"):
         CT_SPECS.check_learn(payload)
 
     payload[flag] = np.zeros((1, 4), bool)
-    with pytest.raises(SpecError, match=rf"episode flags\['{flag}'\]: expected leading dims \(1, 5\)"):
+    with pytest.raises(SpecError, match=rf"step flags\['{flag}'\]: expected leading dims \(1, 5\)"):
         CT_SPECS.check_learn(payload)
 
     del payload[flag]
-    with pytest.raises(SpecError, match=rf"episode flags\['{flag}'\] must be an array of dtype bool"):
+    with pytest.raises(SpecError, match=rf"step flags\['{flag}'\] must be an array of dtype bool"):
         CT_SPECS.check_learn(payload)
 
 

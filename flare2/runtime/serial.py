@@ -1,0 +1,280 @@
+"""Serial mode (``--serial``): the whole run in one process, one thread, one call stack.
+
+The same Agent, helpers, CDP batching and ComputationTask code as a parallel
+run, joined by in-process ports instead of sockets: ``Agent.predict`` calls
+the port, which hands the request to the CDP, which serves it at once (the
+one agent is the only live one, so the batching rule flushes it) and calls
+``Algorithm.predict``; learn requests go the same way to ``Algorithm.learn``.
+Nothing is encoded and nothing waits, so a breakpoint anywhere (in a Model,
+an Algorithm, a helper or an Agent) stops the whole run, and the stack shows
+how it got there.
+
+Use it to debug; run in parallel to go fast. It is also the in-process
+baseline that ``tools/bench.py`` holds the parallel runtime against. It plays
+one agent: a VectorAgent gets every env of the run (``num_agents`` times
+``envs_per_agent``), a one-env Agent plays alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from flare2.core.agent import Agent, VectorAgent
+from flare2.core.specs import CTSpecs
+from flare2.errors import ConfigError, FlareError
+from flare2.runtime.agent_process import StopRequested, check_envs_per_agent, make_envs, play
+from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.compute_process import checkpoint_path, resume_checkpoint_path
+from flare2.runtime.config import RunConfig
+from flare2.runtime.learner import InlineLearner
+from flare2.runtime.processes import import_object
+from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
+from flare2.wire.protocol import LEARN, PREDICT, Message
+from flare2.wire.sockets import raise_for_error
+
+logger = logging.getLogger(__name__)
+
+SERIAL_AGENT_ID = "serial"
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 130, 143
+
+
+class SerialPort:
+    """A CT as the agent sees it, served in the calling thread: request in, reply out, no sockets."""
+
+    learn_ahead = 0
+
+    def __init__(self, cdp: ComputationDataProcessor, control: _SerialControl) -> None:
+        self.cdp = cdp
+        self.control = control
+        self._seq = 0
+        self._reply: Message | None = None
+        self._learner = InlineLearner()
+
+    def deliver(self, _reply_to: Any, _learn: bool, message: Message) -> None:
+        """The CDP's reply callback."""
+        self._reply = message
+
+    def _ask(self, kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self._seq += 1
+        self._reply = None
+        message = Message(kind, payload, SERIAL_AGENT_ID, self._seq, self.cdp.ct.name)
+        now = time.monotonic()
+        self.cdp.accept(message, self, now, learn=kind == LEARN)
+        if kind == PREDICT:
+            self.cdp.serve_predictions(now)
+        else:
+            while (batch := self.cdp.take_learn_batch(now)) is not None:
+                self._learner.submit(batch)
+        reply = self._reply
+        if reply is None:
+            raise FlareError(f"CT {self.cdp.ct.name!r} did not serve a {kind} request at once: this is a flare2 bug")
+        raise_for_error(reply, f"{kind} on CT {self.cdp.ct.name!r}")
+        return reply.payload
+
+    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        reply = self._ask(PREDICT, payload)
+        self.control.round_trips.add(time.perf_counter() - started)
+        self.control.maybe_service()
+        return reply
+
+    def learn(self, payload: dict[str, Any]) -> None:
+        self._ask(LEARN, payload)
+        self.control.maybe_service()
+
+
+class _SerialControl:
+    """What the manager does for a parallel run, called from the agent's own loop: stats, progress, budget, stop."""
+
+    def __init__(self, run: SerialRun, interval_s: float = 0.25) -> None:
+        self.run = run
+        self.interval_s = interval_s
+        self.round_trips = LatencyHistogram()
+        self.stats: Any = None
+        self._next_at = time.monotonic() + interval_s
+
+    def maybe_service(self) -> None:
+        if time.monotonic() >= self._next_at:
+            self.service()
+
+    def service(self) -> None:
+        self._next_at = time.monotonic() + self.interval_s
+        self.run.collect(self.stats.take(), self.round_trips.take())
+        if self.run.stop_signal is not None or self.run.totals.budget_reached(self.run.config):
+            raise StopRequested()
+        self.run.on_tick()
+
+
+class SerialRun:
+    """Runs one RunConfig with ``serial=True`` to its end; ``run()`` returns the exit code."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.log_dir = Path(config.log_dir)
+        self.totals = RunTotals()
+        self.stop_signal: int | None = None
+        self.cdps: list[ComputationDataProcessor] = []
+        self._progress: ProgressLog | None = None
+        self._envs = 0
+        self._next_progress = 0.0
+        self._next_checkpoint_s = float("inf")
+        self._next_checkpoint_steps = float("inf")
+
+    def run(self) -> int:
+        from flare2.runtime.manager import _attach_log_file, _install_signal_handlers, _restore_signal_handlers
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_handler = _attach_log_file(self.log_dir / "manager.log")
+        previous_handlers = _install_signal_handlers(self._on_signal)
+        try:
+            return self._run()
+        except FlareError as exc:
+            logger.error("%s", exc)
+            return EXIT_CONFIG_ERROR
+        except UserCodeError as exc:
+            logger.error("the run failed: %s", exc)
+            return EXIT_FAILED
+        finally:
+            _restore_signal_handlers(previous_handlers)
+            if self._progress is not None:
+                self._progress.close()
+            logging.getLogger("flare2").removeHandler(log_handler)
+            log_handler.close()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+
+    def _run(self) -> int:
+        config = self.config
+        logger.info("serial run: the compute side and one agent in this process, log dir %s", self.log_dir)
+        agent = self._make_agent()
+        self._build_cts()
+        control = _SerialControl(self)
+        ports = {}
+        for cdp in self.cdps:
+            port = SerialPort(cdp, control)
+            cdp.reply = port.deliver
+            cdp.live = frozenset({SERIAL_AGENT_ID})
+            ports[cdp.ct.name] = port
+        helpers = agent.helpers()
+        unknown = sorted(set(helpers) - set(ports))
+        if unknown:
+            raise ConfigError(f"{type(agent).__name__} asks for CT(s) {unknown}, but the run serves {sorted(ports)}")
+        control.stats = make_envs(agent, config.eval_every)
+        specs: dict[str, CTSpecs] = {name: ports[name].cdp.ct.specs for name in helpers}
+        seed = config.seed * 100_003
+        agent.connect(agent_id=SERIAL_AGENT_ID, seed=seed, specs=specs, ports={n: ports[n] for n in helpers}, helpers=helpers)
+        self._envs = agent.num_envs
+        self._start_clocks()
+        try:
+            play(agent, control.maybe_service)
+        except StopRequested:
+            pass
+        except (FlareError, UserCodeError):
+            raise
+        except Exception:
+            logger.error("the agent raised in its episode code:\n%s", traceback.format_exc())
+            self._finish()
+            return EXIT_FAILED
+        self._finish()
+        if self.stop_signal is not None:
+            logger.warning("stopped on %s", signal.Signals(self.stop_signal).name)
+            return EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_SIGTERM
+        logger.info(
+            "budget reached: %d env steps, %d episodes, return_mean %.1f",
+            self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
+        )
+        return EXIT_OK
+
+    def _make_agent(self) -> Agent:
+        config = self.config.agents
+        agent_class = import_object(config.path)
+        if not (isinstance(agent_class, type) and issubclass(agent_class, Agent)):
+            raise ConfigError(f"{config.path!r} is not a flare2 Agent subclass")
+        try:
+            agent = agent_class(**config.kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"cannot create {config.path} with kwargs {config.kwargs}: {exc}") from None
+        check_envs_per_agent(agent, config.envs_per_agent)
+        if isinstance(agent, VectorAgent):
+            agent.num_envs = config.num_agents * config.envs_per_agent or 1
+        elif config.num_agents > 1:
+            logger.warning(
+                "serial mode plays one %s (it plays one env, so the other %d agent(s) of --num-agents are left out)",
+                agent_class.__name__, config.num_agents - 1,
+            )
+        return agent
+
+    def _build_cts(self) -> None:
+        import torch
+
+        from flare2.core.computation_task import ComputationTask, resolve_device
+
+        config = self.config
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+        device = resolve_device(config.device)
+        counters: dict[str, Any] = {}
+        for ct_config in config.cts:
+            ct = ComputationTask(ct_config.name, ct_config.build(), device=device)
+            if config.resume_dir:
+                counters = ct.load(resume_checkpoint_path(config.resume_dir, ct.name))
+            self.cdps.append(ComputationDataProcessor(ct, config=ct_config.batching, reply=lambda *_: None))
+        if counters:
+            self.totals.resume_from(counters)
+        resuming_in_place = bool(counters) and Path(config.resume_dir or "").resolve() in (
+            self.log_dir.resolve(), (self.log_dir / "checkpoints").resolve()
+        )
+        self._progress = ProgressLog(self.log_dir, start_steps=self.totals.env_steps, append=resuming_in_place)
+
+    def _start_clocks(self) -> None:
+        now = time.monotonic()
+        self._next_progress = now + self.config.progress_interval_s
+        if self.config.checkpoint_every_s:
+            self._next_checkpoint_s = now + self.config.checkpoint_every_s
+        if self.config.checkpoint_every_steps:
+            self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
+
+    def collect(self, stats: dict[str, Any], round_trips: list[int]) -> None:
+        """Add what the agent played since the last call to the run's totals."""
+        totals = self.totals
+        totals.add_agent_stats(stats["steps"], [(ret, length) for ret, length in stats["episodes"]])
+        totals.add_eval_stats(stats.get("eval_steps", 0), [(ret, length) for ret, length in stats.get("eval_episodes", [])])
+        totals.round_trips.merge(round_trips)
+
+    def on_tick(self) -> None:
+        """Progress rows and checkpoints when they are due."""
+        now = time.monotonic()
+        if now >= self._next_progress:
+            self._next_progress = now + self.config.progress_interval_s
+            self._report_progress()
+        if now >= self._next_checkpoint_s or self.totals.env_steps >= self._next_checkpoint_steps:
+            if self.config.checkpoint_every_s:
+                self._next_checkpoint_s = now + self.config.checkpoint_every_s
+            if self.config.checkpoint_every_steps:
+                self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
+            self._save_checkpoints()
+
+    def _report_progress(self) -> None:
+        self.totals.add_compute_stats({cdp.ct.name: cdp.stats.take_report() for cdp in self.cdps})
+        if self._progress is not None:
+            self._progress.report(self.totals, agents=1, envs=self._envs)
+
+    def _save_checkpoints(self) -> None:
+        for cdp in self.cdps:
+            cdp.ct.save(checkpoint_path(self.log_dir / "checkpoints", cdp.ct.name), self.totals.counters())
+        logger.info("checkpoint written to %s", self.log_dir / "checkpoints")
+
+    def _finish(self) -> None:
+        """Learn what is waiting, write the final checkpoint and progress row."""
+        now = time.monotonic()
+        for cdp in self.cdps:
+            while (batch := cdp.take_learn_batch(now, flush=True)) is not None:
+                InlineLearner().submit(batch)
+        self._report_progress()
+        self._save_checkpoints()

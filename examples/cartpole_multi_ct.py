@@ -97,7 +97,7 @@ def build_aux() -> EndPrediction:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_options(parser, max_steps=200_000, log_dir="runs/cartpole_multi_ct")
+    add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=200_000, log_dir="runs/cartpole_multi_ct")
     args = parser.parse_args(argv)
     # 4. Two CTs, each with its own CDP and batching; one agent class asks both.
     cts = [

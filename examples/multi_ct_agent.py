@@ -6,16 +6,25 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from flare2 import AgentHelper, ConfigError, CTSpecs, OnlineHelper
-from flare2.core.envs import GymAgent
+from flare2 import Agent, AgentHelper, ConfigError, CTSpecs, OnlineHelper
+from flare2.core.envs import make_gym_env
 
 
-class PolicyAndAuxAgent(GymAgent):
+class PolicyAndAuxAgent(Agent):
     """Plays with CT ``policy`` and asks CT ``aux`` how likely the episode is to end at the next step.
 
     Each CT has its own helper, so each gets its own learn requests (and its
-    own batching in its own CDP).
+    own batching in its own CDP). One env per process: an ``Agent`` with
+    ``run_episode``, the simplest kind to write.
     """
+
+    def __init__(self, env_id: str = "CartPole-v1", sample_interval: int = 5) -> None:
+        self.env_id = env_id
+        self.sample_interval = sample_interval
+        self._episodes = 0
+
+    def make_env(self):
+        return make_gym_env(self.env_id)
 
     def helpers(self) -> dict[str, AgentHelper]:
         return {"policy": OnlineHelper(sample_interval=self.sample_interval), "aux": OnlineHelper(sample_interval=self.sample_interval)}

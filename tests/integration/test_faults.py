@@ -53,7 +53,7 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
 
 
 def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restarted(tmp_path, runs):
-    run = runs(CARTPOLE, "--num-agents", "3", "--max-steps", "6000", "--progress-interval", "0.5",
+    run = runs(CARTPOLE, "--num-agents", "3", "--envs-per-agent", "1", "--max-steps", "6000", "--progress-interval", "0.5",
                "--heartbeat-timeout", "2", "--device", "cpu", log_dir=tmp_path)
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     frozen = agent_pids(run.process.pid)[0]

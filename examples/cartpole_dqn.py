@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-interval", type=int, default=2, help="env steps per agent between learn requests")
     parser.add_argument("--batch-size", type=int, default=64, help="sampled sequences per learn request")
     parser.add_argument("--n-step", type=int, default=3, help="steps of the return each target is made of")
-    add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_dqn")
+    add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=100_000, log_dir="runs/cartpole_dqn")
     args = parser.parse_args(argv)
     # 2. One CT "RL" with a Q-network; learn() gets the replayed transitions of every agent.
     config = DQNConfig(lr=args.lr, anneal_steps=args.max_steps)

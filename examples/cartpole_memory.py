@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
     parser.add_argument("--epochs", type=int, default=None, help="PPO epochs per learn() call (default: per model)")
     parser.add_argument("--hidden-size", type=int, default=64, help="GRU state size (gru only)")
-    add_run_options(parser, max_steps=150_000, log_dir="runs/cartpole_memory")
+    add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=150_000, log_dir="runs/cartpole_memory")
     # One learn() call per round of all agents matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-agents", type=int, default=4, help="agent processes")
     parser.add_argument("--max-episodes", type=int, default=3000, help="stop after this many episodes")
     parser.add_argument("--log-dir", default="runs/corridor", help="where progress.csv and checkpoints go")
+    parser.add_argument("--serial", action="store_true", help="everything in this process, for a debugger (one agent)")
     args = parser.parse_args(argv)
     config = RunConfig(
         cts=(CTConfig(name="walker", build=build_algorithm),),
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_return=0.85,
         device="cpu",
         progress_interval_s=2.0,
+        serial=args.serial,
     )
     return Manager(config).run()
 

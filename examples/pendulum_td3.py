@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-interval", type=int, default=1, help="env steps per agent between learn requests")
     parser.add_argument("--batch-size", type=int, default=256, help="transitions per learn request")
     parser.add_argument("--minibatch-size", type=int, default=256, help="transitions per gradient step")
-    add_run_options(parser, max_steps=50_000, log_dir="runs/pendulum_td3")
+    add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=50_000, log_dir="runs/pendulum_td3")
     args = parser.parse_args(argv)
     # 2. One CT "RL" with the actor and the two critics; actions are uniform over the box during the warm-up.
     config = TD3Config(actor_lr=args.lr, critic_lr=args.lr, hidden=tuple(args.hidden), minibatch_size=args.minibatch_size,

@@ -17,6 +17,7 @@ from torch import nn
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError, SpecError
+from flare2.wire.codec import WIRE_DTYPE_NAMES
 
 _EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states")
 
@@ -105,6 +106,7 @@ class ComputationTask:
         self._acting_modules: dict[str, nn.Module] = {}
         self._weights_lock = threading.Lock()
         self._learn_lock = threading.Lock()
+        self._dtypes = {name: np.dtype(name) for name in WIRE_DTYPE_NAMES}
         # Host memory the GPU can read without a staging copy: batches go over without blocking the CPU.
         self._pinned = self.device.type == "cuda"
 
@@ -122,17 +124,16 @@ class ComputationTask:
         return {key: torch.from_numpy(value).to(self.device) for key, value in arrays.items()}
 
     def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray]:
-        owner = type(self.algorithm).__name__
         if not isinstance(tensors, dict) or tensors.keys() != specs.keys():
             got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
-            raise SpecError(f"{owner}.predict must return {group} with keys {sorted(specs)}, got {got}")
+            raise SpecError(f"{type(self.algorithm).__name__}.predict must return {group} with keys {sorted(specs)}, got {got}")
         arrays = {}
         for key, spec in specs.items():
             array = tensors[key].detach().cpu().numpy()
-            if array.shape != (rows, *spec.shape) or array.dtype.name != spec.dtype:
+            if array.shape != (rows, *spec.shape) or array.dtype != self._dtypes[spec.dtype]:
                 raise SpecError(
-                    f"{owner}.predict returned {group}[{key!r}] with shape {array.shape} and dtype {array.dtype.name}; "
-                    f"the spec says shape {(rows, *spec.shape)} and dtype {spec.dtype}"
+                    f"{type(self.algorithm).__name__}.predict returned {group}[{key!r}] with shape {array.shape} and "
+                    f"dtype {array.dtype.name}; the spec says shape {(rows, *spec.shape)} and dtype {spec.dtype}"
                 )
             arrays[key] = array
         return arrays

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from flare2.core.model import Model
 from flare2.core.specs import Spec
 from flare2.errors import ConfigError
-from flare2.zoo.models import mlp, observation_spec
+from flare2.zoo.models import mlp, observation_spec, sample_categorical
 
 State = torch.Tensor | dict[str, torch.Tensor]
 """One recurrent state ``[B, ...]``, or several named ones (as in a model's ``state_specs``)."""
@@ -252,8 +252,7 @@ class GRUActorCritic(Model):
 
     @staticmethod
     def sample(logits: torch.Tensor) -> torch.Tensor:
-        # softmax + multinomial costs about half of torch.distributions.Categorical at batch 1.
-        return torch.multinomial(F.softmax(logits, dim=-1), 1).squeeze(-1)
+        return sample_categorical(logits)
 
     @staticmethod
     def best_action(logits: torch.Tensor) -> torch.Tensor:

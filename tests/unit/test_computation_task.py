@@ -263,3 +263,51 @@ def test_a_save_that_dies_half_way_leaves_the_previous_checkpoint_whole(tmp_path
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["RL.pt"]
     assert make_ct(seed=1).load(path)["env_steps"] == 100
+
+
+def test_greedy_rows_get_the_greedy_action_and_the_others_the_exploring_one():
+    class Marked(A2C):
+        def predict(self, inputs, states):
+            return {"action": torch.zeros(len(inputs["obs"]), dtype=torch.int64)}, {}
+
+        def predict_greedy(self, inputs, states):
+            return {"action": torch.ones(len(inputs["obs"]), dtype=torch.int64)}, {}
+
+    ct = ComputationTask("RL", Marked(make_model()), device="cpu")
+    obs = np.zeros((4, 4), np.float32)
+    actions, _ = ct.predict({"obs": obs}, {}, greedy=np.array([False, True, False, True]))
+    assert actions["action"].tolist() == [0, 1, 0, 1]
+    assert ct.predict({"obs": obs}, {}, greedy=np.ones(4, bool))[0]["action"].tolist() == [1, 1, 1, 1]
+
+
+def test_with_acting_beside_learning_predictions_keep_the_weights_of_the_last_finished_learn():
+    ct = make_ct()
+    ct.act_beside_learning()
+    obs = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    before = ct.algorithm.model.policy(torch.from_numpy(obs)).detach()
+    ct.algorithm.model.policy_net[0].weight.data.add_(1.0)  # learn() changing its weights half way
+    acting = ct._acting.model.policy(torch.from_numpy(obs)).detach()
+    assert torch.equal(acting, before) and ct.version == 0
+    ct.learn(learn_batch())
+    assert ct.version == 1 and ct.predicted_version == 0
+    ct.predict({"obs": obs}, {})
+    assert ct.predicted_version == 1
+    learned = ct.algorithm.model.policy(torch.from_numpy(obs)).detach()
+    assert torch.equal(ct._acting.model.policy(torch.from_numpy(obs)).detach(), learned)
+
+
+def test_experience_tells_how_far_behind_the_acting_policy_was():
+    seen = {}
+
+    class Recording(A2C):
+        def learn(self, experience):
+            seen["lag"] = experience.policy_lag.tolist()
+            return {}
+
+    ct = ComputationTask("RL", Recording(make_model()), device="cpu")
+    batch = learn_batch(batch=1, steps=3)
+    ct.learn(batch)
+    ct.learn(batch)
+    batch["policy_version"] = np.array([[0, 1, 2]], np.int64)
+    ct.learn(batch)
+    assert seen["lag"] == [[2, 1, 0]]

@@ -1,0 +1,75 @@
+"""Serial mode: the whole run in this process and thread, through the same CDP and ComputationTask code."""
+
+from __future__ import annotations
+
+import csv
+import os
+import threading
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.errors import ConfigError
+from flare2.runtime.manager import Manager
+from flare2.zoo.a2c import A2C
+from flare2.zoo.models import MLPActorCritic
+
+HOOK_CALLS: list[tuple[str, int, int]] = []
+
+
+def breakpoint_hook(where: str) -> None:
+    """Stands for a debugger breakpoint: records where user code was reached."""
+    HOOK_CALLS.append((where, os.getpid(), threading.get_ident()))
+
+
+class HookedA2C(A2C):
+    def predict(self, inputs, states):
+        breakpoint_hook("predict")
+        return super().predict(inputs, states)
+
+    def learn(self, experience):
+        breakpoint_hook("learn")
+        return super().learn(experience)
+
+
+def build_hooked() -> HookedA2C:
+    env = gym.make("CartPole-v1")
+    return HookedA2C(MLPActorCritic(env.observation_space, env.action_space, hidden=(16,)))
+
+
+def serial_config(tmp_path, **agents) -> RunConfig:
+    return RunConfig(
+        cts=(CTConfig(name="RL", build=build_hooked),),
+        agents=AgentConfig(**{"path": "flare2.core.envs:GymAgent", "num_agents": 2, "envs_per_agent": 3, **agents}),
+        log_dir=str(tmp_path), max_steps=600, device="cpu", serial=True, progress_interval_s=0.2,
+    )
+
+
+def test_a_breakpoint_in_a_user_algorithm_is_reached_in_the_calling_process_and_thread(tmp_path):
+    HOOK_CALLS.clear()
+    assert Manager(serial_config(tmp_path)).run() == 0
+    where = {call[0] for call in HOOK_CALLS}
+    assert where == {"predict", "learn"}
+    assert {call[1:] for call in HOOK_CALLS} == {(os.getpid(), threading.get_ident())}
+
+
+def test_a_serial_run_plays_every_env_of_the_run_and_writes_the_usual_logs(tmp_path):
+    assert Manager(serial_config(tmp_path)).run() == 0
+    rows = list(csv.DictReader(open(tmp_path / "progress.csv")))
+    assert int(rows[-1]["env_steps"]) >= 600
+    assert rows[-1]["envs"] == "6" and float(rows[-1]["batch_size_mean"]) == 6.0
+    assert (tmp_path / "checkpoints" / "RL.pt").is_file()
+
+
+def test_serial_mode_refuses_an_address_other_machines_could_reach(tmp_path):
+    with pytest.raises(ConfigError, match="--serial .* --bind 10.0.0.1"):
+        RunConfig(**{**serial_config(tmp_path).__dict__, "bind": "10.0.0.1", "insecure": True})
+
+
+def test_a_one_env_agent_asked_for_several_envs_ends_the_run_with_a_config_error(tmp_path, caplog):
+    corridor = Path(__file__).resolve().parents[2] / "examples" / "corridor_agent.py"
+    config = serial_config(tmp_path, path=f"{corridor}:CorridorAgent", envs_per_agent=2)
+    assert Manager(config).run() == 2
+    assert "--envs-per-agent 2: CorridorAgent plays one env per process" in caplog.text

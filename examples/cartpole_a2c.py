@@ -1,11 +1,13 @@
-"""Train A2C on CartPole-v1 with several agent processes sharing one batched ComputationTask.
+"""Train A2C on CartPole-v1: agent processes of several envs each, sharing one batched ComputationTask.
 
-    python examples/cartpole_a2c.py --num-agents 8 --max-steps 500000 --log-dir runs/a2c
+    python examples/cartpole_a2c.py --max-steps 500000 --log-dir runs/a2c
 
-Each agent process plays its own CartPole; its action requests are batched
-with the other agents' into one forward pass in the compute process, and
-every 5 steps its experiences go to A2C's learn(). Progress lines go to the
-terminal and rows to LOG_DIR/progress.csv.
+By default 2 agent processes play 4 CartPoles each (8 envs, as in the
+SB3-zoo settings): every step an agent asks for the actions of its 4 envs in
+one request, and the compute process answers both agents with one forward
+pass. Every 5 steps each agent sends its [4, 5] steps to A2C's learn(), and
+plays on while it runs. Progress lines go to the terminal and rows to
+LOG_DIR/progress.csv. --serial runs it all in this process, for a debugger.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import argparse
 import sys
 from functools import partial
 
-from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
 from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
-from flare2.zoo.a2c import A2C, A2CConfig
-from flare2.zoo.models import MLPActorCritic
 
 
 # 1. The Algorithm, built inside the compute process. A module-level function
-#    so the compute process (started with the spawn method) can import it.
-def build_a2c(env_id: str, lr: float) -> A2C:
+#    so the compute process (started with the spawn method) can import it; the
+#    zoo is imported here, so this process (the manager) never loads torch and
+#    starts fast.
+def build_a2c(env_id: str, lr: float):
+    from flare2.core.envs import make_gym_env
+    from flare2.zoo.a2c import A2C, A2CConfig
+    from flare2.zoo.models import MLPActorCritic
+
     env = make_gym_env(env_id)
     model = MLPActorCritic(env.observation_space, env.action_space, hidden=(64, 64))
     return A2C(model, A2CConfig(lr=lr))
@@ -35,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
     parser.add_argument("--lr", type=float, default=7e-4, help="A2C learning rate (RMSprop)")
     parser.add_argument("--sample-interval", type=int, default=5, help="env steps per learn request (n of the n-step returns)")
-    add_run_options(parser, log_dir="runs/cartpole_a2c")
+    add_run_options(parser, num_agents=2, envs_per_agent=4, log_dir="runs/cartpole_a2c")
     args = parser.parse_args(argv)
     # 2. One ComputationTask named "RL", batched by the rule of max batch / all agents waiting / max wait.
     ct = CTConfig(name="RL", build=partial(build_a2c, args.env, args.lr), batching=batching_from_args(args))
-    # 3. The stock Gymnasium agent: asks CT "RL" for actions, sends experiences every sample_interval steps.
+    # 3. The stock Gymnasium agent: asks CT "RL" for the actions of its envs, sends experiences every sample_interval steps.
     agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval}
     # 4. The manager spawns the compute process and the agents and runs to the budget.
     config = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)

@@ -1,9 +1,10 @@
-"""Train PPO on CartPole-v1 with several agent processes sharing one batched ComputationTask.
+"""Train PPO on CartPole-v1: agent processes of several envs each, sharing one batched ComputationTask.
 
-    python examples/cartpole_ppo.py --num-agents 8 --max-steps 100000 --log-dir runs/ppo
+    python examples/cartpole_ppo.py --max-steps 100000 --log-dir runs/ppo
 
-Each agent sends 32 steps per learn request; the 8 requests of one round make
-one learn() call of 256 steps, over which PPO takes 20 epochs (the SB3-zoo
+By default 2 agent processes play 4 envs each (8 envs). Each agent sends 32
+steps of its envs per learn request; the two requests of one round make one
+learn() call of 256 steps, over which PPO takes 20 epochs (the SB3-zoo
 CartPole settings). The learning rate falls linearly to 0 over --max-steps.
 """
 
@@ -13,16 +14,18 @@ import argparse
 import sys
 from functools import partial
 
-from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
 from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
-from flare2.zoo.ppo import PPO, PPOConfig
 
 
 # 1. The Algorithm, built inside the compute process (a module-level function, for the spawn start method).
-def build_ppo(env_id: str, config: PPOConfig) -> PPO:
-    return PPO.for_env(make_gym_env(env_id), config)
+#    The zoo is imported here, so the manager process never loads torch.
+def build_ppo(env_id: str, lr: float, anneal_steps: int, epochs: int):
+    from flare2.core.envs import make_gym_env
+    from flare2.zoo.ppo import PPO, PPOConfig
+
+    return PPO.for_env(make_gym_env(env_id), PPOConfig(lr=lr, anneal_steps=anneal_steps, epochs=epochs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,13 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at the start")
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
     parser.add_argument("--epochs", type=int, default=20, help="PPO epochs per learn() call")
-    add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_ppo")
+    add_run_options(parser, num_agents=2, envs_per_agent=4, max_steps=100_000, log_dir="runs/cartpole_ppo")
     # One learn() call per round of all agents (256 steps) matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)
     # 2. One CT "RL"; the PPO model also returns the acting policy's log-probability with each action.
-    config = PPOConfig(lr=args.lr, anneal_steps=args.max_steps, epochs=args.epochs)
-    ct = CTConfig(name="RL", build=partial(build_ppo, args.env, config), batching=batching_from_args(args))
+    build = partial(build_ppo, args.env, args.lr, args.max_steps, args.epochs)
+    ct = CTConfig(name="RL", build=build, batching=batching_from_args(args))
     # 3. The stock Gymnasium agent stores every action output, so learn() gets the log-probabilities.
     agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval}
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)

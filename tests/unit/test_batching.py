@@ -6,6 +6,7 @@ compute process does, and agents are DEALER sockets of the same context.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -19,7 +20,7 @@ from flare2.core.model import Model
 from flare2.core.specs import Spec
 from flare2.runtime.cdp import SocketFront
 from flare2.runtime.compute_process import serve_ready
-from flare2.runtime.learner import InlineLearner
+from flare2.runtime.learner import InlineLearner, LearnerThread
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.sockets import connect_dealer, poll_timeout_ms
@@ -93,25 +94,32 @@ class Agents:
         }
         self.learn[name].send_multipart(pack(Message(LEARN, payload, name, self._seq, "RL")))
 
-    def serve(self, until, timeout_s: float) -> bool:
+    def serve(self, until, timeout_s: float, learner=None) -> bool:
         """Run the CDP loop until ``until()`` holds (True) or ``timeout_s`` passes (False)."""
+        learner = learner or InlineLearner()
         poller = zmq.Poller()
         front = self.front
         for sock in (front.predict_socket, front.learn_socket, *self.predict.values(), *self.learn.values()):
             poller.register(sock, zmq.POLLIN)
+        learned = getattr(learner, "wake_socket", None)
+        if learned is not None:
+            poller.register(learned, zmq.POLLIN)
         deadline = time.monotonic() + timeout_s
         while not until():
             now = time.monotonic()
             if now >= deadline:
                 return False
-            wake = min(deadline, front.cdp.next_deadline() or deadline)
+            # Wake at least every 50 ms: ``until`` may come true in another thread.
+            wake = min(deadline, front.cdp.next_deadline() or deadline, now + 0.05)
             for sock, _ in poller.poll(poll_timeout_ms(wake - now)):
-                if sock in (front.predict_socket, front.learn_socket):
+                if sock is learned:
+                    learner.deliver()
+                elif sock in (front.predict_socket, front.learn_socket):
                     front.drain(sock, time.monotonic())
                 else:
                     name = sock.getsockopt(zmq.IDENTITY).decode()
                     self.replies[name] = unpack(sock.recv_multipart())
-            serve_ready([front.cdp], InlineLearner(), time.monotonic())
+            serve_ready([front.cdp], learner, time.monotonic())
         return True
 
     def have_replies(self, *names: str):
@@ -238,3 +246,37 @@ def test_learn_requests_of_all_live_agents_become_one_learn_call(ctx):
     reply = agents.replies["c"]
     assert reply.kind == LEARNED
     assert reply.payload["costs"] == {"batch": 6.0, "steps": 5.0}
+
+
+def test_predictions_are_served_while_learn_runs_in_the_learner_thread(ctx):
+    learning, served = threading.Event(), threading.Event()
+
+    class SlowLearn(DoublerAlgorithm):
+        def learn(self, experience):
+            learning.set()
+            # Returns as soon as a prediction was served meanwhile, or gives up after 10 s.
+            return {"served_meanwhile": float(served.wait(timeout=10))}
+
+    ct = ComputationTask("RL", SlowLearn(Doubler()), device="cpu")
+    ct.act_beside_learning()
+    front = SocketFront(ct, ctx, config=BatchingConfig(max_wait_ms=1, learn_max_wait_ms=1))
+    front.cdp.live = frozenset({"a"})
+    learner = LearnerThread(ctx)
+    try:
+        agents = Agents(ctx, front, ["a"])
+        agents.send_learn("a", steps=2)
+        assert agents.serve(learning.is_set, timeout_s=10, learner=learner)
+        agents.send_predict("a", np.ones((1, 2), np.float32))
+        assert agents.serve(agents.have_replies("a"), timeout_s=10, learner=learner)
+        served.set()
+        # Served by the weights of before the learn() call: version 0.
+        assert agents.replies["a"].kind == PREDICTION and agents.replies["a"].payload["version"] == 0
+        assert agents.serve(lambda: agents.replies["a"].kind == LEARNED, timeout_s=10, learner=learner)
+        assert agents.replies["a"].payload["costs"] == {"served_meanwhile": 1.0}
+        agents.replies.clear()
+        agents.send_predict("a", np.ones((1, 2), np.float32))
+        assert agents.serve(agents.have_replies("a"), timeout_s=10, learner=learner)
+        assert agents.replies["a"].payload["version"] == 1
+    finally:
+        served.set()
+        learner.close()

@@ -25,6 +25,7 @@ _EXPORTS = {
     "Spec": "flare2.core.specs",
     "CTSpecs": "flare2.core.specs",
     "Agent": "flare2.core.agent",
+    "VectorAgent": "flare2.core.agent",
     "AgentHelper": "flare2.core.agent",
     "OnlineHelper": "flare2.core.helpers",
     "ExpReplayHelper": "flare2.core.helpers",

@@ -2,7 +2,7 @@
 
     python tools/bench_peers.py --install                  # once: makes .venv-peers with stable-baselines3
     python tools/bench_peers.py --seeds 0 1 2 --json runs/peers.json
-    python tools/bench_peers.py --algos ppo --systems sb3-subproc flare2 --flare2-args "--num-agents 2 --envs-per-agent 4"
+    python tools/bench_peers.py --algos ppo --flare2-args "--num-agents 2 --envs-per-agent 4"
 
 For A2C and PPO and each seed, three systems train until the mean return of
 the last 100 finished training episodes reaches 475 (or a step budget runs out):
@@ -22,6 +22,10 @@ env steps when the return first reached 475, process wall time to exit, and
 peak RSS. Ratios of flare2 to each SB3 variant follow, because raw figures
 move from machine to machine and run to run while the ratios of runs made
 side by side move much less: compare ratios, not raw rates, across machines.
+
+Each run also records how many cores other processes kept busy meanwhile;
+runs that shared the machine are named under the table, and
+--max-others-load N repeats such runs (the least disturbed attempt counts).
 
 PPO's learning rate and clip range fall linearly to 0 over the step budget on
 both sides (SB3: zoo's lin_ schedules over learn(); flare2: over --max-steps);
@@ -47,13 +51,15 @@ TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
 sys.path.insert(0, str(TOOLS))
 
-from proctree import MeasureTimeout, run_measured  # noqa: E402
+from proctree import Measured, MeasureTimeout, run_measured  # noqa: E402
 from steps_to_threshold import first_crossing  # noqa: E402
 
 ALGOS = ("a2c", "ppo")
 SYSTEMS = ("sb3-dummy", "sb3-subproc", "flare2")
 SB3_VEC_ENV = {"sb3-dummy": "dummy", "sb3-subproc": "subproc"}
 DEFAULT_VENV = ROOT / ".venv-peers"
+# Runs during which the rest of the machine kept more than this many cores busy on average are named under the table.
+SHARED_LOAD = 0.25
 
 # Run by the venv's python with `-c`; argv[1] is a JSON object with algo, vec_env, n_envs, seed, budget, threshold.
 SB3_RUNNER = r'''
@@ -134,6 +140,9 @@ class Run:
     steps_per_s: float | None = None
     train_s: float | None = None  # SB3: time in learn(); flare2: wall_time of its last progress row
     leftover_pids: tuple[int, ...] = ()
+    cpu_s: float | None = None  # CPU seconds of the whole process tree
+    others_load: float | None = None  # cores the rest of the machine kept busy meanwhile, on average
+    attempts: int = 1  # more than 1 when --max-others-load repeated the run
     error: str | None = None
 
 
@@ -184,6 +193,12 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def measured_run(algo: str, system: str, seed: int, measured: Measured) -> Run:
+    return Run(algo, system, seed, measured.returncode, measured.wall_s, measured.peak_rss_bytes / 2**20,
+               leftover_pids=measured.leftover_pids, cpu_s=measured.cpu_s,
+               others_load=measured.others_cpu_s / measured.wall_s if measured.wall_s > 0 else None)
+
+
 def run_sb3(algo: str, system: str, seed: int, *, venv_dir: Path, n_envs: int, budget: int,
             threshold: float, timeout_s: float) -> Run:
     spec = {"algo": algo, "vec_env": SB3_VEC_ENV[system], "n_envs": n_envs, "seed": seed,
@@ -193,8 +208,7 @@ def run_sb3(algo: str, system: str, seed: int, *, venv_dir: Path, n_envs: int, b
         measured = run_measured(command, cwd=ROOT, timeout_s=timeout_s)
     except MeasureTimeout as exc:
         return Run(algo, system, seed, None, None, None, error=str(exc))
-    run = Run(algo, system, seed, measured.returncode, measured.wall_s, measured.peak_rss_bytes / 2**20,
-              leftover_pids=measured.leftover_pids)
+    run = measured_run(algo, system, seed, measured)
     lines = [line for line in measured.stdout.splitlines() if line.startswith("{")]
     if measured.returncode != 0 or not lines:
         run.error = f"exit {measured.returncode}:\n{_tail(measured.stderr)}"
@@ -214,8 +228,7 @@ def run_flare2(algo: str, seed: int, *, flare2_args: list[str], budget: int, thr
             measured = run_measured(command, cwd=ROOT, timeout_s=timeout_s)
         except MeasureTimeout as exc:
             return Run(algo, "flare2", seed, None, None, None, error=str(exc))
-        run = Run(algo, "flare2", seed, measured.returncode, measured.wall_s, measured.peak_rss_bytes / 2**20,
-                  leftover_pids=measured.leftover_pids)
+        run = measured_run(algo, "flare2", seed, measured)
         progress_csv = Path(log_dir) / "progress.csv"
         if measured.returncode != 0 or not progress_csv.is_file():
             run.error = f"exit {measured.returncode}:\n{_tail(measured.stdout + measured.stderr)}"
@@ -255,6 +268,8 @@ def summarize(runs: list[Run]) -> dict:
             "wall_s": [run.wall_s for run in group],
             "wall_s_median": _median([run.wall_s for run in group]),
             "peak_rss_mb_median": _median([run.peak_rss_mb for run in group]),
+            "cpu_s_median": _median([run.cpu_s for run in group]),
+            "others_load": [run.others_load for run in group],
         })
     by_key = {(row["algo"], row["system"]): row for row in rows}
     ratios = []
@@ -308,6 +323,14 @@ def markdown_table(summary: dict, threshold: float = 475.0) -> str:
                 f"| {ratio['algo'].upper()} | {ratio['against']} | {_num(ratio['steps_per_s'], 2)} "
                 f"| {_num(ratio['wall_s'], 2)} | {_num(ratio['peak_rss'], 2)} |"
             )
+    shared = [
+        f"{row['algo'].upper()} {row['system']} seed {seed} ({load:.2f})"
+        for row in summary["rows"] for seed, load in zip(row["seeds"], row["others_load"])
+        if load is not None and load > SHARED_LOAD
+    ]
+    if shared:
+        lines += ["", f"Other processes kept this many cores busy on average during: {', '.join(shared)}; "
+                      "those runs had less of the machine than the others."]
     return "\n".join(lines)
 
 
@@ -327,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra arguments of the flare2 example scripts (default: '--num-agents N_ENVS'; "
                              "keep the env count equal to SB3's for a like-for-like comparison)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is killed")
+    parser.add_argument("--max-others-load", type=float, default=None,
+                        help="repeat a run (up to --retries times) while other processes kept more than this many "
+                             "cores busy on average during it; the least disturbed attempt is kept")
+    parser.add_argument("--retries", type=int, default=2, help="repeats allowed per run by --max-others-load")
     parser.add_argument("--json", type=Path, help="also write every run's figures and the ratios to this file")
     args = parser.parse_args(argv)
     venv_dir = args.venv.resolve()
@@ -345,24 +372,36 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
 
+    def run_once(algo: str, system: str, seed: int) -> Run:
+        if system == "flare2":
+            run = run_flare2(algo, seed, flare2_args=flare2_args, budget=budgets[algo],
+                             threshold=args.threshold, timeout_s=args.timeout)
+        else:
+            run = run_sb3(algo, system, seed, venv_dir=venv_dir, n_envs=args.n_envs, budget=budgets[algo],
+                          threshold=args.threshold, timeout_s=args.timeout)
+        status = f"FAILED: {run.error}" if run.error else (
+            f"{_num(run.steps_per_s)} steps/s, {run.steps_to_threshold or 'never'} steps to "
+            f"{args.threshold:g}, {run.wall_s:.1f} s, {run.peak_rss_mb:.0f} MB, others used "
+            f"{_num(run.others_load, 2)} cores")
+        if run.leftover_pids:
+            status += f" (left processes running: {list(run.leftover_pids)}, killed)"
+        print(f"{algo} {system} seed {seed}: {status}", file=sys.stderr, flush=True)
+        return run
+
+    def disturbed(run: Run) -> bool:
+        return args.max_others_load is not None and (run.others_load or 0.0) > args.max_others_load
+
     runs: list[Run] = []
     # Systems interleaved within each seed, so slow drift of the machine falls on all of them alike.
     for algo in args.algos:
         for seed in args.seeds:
             for system in args.systems:
-                if system == "flare2":
-                    run = run_flare2(algo, seed, flare2_args=flare2_args, budget=budgets[algo],
-                                     threshold=args.threshold, timeout_s=args.timeout)
-                else:
-                    run = run_sb3(algo, system, seed, venv_dir=venv_dir, n_envs=args.n_envs, budget=budgets[algo],
-                                  threshold=args.threshold, timeout_s=args.timeout)
-                runs.append(run)
-                status = f"FAILED: {run.error}" if run.error else (
-                    f"{_num(run.steps_per_s)} steps/s, {run.steps_to_threshold or 'never'} steps to "
-                    f"{args.threshold:g}, {run.wall_s:.1f} s, {run.peak_rss_mb:.0f} MB")
-                if run.leftover_pids:
-                    status += f" (left processes running: {list(run.leftover_pids)}, killed)"
-                print(f"{algo} {system} seed {seed}: {status}", file=sys.stderr, flush=True)
+                attempts = [run_once(algo, system, seed)]
+                while disturbed(attempts[-1]) and not attempts[-1].error and len(attempts) <= args.retries:
+                    attempts.append(run_once(algo, system, seed))
+                kept = min(attempts, key=lambda run: (run.error is not None, run.others_load or 0.0))
+                kept.attempts = len(attempts)
+                runs.append(kept)
 
     summary = summarize(runs)
     print(markdown_table(summary, args.threshold))

@@ -12,12 +12,18 @@ largest sum. Pages shared between processes (the torch libraries, say) count
 once per process, as `ps` and `top` count them; compare such sums between
 systems that are built alike, not against a single process's footprint.
 
+It also adds up the CPU time of the tree and what the rest of the machine
+used meanwhile (all busy CPU time in /proc/stat less the tree's and this
+process's own): a benchmark run on a shared machine can then tell whether
+others competed with it for the cores.
+
 Linux only (/proc); standard library only.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import tempfile
@@ -25,7 +31,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 SAMPLE_INTERVAL_S = 0.1
 # After the command exits, how long its leftover descendants get to finish on their own before they are killed.
@@ -43,15 +48,22 @@ class Measured:
     stderr: str
     # Processes of its tree still alive after the command exited (and a short grace); they were killed.
     leftover_pids: tuple[int, ...] = ()
+    # CPU seconds (user + system) of the tree's processes, as last sampled (up to ~0.1 s each left out).
+    cpu_s: float = 0.0
+    # CPU seconds the rest of the machine used while the command ran (neither the tree nor this process).
+    others_cpu_s: float = 0.0
 
 
 class MeasureTimeout(TimeoutError):
     """The command ran past its time limit; its whole process tree was killed."""
 
 
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (ppid, session id, state) of every live process, read from /proc/*/stat."""
-    table: dict[int, tuple[int, int, str]] = {}
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> dict[int, tuple[int, int, str, int]]:
+    """pid -> (ppid, session id, state, CPU ticks used) of every process, read from /proc/*/stat."""
+    table: dict[int, tuple[int, int, str, int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -62,9 +74,26 @@ def _proc_table() -> dict[int, tuple[int, int, str]]:
             continue
         # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) >= 4:
-            table[int(entry.name)] = (int(fields[1]), int(fields[3]), fields[0].decode())
+        if len(fields) >= 13:
+            ppid, sid, utime, stime = int(fields[1]), int(fields[3]), int(fields[11]), int(fields[12])
+            table[int(entry.name)] = (ppid, sid, fields[0].decode(), utime + stime)
     return table
+
+
+def _tree(root: int) -> dict[int, tuple[str, int]]:
+    """pid -> (state, CPU ticks) of root, its descendants, and the rest of its session (zombies included)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = {root} | {pid for pid, (_, sid, *_) in table.items() if sid == root}
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return {pid: (table[pid][2], table[pid][3]) for pid in found if pid in table}
 
 
 def tree_pids(root: int) -> set[int]:
@@ -73,18 +102,19 @@ def tree_pids(root: int) -> set[int]:
     The session catches descendants whose parent died before them (re-parented to init); start the
     command with start_new_session=True so that its session is its own.
     """
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found = {root} | {pid for pid, (_, sid, _) in table.items() if sid == root}
-    stack = list(found)
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return {pid for pid in found if pid in table and table[pid][2] != "Z"}
+    return {pid for pid, (state, _) in _tree(root).items() if state != "Z"}
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as file:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in file.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) * _TICK_S
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rss_bytes(pid: int) -> int:
@@ -140,12 +170,14 @@ def run_measured(
     happens, nothing of the tree is left running when this returns or raises.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        busy_before, own_before = machine_busy_s(), _own_cpu_s()
         start = time.monotonic()
         proc = subprocess.Popen(
             command, cwd=cwd, env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
         )
         peak = 0
+        cpu_ticks: dict[int, int] = {}  # the most each process of the tree was seen to have used
         timed_out = threading.Event()
         exited = threading.Event()
 
@@ -153,7 +185,10 @@ def run_measured(
             # A thread, so that the main thread can block in wait() and note the exit time exactly.
             nonlocal peak
             while not exited.is_set():
-                peak = max(peak, sum(rss_bytes(pid) for pid in tree_pids(proc.pid)))
+                tree = _tree(proc.pid)
+                for pid, (_, ticks) in tree.items():
+                    cpu_ticks[pid] = max(ticks, cpu_ticks.get(pid, 0))
+                peak = max(peak, sum(rss_bytes(pid) for pid, (state, _) in tree.items() if state != "Z"))
                 if time.monotonic() - start > timeout_s:
                     timed_out.set()
                     _kill_tree(proc.pid)
@@ -166,6 +201,7 @@ def run_measured(
             sampler.start()
             returncode = proc.wait()
             wall_s = time.monotonic() - start
+            busy_s = machine_busy_s() - busy_before
             exited.set()
             sampler.join()
             deadline = time.monotonic() + exit_grace_s
@@ -182,7 +218,10 @@ def run_measured(
             raise MeasureTimeout(
                 f"{' '.join(command)} ran past its {timeout_s:g} s limit and was killed; its stderr ended with:\n{tail}"
             )
-        return Measured(returncode, wall_s, peak, _read_text(out), _read_text(err), tuple(sorted(leftovers)))
+        cpu_s = sum(cpu_ticks.values()) * _TICK_S
+        others_cpu_s = max(0.0, busy_s - cpu_s - (_own_cpu_s() - own_before))
+        return Measured(returncode, wall_s, peak, _read_text(out), _read_text(err), tuple(sorted(leftovers)),
+                        cpu_s, others_cpu_s)
 
 
 if __name__ == "__main__":
@@ -191,5 +230,6 @@ if __name__ == "__main__":
 
     result = run_measured(sys.argv[1:], timeout_s=float(os.environ.get("PROCTREE_TIMEOUT_S", "3600")))
     print(json.dumps({"returncode": result.returncode, "wall_s": round(result.wall_s, 3),
-                      "peak_rss_mb": round(result.peak_rss_bytes / 2**20, 1), "leftover_pids": list(result.leftover_pids)}))
+                      "peak_rss_mb": round(result.peak_rss_bytes / 2**20, 1), "cpu_s": round(result.cpu_s, 2),
+                      "others_cpu_s": round(result.others_cpu_s, 2), "leftover_pids": list(result.leftover_pids)}))
     sys.exit(result.returncode)

@@ -1,4 +1,4 @@
-"""tools/bench_peers.py and tools/proctree.py without SB3: the progress.csv reading, the table and ratios, the measuring."""
+"""tools/bench_peers.py and tools/proctree.py without SB3: progress.csv reading, table and ratios, measuring."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_summary_takes_medians_over_seeds_and_ratios_of_flare2_to_each_sb3_varia
     runs = [
         Run("a2c", "sb3-dummy", 0, 0, 100.0, 300.0, steps_to_threshold=60000, steps_per_s=1000.0),
         Run("a2c", "sb3-dummy", 1, 0, 300.0, 320.0, steps_to_threshold=None, steps_per_s=1200.0),
-        Run("a2c", "sb3-dummy", 2, 0, 200.0, 310.0, steps_to_threshold=80000, steps_per_s=1100.0),
+        Run("a2c", "sb3-dummy", 2, 0, 200.0, 310.0, steps_to_threshold=80000, steps_per_s=1100.0, others_load=0.9),
         Run("a2c", "flare2", 0, 0, 50.0, 155.0, steps_to_threshold=50000, steps_per_s=2200.0),
         Run("a2c", "flare2", 1, None, None, None, error="timed out"),
         Run("a2c", "sb3-subproc", 0, 0, 400.0, 2000.0, steps_to_threshold=70000, steps_per_s=500.0),
@@ -72,6 +72,7 @@ def test_summary_takes_medians_over_seeds_and_ratios_of_flare2_to_each_sb3_varia
     assert "| A2C | sb3-dummy | 1,100 | 60,000 / never / 80,000 | 100.0 / 300.0 / 200.0 | 200.0 | 310 |" in table
     assert "| A2C | flare2 | 2,200 | 50,000 / failed | 50.0 / - | 50.0 | 155 |" in table
     assert "| A2C | sb3-dummy | 2.00 | 0.25 | 0.50 |" in table
+    assert "during: A2C sb3-dummy seed 2 (0.90);" in table  # a run that shared the machine is named
 
 
 def test_no_ratios_without_flare2_runs(bench):
@@ -80,7 +81,7 @@ def test_no_ratios_without_flare2_runs(bench):
     assert "ratio" not in bench.markdown_table(summary)
 
 
-CHILD = "b = bytearray(64 * 2**20); import time; time.sleep(0.3)"
+CHILD = "b = bytearray(64 * 2**20); import time; t = time.monotonic()\nwhile time.monotonic() - t < 0.3: pass"
 PARENT = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {CHILD!r}]); print('out'); sys.exit(3)"
 
 
@@ -91,6 +92,8 @@ def test_run_measured_sums_the_rss_of_the_children_and_leaves_nothing(proctree):
     assert measured.stdout == "out\n"
     assert 0.3 < measured.wall_s < 10
     assert measured.peak_rss_bytes > 64 * 2**20  # the child's buffer alone
+    assert 0.05 < measured.cpu_s < 5  # mostly the child's busy loop
+    assert measured.others_cpu_s >= 0
     assert measured.leftover_pids == ()
 
 

@@ -2,12 +2,13 @@
 
     python examples/cartpole_a2c.py --max-steps 500000 --log-dir runs/a2c
 
-By default 2 agent processes play 4 CartPoles each (8 envs, as in the
-SB3-zoo settings): every step an agent asks for the actions of its 4 envs in
-one request, and the compute process answers both agents with one forward
-pass. Every 5 steps each agent sends its [4, 5] steps to A2C's learn(), and
-plays on while it runs. Progress lines go to the terminal and rows to
-LOG_DIR/progress.csv. --serial runs it all in this process, for a debugger.
+By default one agent process plays 8 CartPoles (as in the SB3-zoo settings)
+beside the compute process: two busy processes for a 2-core machine. Every
+step the agent asks for the actions of its 8 envs in one request; every 5
+steps it sends its [8, 5] steps to A2C's learn() and plays on while it runs.
+More processes (--num-agents) are batched together; --serial runs it all in
+this process, for a debugger. Progress lines go to the terminal and rows to
+LOG_DIR/progress.csv.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
     parser.add_argument("--lr", type=float, default=7e-4, help="A2C learning rate (RMSprop)")
     parser.add_argument("--sample-interval", type=int, default=5, help="env steps per learn request (n of the n-step returns)")
-    add_run_options(parser, num_agents=2, envs_per_agent=4, log_dir="runs/cartpole_a2c")
+    add_run_options(parser, num_agents=1, envs_per_agent=8, log_dir="runs/cartpole_a2c")
     args = parser.parse_args(argv)
     # 2. One ComputationTask named "RL", batched by the rule of max batch / all agents waiting / max wait.
     ct = CTConfig(name="RL", build=partial(build_a2c, args.env, args.lr), batching=batching_from_args(args))

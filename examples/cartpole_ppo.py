@@ -2,10 +2,11 @@
 
     python examples/cartpole_ppo.py --max-steps 100000 --log-dir runs/ppo
 
-By default 2 agent processes play 4 envs each (8 envs). Each agent sends 32
-steps of its envs per learn request; the two requests of one round make one
-learn() call of 256 steps, over which PPO takes 20 epochs (the SB3-zoo
-CartPole settings). The learning rate falls linearly to 0 over --max-steps.
+By default one agent process plays 8 envs beside the compute process. It
+sends 32 steps of its envs per learn request: one learn() call of 256 steps,
+over which PPO takes 20 epochs (the SB3-zoo CartPole settings), while the
+agent plays the next 32 steps. The learning rate falls linearly to 0 over
+--max-steps. With more --num-agents, the requests of one round make one call.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at the start")
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
     parser.add_argument("--epochs", type=int, default=20, help="PPO epochs per learn() call")
-    add_run_options(parser, num_agents=2, envs_per_agent=4, max_steps=100_000, log_dir="runs/cartpole_ppo")
+    add_run_options(parser, num_agents=1, envs_per_agent=8, max_steps=100_000, log_dir="runs/cartpole_ppo")
     # One learn() call per round of all agents (256 steps) matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)

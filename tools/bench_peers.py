@@ -9,7 +9,8 @@ the last 100 finished training episodes reaches 475 (or a step budget runs out):
 
 - sb3-dummy: SB3 with its 8 envs stepped in one process (DummyVecEnv);
 - sb3-subproc: SB3 with one worker process per env (SubprocVecEnv);
-- flare2: `python examples/cartpole_{a2c,ppo}.py --num-agents 8`, as a new user runs it.
+- flare2: `python examples/cartpole_{a2c,ppo}.py --num-agents 1 --envs-per-agent 8` (their defaults: one agent
+  process of 8 envs beside the compute process), as a new user runs it.
 
 SB3 uses the rl-baselines3-zoo CartPole-v1 hyperparameters and runs in the
 python of a separate virtualenv (made with --system-site-packages, so it shares
@@ -29,7 +30,7 @@ runs that shared the machine are named under the table, and
 
 PPO's learning rate and clip range fall linearly to 0 over the step budget on
 both sides (SB3: zoo's lin_ schedules over learn(); flare2: over --max-steps);
---ppo-steps 100000 gives the zoo's exact schedule.
+the default --ppo-steps 100000 is the zoo's schedule.
 """
 
 from __future__ import annotations
@@ -343,11 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--threshold", type=float, default=475.0, help="mean return of the last 100 episodes to reach")
     parser.add_argument("--a2c-steps", type=int, default=500_000, help="A2C step budget (zoo: 5e5)")
-    parser.add_argument("--ppo-steps", type=int, default=200_000,
+    parser.add_argument("--ppo-steps", type=int, default=100_000,
                         help="PPO step budget; the learning rate and clip range fall to 0 over it (zoo: 1e5)")
     parser.add_argument("--n-envs", type=int, default=8, help="SB3's env count (zoo: 8)")
     parser.add_argument("--flare2-args", default=None,
-                        help="extra arguments of the flare2 example scripts (default: '--num-agents N_ENVS'; "
+                        help="extra arguments of the flare2 example scripts (default: '--num-agents 1 --envs-per-agent N_ENVS'; "
                              "keep the env count equal to SB3's for a like-for-like comparison)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is killed")
     parser.add_argument("--max-others-load", type=float, default=None,
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every run's figures and the ratios to this file")
     args = parser.parse_args(argv)
     venv_dir = args.venv.resolve()
-    flare2_args = shlex.split(args.flare2_args if args.flare2_args is not None else f"--num-agents {args.n_envs}")
+    flare2_args = shlex.split(args.flare2_args if args.flare2_args is not None else f"--num-agents 1 --envs-per-agent {args.n_envs}")
     budgets = {"a2c": args.a2c_steps, "ppo": args.ppo_steps}
 
     if args.install:

@@ -22,7 +22,7 @@ def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     return None, int(match.group(1))
 
 
-def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 2, envs_per_agent: int = 4,
+def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, envs_per_agent: int = 8,
                     max_steps: int | None = 500_000, log_dir: str = "runs/latest") -> None:
     """Add the options of a run (budget, agents, device, batching, supervision, checkpoints) to ``parser``."""
     run = parser.add_argument_group("run")

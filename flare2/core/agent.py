@@ -49,6 +49,12 @@ class CTPort(Protocol):
     def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Send a predict request and return the reply: ``actions``, ``states`` and the weights' ``version``."""
 
+    def send_predict(self, payload: dict[str, Any]) -> int:
+        """Send a predict request without waiting; returns the ticket ``wait_predict`` takes."""
+
+    def wait_predict(self, ticket: int) -> dict[str, Any]:
+        """The reply to the request of ``ticket`` (as ``predict`` returns it)."""
+
     def learn(self, payload: dict[str, Any]) -> None:
         """Send a learn request; returns once no more than ``learn_ahead`` requests await their reply."""
 
@@ -175,19 +181,44 @@ class Agent:
 
     def _ask(self, ct: str, inputs: Arrays, states: Arrays, greedy: np.ndarray | None) -> tuple[Arrays, Arrays]:
         """One predict request of ``[rows, ...]`` arrays; remembers the version of the weights that answered."""
-        payload: dict[str, Any] = {"inputs": inputs, "states": states}
-        if greedy is not None:
-            payload["greedy"] = greedy
-        reply = self._ports[ct].predict(payload)
-        specs = self._specs[ct]
-        rows = (len(next(iter(inputs.values()))),)
-        check_arrays("actions", specs.actions, reply.get("actions"), leading=rows)
-        check_arrays("states", specs.states, reply.get("states", {}), leading=rows)
-        version = reply.get("version")
-        if type(version) is not int:
-            raise SpecError(f"a prediction of CT {ct!r} must carry the int 'version' of its weights, got {version!r}")
-        self._versions[ct] = version
-        return reply["actions"], reply.get("states", {})
+        reply = self._ports[ct].predict(_predict_payload(inputs, states, greedy))
+        actions, next_states, self._versions[ct] = _read_prediction(self._specs[ct], ct, reply, inputs)
+        return actions, next_states
+
+
+def _predict_payload(inputs: Arrays, states: Arrays, greedy: np.ndarray | None) -> dict[str, Any]:
+    payload: dict[str, Any] = {"inputs": inputs, "states": states}
+    if greedy is not None:
+        payload["greedy"] = greedy
+    return payload
+
+
+def _read_prediction(specs: CTSpecs, ct: str, reply: dict[str, Any], inputs: Arrays) -> tuple[Arrays, Arrays, int]:
+    """The actions, next states and weights version of a reply, checked against the specs and the rows asked."""
+    rows = (len(next(iter(inputs.values()))),)
+    check_arrays("actions", specs.actions, reply.get("actions"), leading=rows)
+    check_arrays("states", specs.states, reply.get("states", {}), leading=rows)
+    version = reply.get("version")
+    if type(version) is not int:
+        raise SpecError(f"a prediction of CT {ct!r} must carry the int 'version' of its weights, got {version!r}")
+    return reply["actions"], reply.get("states", {}), version
+
+
+class PendingPrediction:
+    """A prediction on its way (``VectorAgent.send_rows``): play something else, then ``result()``."""
+
+    def __init__(self, agent: Agent, ct: str, ticket: int, inputs: Arrays) -> None:
+        self._agent, self._ct, self._ticket, self._inputs = agent, ct, ticket, inputs
+        self.version = -1
+        """The version of the weights that answered, once ``result()`` returned."""
+
+    def result(self) -> tuple[Arrays, Arrays]:
+        """Wait for the actions and next states."""
+        agent, ct = self._agent, self._ct
+        reply = agent._ports[ct].wait_predict(self._ticket)
+        actions, states, self.version = _read_prediction(agent._specs[ct], ct, reply, self._inputs)
+        agent._versions[ct] = self.version
+        return actions, states
 
 
 class VectorAgent(Agent):
@@ -235,6 +266,13 @@ class VectorAgent(Agent):
         """Actions and next states for ``[rows, ...]`` inputs and states; ``greedy`` marks evaluation rows."""
         return self._ask(ct, inputs, states or {}, greedy)
 
+    def send_rows(
+        self, ct: str, inputs: Arrays, states: Arrays | None = None, *, greedy: np.ndarray | None = None
+    ) -> PendingPrediction:
+        """Like ``predict_rows``, without waiting: step other envs meanwhile, then call ``result()`` on it."""
+        ticket = self._ports[ct].send_predict(_predict_payload(inputs, states or {}, greedy))
+        return PendingPrediction(self, ct, ticket, inputs)
+
     def store_rows(
         self,
         ct: str,
@@ -246,8 +284,14 @@ class VectorAgent(Agent):
         terminated: np.ndarray,
         truncated: np.ndarray,
         states: Arrays | None = None,
+        policy_version: np.ndarray | None = None,
     ) -> None:
-        """Hand one step of every training env (``num_envs`` rows, arrays the helper may keep) to CT ``ct``'s helper."""
+        """Hand one step of every training env (``num_envs`` rows, arrays the helper may keep) to CT ``ct``'s helper.
+
+        ``policy_version`` (one per row) defaults to the version that answered the latest prediction.
+        """
+        if policy_version is None:
+            policy_version = np.full(len(terminated), self._versions[ct], np.int64)
         self._helpers[ct].store({
             "inputs": inputs,
             "next_inputs": next_inputs,
@@ -256,5 +300,5 @@ class VectorAgent(Agent):
             "states": states or {},
             "terminated": terminated,
             "truncated": truncated,
-            "policy_version": np.full(len(terminated), self._versions[ct], np.int64),
+            "policy_version": policy_version,
         })

@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flare2.core.agent import AgentHelper, VectorAgent
+from flare2.core.agent import AgentHelper, PendingPrediction, VectorAgent
 from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
@@ -44,6 +44,12 @@ class GymAgent(VectorAgent):
     episode after every ``eval_every`` training episodes of this process, as one
     more row of the same requests; nothing of it is stored.
 
+    With ``double_buffer`` the envs play in two halves that alternate: while
+    the compute process answers one half's request, this process steps the
+    other half (Sample Factory's double buffering). Each half is one request
+    per step, so it pays where the agent and the compute process would
+    otherwise wait for each other (see the benchmark in the README).
+
     Box actions are clipped to the space bounds before they reach the env; the
     stored action is the one the CT returned.
     """
@@ -56,8 +62,10 @@ class GymAgent(VectorAgent):
         ct: str = "RL",
         sample_interval: int = 5,
         replay: dict[str, Any] | None = None,
+        double_buffer: bool = False,
     ) -> None:
         self.env_id = env_id
+        self.double_buffer = double_buffer
         self.env_kwargs = env_kwargs or {}
         self.ct = ct
         self.sample_interval = sample_interval
@@ -91,47 +99,96 @@ class GymAgent(VectorAgent):
             )
 
     def run(self) -> None:
-        ct, envs, count = self.ct, self.envs, self.num_envs
-        specs = self.specs(ct)
-        obs_spec, reward_dtype = specs.inputs["obs"], specs.rewards["reward"].dtype
-        space = envs[0].action_space
+        specs = self.specs(self.ct)
+        space = self.envs[0].action_space
         clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
-        obs = obs_spec.zeros(count)
-        for index, env in enumerate(envs):
-            obs[index] = env.reset(seed=self.env_seed(index))[0]
-        states = self.initial_states(ct, count)
-        evaluation = _EvaluationEpisodes(self, obs_spec) if self.eval_env is not None else None
+        count = self.num_envs
+        # Double buffering: while the compute process answers one half, this process steps the other.
+        bounds = [0, count // 2, count] if self.double_buffer and count >= 2 else [0, count]
+        groups = [_EnvGroup(self, first, stop, specs, clip) for first, stop in zip(bounds, bounds[1:])]
+        evaluation = _EvaluationEpisodes(self, specs.inputs["obs"]) if self.eval_env is not None else None
+        for group in groups:
+            group.send(evaluation if group is groups[0] else None)
         while True:
-            if evaluation is not None and evaluation.playing:
-                inputs, row_states, greedy = evaluation.with_row(obs, states)
-            else:
-                inputs, row_states, greedy = obs, states, None
-            actions, next_states = self.predict_rows(ct, {"obs": inputs}, row_states, greedy=greedy)
-            env_actions = actions["action"] if clip is None else np.clip(actions["action"], *clip)
-            # Fresh arrays every step: the helper keeps what it is given.
-            next_obs = np.empty_like(obs)
-            rewards = np.empty(count, reward_dtype)
-            terminated, truncated = np.empty(count, bool), np.empty(count, bool)
-            for index, env in enumerate(envs):
-                next_obs[index], rewards[index], terminated[index], truncated[index], _ = env.step(env_actions[index])
-            if greedy is not None:
-                evaluation.step(env_actions[count], {key: value[count:] for key, value in next_states.items()})
-                actions = {key: value[:count] for key, value in actions.items()}
-                next_states = {key: value[:count] for key, value in next_states.items()}
-            self.store_rows(ct, inputs={"obs": obs}, actions=actions, rewards={"reward": rewards},
-                            next_inputs={"obs": next_obs}, terminated=terminated, truncated=truncated, states=states)
-            ended = np.flatnonzero(terminated | truncated)
-            obs, states = next_obs, next_states
-            if ended.size:
-                # The stored next_obs keeps the final observations; the next step starts from the reset ones.
-                obs = next_obs.copy()
-                states = {key: value.copy() for key, value in next_states.items()}
-                for index in ended:
-                    obs[index] = envs[index].reset()[0]
-                    for value in states.values():
-                        value[index] = 0
-                if evaluation is not None:
-                    evaluation.training_episodes_ended(ended.size)
+            steps = []
+            for group in groups:
+                step, ended = group.step(evaluation)
+                if evaluation is not None and ended:
+                    evaluation.training_episodes_ended(ended)
+                # The evaluation env's row rides with the first group's requests.
+                group.send(evaluation if group is groups[0] else None)
+                steps.append(step)
+            self.store_rows(self.ct, **(steps[0] if len(steps) == 1 else _concatenate(steps)))
+
+
+def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows of several groups' steps as one step, in env order."""
+    return {
+        key: {name: np.concatenate([step[key][name] for step in steps]) for name in value}
+        if isinstance(value, dict) else np.concatenate([step[key] for step in steps])
+        for key, value in steps[0].items()
+    }
+
+
+class _EnvGroup:
+    """Envs ``first`` to ``stop`` of a GymAgent, asked for in one request: their observations, states and that request.
+
+    Every step of a group: ``step()`` waits for its actions, steps its envs,
+    resets those whose episode ended (their stored ``next_inputs`` row keeps
+    the final observation) and returns the rows to store; ``send()`` asks for
+    the next actions.
+    """
+
+    def __init__(self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, clip: tuple | None) -> None:
+        self.agent, self.clip = agent, clip
+        self.envs = agent.envs[first:stop]
+        self.reward_dtype = specs.rewards["reward"].dtype
+        self.obs = specs.inputs["obs"].zeros(len(self.envs))
+        for index, env in enumerate(self.envs):
+            self.obs[index] = env.reset(seed=agent.env_seed(first + index))[0]
+        self.states = agent.initial_states(agent.ct, len(self.envs))
+        self.pending: PendingPrediction | None = None
+        self.with_evaluation = False
+
+    def send(self, evaluation: _EvaluationEpisodes | None) -> None:
+        self.with_evaluation = evaluation is not None and evaluation.playing
+        if self.with_evaluation:
+            inputs, states, greedy = evaluation.with_row(self.obs, self.states)
+        else:
+            inputs, states, greedy = self.obs, self.states, None
+        self.pending = self.agent.send_rows(self.agent.ct, {"obs": inputs}, states, greedy=greedy)
+
+    def step(self, evaluation: _EvaluationEpisodes | None) -> tuple[dict[str, Any], int]:
+        """The rows to store for this step of the group's envs, and how many of their episodes ended."""
+        actions, next_states = self.pending.result()
+        envs, count = self.envs, len(self.envs)
+        env_actions = actions["action"] if self.clip is None else np.clip(actions["action"], *self.clip)
+        # Fresh arrays every step: the helper keeps what it is given.
+        next_obs = np.empty_like(self.obs)
+        rewards = np.empty(count, self.reward_dtype)
+        terminated, truncated = np.empty(count, bool), np.empty(count, bool)
+        for index, env in enumerate(envs):
+            next_obs[index], rewards[index], terminated[index], truncated[index], _ = env.step(env_actions[index])
+        if self.with_evaluation:
+            evaluation.step(env_actions[count], {key: value[count:] for key, value in next_states.items()})
+            actions = {key: value[:count] for key, value in actions.items()}
+            next_states = {key: value[:count] for key, value in next_states.items()}
+        step = {
+            "inputs": {"obs": self.obs}, "actions": actions, "rewards": {"reward": rewards},
+            "next_inputs": {"obs": next_obs}, "terminated": terminated, "truncated": truncated, "states": self.states,
+            "policy_version": np.full(count, self.pending.version, np.int64),
+        }
+        ended = np.flatnonzero(terminated | truncated)
+        self.obs, self.states = next_obs, next_states
+        if ended.size:
+            # The stored next_obs keeps the final observations; the next step starts from the reset ones.
+            self.obs = next_obs.copy()
+            self.states = {key: value.copy() for key, value in next_states.items()}
+            for index in ended:
+                self.obs[index] = envs[index].reset()[0]
+                for value in self.states.values():
+                    value[index] = 0
+        return step, ended.size
 
 
 class _EvaluationEpisodes:

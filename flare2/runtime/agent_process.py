@@ -1,9 +1,12 @@
-"""The agent process: one Agent, its env, and its sockets. Imports no torch.
+"""The agent process: one Agent, its envs, and its sockets. Imports no torch.
 
 Started by the manager (``python -m flare2.runtime.agent_process ...``) or by
 ``flare2 attach`` on another machine; both paths run :func:`run_agent`. The
 agent registers with the manager (hello/welcome: specs and CDP endpoints),
-then runs episodes. Between steps, at most every ``control_interval_s``, it
+then plays: episode after episode for an ``Agent``, ``run()`` for a
+``VectorAgent`` with its ``--envs-per-agent`` envs. Learn requests go out
+without waiting for their reply while the CT's ``learn_ahead`` allows. Between
+steps, at most every ``control_interval_s``, it
 reports counters to the manager and looks for a STOP; while it waits for a
 reply it does the same, so a STOP or a dead manager is noticed even when a
 CDP never answers.
@@ -253,6 +256,7 @@ class _Port:
         self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
         self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
         self._learns_in_flight: deque[int] = deque()
+        self._sent_at: dict[int, float] = {}
 
     def _wait(self, requester: Requester, seq: int, what: str) -> dict[str, Any]:
         reply = requester.wait_reply(
@@ -265,10 +269,16 @@ class _Port:
         return reply.payload
 
     def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
-        started = time.perf_counter()
+        return self.wait_predict(self.send_predict(payload))
+
+    def send_predict(self, payload: dict[str, Any]) -> int:
         seq = self.predictor.send_request(PREDICT, payload, ct=self.ct)
+        self._sent_at[seq] = time.perf_counter()
+        return seq
+
+    def wait_predict(self, seq: int) -> dict[str, Any]:
         reply = self._wait(self.predictor, seq, f"predict on CT {self.ct!r}")
-        self.control.round_trips.add(time.perf_counter() - started)
+        self.control.round_trips.add(time.perf_counter() - self._sent_at.pop(seq))
         self.control.maybe_service()
         return reply
 

@@ -54,6 +54,7 @@ class SerialPort:
         self._seq = 0
         self._reply: Message | None = None
         self._learner = InlineLearner()
+        self._answered: dict[int, dict[str, Any]] = {}
 
     def deliver(self, _reply_to: Any, _learn: bool, message: Message) -> None:
         """The CDP's reply callback."""
@@ -82,6 +83,15 @@ class SerialPort:
         self.control.round_trips.add(time.perf_counter() - started)
         self.control.maybe_service()
         return reply
+
+    def send_predict(self, payload: dict[str, Any]) -> int:
+        """Served at once, like every request here; the reply waits for ``wait_predict``."""
+        reply = self.predict(payload)
+        self._answered[self._seq] = reply
+        return self._seq
+
+    def wait_predict(self, ticket: int) -> dict[str, Any]:
+        return self._answered.pop(ticket)
 
     def learn(self, payload: dict[str, Any]) -> None:
         self._ask(LEARN, payload)

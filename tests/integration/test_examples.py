@@ -90,3 +90,37 @@ def test_the_sarsa_example_learns_a_q_table_and_plays_greedy_evaluation_episodes
     assert final["env_steps"] >= 1500 and final["learn_steps"] >= 1
     assert final["eval_episodes"] >= 1 and final["eval_return_mean"] <= -13  # no path is shorter than 13 steps
     assert "td_loss" in (tmp_path / "learn.csv").read_text()
+
+
+SERIAL_RUNS = {
+    "cartpole_a2c.py": ["--max-steps", "2000"],
+    "cartpole_ppo.py": ["--max-steps", "1000", "--epochs", "2"],
+    "cartpole_dqn.py": ["--max-steps", "1000", "--warmup", "200"],
+    "cliffwalking_sarsa.py": ["--max-steps", "1000", "--eval-every", "1"],
+    "pendulum_td3.py": ["--max-steps", "600", "--warmup", "300", "--batch-size", "32", "--minibatch-size", "32"],
+    "cartpole_memory.py": ["--max-steps", "1000", "--epochs", "2"],
+    "cartpole_multi_ct.py": ["--max-steps", "1000"],
+    "custom_agent.py": ["--max-episodes", "100"],
+}
+
+
+def test_every_example_runs_to_its_budget_in_serial_mode(tmp_path):
+    assert set(SERIAL_RUNS) == {path.name for path in (REPO / "examples").glob("*.py") if "agent" not in path.stem} | {
+        "custom_agent.py"}
+    for name, args in SERIAL_RUNS.items():
+        log_dir = tmp_path / name.removesuffix(".py")
+        log_dir.mkdir()
+        result = run_example(name, "--serial", *args, log_dir=log_dir)
+        assert "budget reached" in result.stderr, name
+        assert read_csv(log_dir / "progress.csv")[-1]["learn_steps"] >= 1, name
+
+
+def test_a_one_env_agent_asked_for_several_envs_stops_the_run_with_the_option_and_the_fix(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "cartpole_multi_ct.py"), "--envs-per-agent", "3", "--num-agents", "2",
+         "--max-steps", "1000", "--device", "cpu", "--log-dir", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "--envs-per-agent 3: PolicyAndAuxAgent plays one env per process" in result.stderr
+    assert "make PolicyAndAuxAgent a flare2 VectorAgent" in result.stderr

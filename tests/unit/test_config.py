@@ -63,3 +63,22 @@ def test_stopping_on_the_evaluation_return_needs_evaluation_episodes():
     with pytest.raises(ConfigError, match=r"stop_eval_return needs evaluation episodes.*--eval-every"):
         run_config(stop_eval_return=475.0)
     assert run_config(stop_eval_return=475.0, eval_every=2).stop_eval_return == 475.0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--envs-per-agent", "0"], "envs_per_agent must be >= 1, got 0: each agent process plays at least one env "
+                                    "(--envs-per-agent 1 or more)"),
+        (["--serial", "--bind", "10.1.2.3", "--insecure"], "--serial runs the whole run in this process, so nothing "
+                                                          "listens on --bind 10.1.2.3"),
+    ],
+)
+def test_envs_per_agent_and_serial_mistakes_are_usage_errors_that_name_the_option(capsys, options, message):
+    parser = argparse.ArgumentParser(prog="run")
+    add_run_options(parser)
+    args = parser.parse_args(options)
+    with pytest.raises(SystemExit) as exit_info:
+        run_config_from_args(parser, args, cts=[CTConfig("RL", build)], agent_path="flare2.core.envs:GymAgent")
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

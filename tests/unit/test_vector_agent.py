@@ -40,20 +40,32 @@ class Countdown(gym.Env):
 
 
 class ScriptedPort:
-    """Answers every predict with action 0 and weights version 7; stops the agent after ``steps`` predictions."""
+    """Answers every predict with action 0 and weights version 7; stops the agent after ``steps`` answers."""
 
     learn_ahead = 0
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
+        self.sent: list[dict] = []
         self.payloads: list[dict] = []
 
-    def predict(self, payload):
-        if len(self.payloads) == self.steps:
+    def send_predict(self, payload):
+        self.sent.append(payload)
+        return len(self.sent)
+
+    def wait_predict(self, ticket):
+        if ticket > self.steps:
             raise StopRequested()
+        payload = self.sent[ticket - 1]
         self.payloads.append(payload)
         rows = len(payload["inputs"]["obs"])
-        return {"actions": {"action": np.zeros(rows, np.int64)}, "states": {}, "version": 7}
+        return {"actions": {"action": np.zeros(rows, np.int64)}, "states": {}, "version": self.version(ticket)}
+
+    def version(self, ticket: int) -> int:
+        return 7
+
+    def predict(self, payload):
+        return self.wait_predict(self.send_predict(payload))
 
 
 class KeepingHelper:
@@ -67,14 +79,16 @@ class KeepingHelper:
         self.steps.append(step)
 
 
-def play_countdowns(steps: int, *, eval_every: int = 0) -> tuple[GymAgent, ScriptedPort, KeepingHelper, dict]:
+def play_countdowns(
+    steps: int, *, eval_every: int = 0, double_buffer: bool = False, port: ScriptedPort | None = None
+) -> tuple[GymAgent, ScriptedPort, KeepingHelper, dict]:
     """A GymAgent with 3 envs: episodes of 2 steps (terminated), 3 steps (truncated), 2 steps (truncated)."""
-    agent = GymAgent()
+    agent = GymAgent(double_buffer=double_buffer)
     agent.num_envs = 3
     shapes = iter([(2, False), (3, True), (2, True), (4, False)])
     agent.make_env = lambda: Countdown(*next(shapes))
     stats = make_envs(agent, eval_every)
-    port, helper = ScriptedPort(steps), KeepingHelper()
+    port, helper = port or ScriptedPort(steps), KeepingHelper()
     agent.connect(agent_id="a0", seed=5, specs={"RL": SPECS}, ports={"RL": port}, helpers={"RL": helper})
     with pytest.raises(StopRequested):
         agent.run()
@@ -129,6 +143,23 @@ def test_the_evaluation_env_plays_greedy_rows_that_are_not_stored():
     assert all(step["inputs"]["obs"].shape == (3, 1) for step in helper.steps)
     assert stats["eval_steps"] == 6 and stats["eval_episodes"] == [[4.0, 4]]
     assert stats["steps"] == 24
+
+
+def test_with_double_buffering_the_halves_alternate_and_their_steps_are_stored_together_in_env_order():
+    class VersionPerTicket(ScriptedPort):
+        def version(self, ticket: int) -> int:
+            return ticket
+
+    _, port, helper, stats = play_countdowns(7, double_buffer=True, port=VersionPerTicket(7))
+    # Env 0 is one half, envs 1 and 2 the other: one request each per step, in turn.
+    assert [payload["inputs"]["obs"].shape[0] for payload in port.payloads] == [1, 2, 1, 2, 1, 2, 1]
+    assert len(helper.steps) == 3 and all(step["inputs"]["obs"].shape == (3, 1) for step in helper.steps)
+    assert helper.steps[1]["terminated"].tolist() == [True, False, False]
+    assert helper.steps[1]["truncated"].tolist() == [False, False, True]
+    assert helper.steps[2]["inputs"]["obs"][:, 0].tolist() == [2, 1, 2]
+    # Each half keeps the version of the weights that answered its own request.
+    assert [step["policy_version"].tolist() for step in helper.steps] == [[1, 2, 2], [3, 4, 4], [5, 6, 6]]
+    assert stats["steps"] == 10  # the first half also stepped its fourth step before the stop
 
 
 def test_a_one_env_agent_asked_for_several_envs_names_the_option_and_the_fix():

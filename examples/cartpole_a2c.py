@@ -4,8 +4,9 @@
 
 By default one agent process plays 8 CartPoles (as in the SB3-zoo settings)
 beside the compute process: two busy processes for a 2-core machine. Every
-step the agent asks for the actions of its 8 envs in one request; every 5
-steps it sends its [8, 5] steps to A2C's learn() and plays on while it runs.
+step the agent asks for the actions of 4 of its envs in one request and steps
+the other 4 meanwhile (double buffering); every 5 steps it sends its [8, 5]
+steps to A2C's learn() and plays on while it runs.
 More processes (--num-agents) are batched together; --serial runs it all in
 this process, for a debugger. Progress lines go to the terminal and rows to
 LOG_DIR/progress.csv.
@@ -41,12 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
     parser.add_argument("--lr", type=float, default=7e-4, help="A2C learning rate (RMSprop)")
     parser.add_argument("--sample-interval", type=int, default=5, help="env steps per learn request (n of the n-step returns)")
+    parser.add_argument("--no-double-buffer", dest="double_buffer", action="store_false",
+                        help="each agent steps all its envs, then asks for all their actions (by default two halves "
+                             "of its envs alternate: one is stepped while the other's actions are predicted)")
     add_run_options(parser, num_agents=1, envs_per_agent=8, log_dir="runs/cartpole_a2c")
     args = parser.parse_args(argv)
     # 2. One ComputationTask named "RL", batched by the rule of max batch / all agents waiting / max wait.
     ct = CTConfig(name="RL", build=partial(build_a2c, args.env, args.lr), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent: asks CT "RL" for the actions of its envs, sends experiences every sample_interval steps.
-    agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval}
+    agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,
+                    "double_buffer": args.double_buffer}
     # 4. The manager spawns the compute process and the agents and runs to the budget.
     config = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
     return Manager(config).run()

@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at the start")
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
     parser.add_argument("--epochs", type=int, default=20, help="PPO epochs per learn() call")
+    parser.add_argument("--no-double-buffer", dest="double_buffer", action="store_false",
+                        help="each agent steps all its envs, then asks for all their actions (by default two halves "
+                             "of its envs alternate: one is stepped while the other's actions are predicted)")
     add_run_options(parser, num_agents=1, envs_per_agent=8, max_steps=100_000, log_dir="runs/cartpole_ppo")
     # One learn() call per round of all agents (256 steps) matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)
@@ -43,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     build = partial(build_ppo, args.env, args.lr, args.max_steps, args.epochs)
     ct = CTConfig(name="RL", build=build, batching=batching_from_args(args))
     # 3. The stock Gymnasium agent stores every action output, so learn() gets the log-probabilities.
-    agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval}
+    agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,
+                    "double_buffer": args.double_buffer}
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
     # 4. The manager runs to the budget.
     return Manager(run).run()

@@ -19,6 +19,7 @@ summary of three ratios (and writes everything with ``--json FILE``):
 (c) flare2 rollout without learning: a real run (manager, compute process and
     P agent processes of ``tools/bench_agents.py:RolloutAgent``, which sends
     predict requests of E rows and no learn request) for P x E configurations,
+    and a few of them again with double buffering (two halves of E/2 rows),
     stopped with SIGINT after a fixed time. From progress.csv, start-up left
     out: env steps/s, prediction round trip p50/p99 as the agents time it, mean
     batch (env rows per forward pass); from /proc: peak RSS of the process tree,
@@ -111,16 +112,20 @@ class Plan:
     echo_aggregate_s: float
     syncvec_s: float
     act_calls: int
+    double_buffered: tuple[tuple[int, int], ...] = ()
+    """(procs, envs per proc) also measured with GymAgent's double buffering (two halves of the envs alternate)."""
 
     @property
     def total_envs(self) -> list[int]:
-        return sorted({p * e for p in self.procs for e in self.envs_per_proc})
+        counts = {p * e for p in self.procs for e in self.envs_per_proc} | {p * e for p, e in self.double_buffered}
+        return sorted(counts)
 
 
 FULL = Plan(procs=(1, 2, 4, 8), envs_per_proc=(1, 8, 32), rollout_s=6.0, echo_round_trips=5000,
-            echo_aggregate_s=3.0, syncvec_s=2.0, act_calls=5000)
+            echo_aggregate_s=3.0, syncvec_s=2.0, act_calls=5000,
+            double_buffered=((1, 8), (1, 32), (2, 32), (1, 64)))
 QUICK = Plan(procs=(1, 2, 8), envs_per_proc=(1, 32), rollout_s=3.0, echo_round_trips=2000,
-             echo_aggregate_s=1.0, syncvec_s=1.0, act_calls=2000)
+             echo_aggregate_s=1.0, syncvec_s=1.0, act_calls=2000, double_buffered=((1, 32),))
 
 
 class BenchError(RuntimeError):
@@ -455,14 +460,15 @@ class _StopAfter(threading.Thread):
                 return
 
 
-def run_rollout(procs: int, envs: int, log_dir: str, seconds: float) -> int:
+def run_rollout(procs: int, envs: int, log_dir: str, seconds: float, double_buffer: bool = False) -> int:
     """The manager script of one rollout configuration (--run-rollout); returns the manager's exit code."""
     from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
     from flare2.runtime.manager import Manager
 
     config = RunConfig(
         cts=(CTConfig(name="RL", build=build_rollout_a2c),),
-        agents=AgentConfig(path="tools/bench_agents.py:RolloutAgent", kwargs={"env_id": ENV_ID},
+        agents=AgentConfig(path="tools/bench_agents.py:RolloutAgent",
+                           kwargs={"env_id": ENV_ID, "double_buffer": double_buffer},
                            num_agents=procs, envs_per_agent=envs),
         log_dir=log_dir, max_steps=10**12, device="cpu", progress_interval_s=1.0,
     )
@@ -495,12 +501,15 @@ def _failure(what: str, measured: Measured) -> BenchError:
     return BenchError(f"{what} exited with code {measured.returncode}; its output ended with:\n{tail}")
 
 
-def measure_rollout(procs: int, envs: int, seconds: float, log_root: Path) -> dict[str, Any]:
+def measure_rollout(
+    procs: int, envs: int, seconds: float, log_root: Path, *, double_buffer: bool = False
+) -> dict[str, Any]:
     """One configuration of (c), run as a subprocess measured by proctree."""
-    log_dir = log_root / f"rollout_p{procs}_e{envs}"
+    log_dir = log_root / f"rollout_p{procs}_e{envs}{'_db' if double_buffer else ''}"
     command = [sys.executable, str(TOOLS / "bench.py"), "--run-rollout",
-               str(procs), str(envs), str(log_dir), str(seconds)]
-    result: dict[str, Any] = {"procs": procs, "envs_per_proc": envs, "envs": procs * envs, "log_dir": str(log_dir)}
+               str(procs), str(envs), str(log_dir), str(seconds), *(["--double-buffer"] if double_buffer else [])]
+    result: dict[str, Any] = {"procs": procs, "envs_per_proc": envs, "envs": procs * envs, "log_dir": str(log_dir),
+                              "double_buffer": double_buffer}
     try:
         measured = run_measured(command, cwd=REPO, timeout_s=STARTUP_LIMIT_S + seconds + 60)
     except MeasureTimeout as exc:
@@ -595,7 +604,8 @@ def summary_ratios(echo: dict | None, syncvec: dict | None, rollout: list[dict])
         "rollout_vs_echo_8":
             _ratio(eight["steps_per_s"], echo["aggregate_round_trips_per_s"]) if eight and echo else None,
         "rollout_vs_syncvec_best": _ratio(best["steps_per_s"], syncvec_rate(syncvec, best["envs"])) if best else None,
-        "rollout_best": {"procs": best["procs"], "envs_per_proc": best["envs_per_proc"]} if best else None,
+        "rollout_best": {"procs": best["procs"], "envs_per_proc": best["envs_per_proc"],
+                         "double_buffer": best.get("double_buffer", False)} if best else None,
     }
 
 
@@ -626,7 +636,8 @@ def rollout_table(rollout: list[dict[str, Any]], syncvec: dict[str, Any] | None)
             rows.append([r["procs"], r["envs_per_proc"], r["envs"], "failed", "-", "-", "-", "-", "-", "-", "-"])
             continue
         rows.append([
-            r["procs"], r["envs_per_proc"], r["envs"], _fmt(r["steps_per_s"]),
+            r["procs"], f"{r['envs_per_proc']}{' (2 halves)' if r.get('double_buffer') else ''}", r["envs"],
+            _fmt(r["steps_per_s"]),
             _fmt(_ratio(r["steps_per_s"], syncvec_rate(syncvec, r["envs"])), 2),
             _fmt(r["rtt_p50_ms"], 3), _fmt(r["rtt_p99_ms"], 3), _fmt(r["batch_mean"], 2), _fmt(r["peak_rss_mb"]),
             _fmt(r["steady_s"], 1), _others_cores(r),
@@ -653,7 +664,8 @@ def train_table(train: list[dict[str, Any]], ratios: dict[str, float | None]) ->
 
 def summary_table(summary: dict[str, Any]) -> str:
     best = summary.get("rollout_best")
-    best_text = f"{best['procs']} x {best['envs_per_proc']}" if best else "-"
+    best_text = (f"{best['procs']} x {best['envs_per_proc']}{', 2 halves' if best.get('double_buffer') else ''}"
+                 if best else "-")
     return markdown_table(["ratio", "value", "what"], [
         ["rtt_ratio", _fmt(summary["rtt_ratio"], 2), "flare2 1x1 predict rtt p50 / (raw echo p50 + act at batch 1)"],
         ["rollout_vs_echo_8", _fmt(summary["rollout_vs_echo_8"], 2),
@@ -690,6 +702,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="keep the log dirs of the flare2 runs under DIR (default: a temporary dir, removed)")
     parser.add_argument("--run-rollout", nargs=4, metavar=("PROCS", "ENVS", "LOGDIR", "SECONDS"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--double-buffer", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -697,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.run_rollout:
         procs, envs, log_dir, seconds = args.run_rollout
-        return run_rollout(int(procs), int(envs), log_dir, float(seconds))
+        return run_rollout(int(procs), int(envs), log_dir, float(seconds), args.double_buffer)
 
     plan = QUICK if args.quick else FULL
     extra = shlex.split(args.train_args)
@@ -730,6 +743,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except BenchError as exc:
                     failures.append(f"(c) rollout {procs}x{envs}: {exc}")
                     rollout.append({"procs": procs, "envs_per_proc": envs, "envs": procs * envs, "error": str(exc)})
+        for procs, envs in plan.double_buffered:
+            note(f"(c) flare2 rollout {procs} procs x {envs} envs, double-buffered")
+            try:
+                rollout.append(measure_rollout(procs, envs, plan.rollout_s, log_root, double_buffer=True))
+            except BenchError as exc:
+                failures.append(f"(c) rollout {procs}x{envs} double-buffered: {exc}")
 
         train: list[dict[str, Any]] = []
         for algo in TRAIN_COMMANDS:

@@ -148,9 +148,13 @@ def wait_until_gone(pids: list[int], timeout_s: float) -> list[int]:
 
 
 def train(script: str, log_dir: Path, *args: str, timeout_s: float = 1800) -> list[dict[str, float]]:
-    """Run examples/<script> with 8 agents on the CPU to its end; its progress.csv rows (fails the test if it fails)."""
+    """Run examples/<script> with its default agents and envs on the CPU to its end; its progress.csv rows.
+
+    Every example plays 8 envs by default (one agent process of 8 envs for A2C and PPO, 8 one-env agents for
+    the others), so these are the figures of the README's commands. Fails the test if the run fails.
+    """
     result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / script), "--num-agents", "8", "--device", "cpu",
+        [sys.executable, str(REPO / "examples" / script), "--device", "cpu",
          "--log-dir", str(log_dir), *args],
         cwd=log_dir, capture_output=True, text=True, timeout=timeout_s,
     )

@@ -1,4 +1,4 @@
-"""PPO with 8 agents reaches a CartPole-v1 mean return of 475 before 100k env steps (about a minute; runs by default)."""
+"""PPO with 8 envs (one agent process) reaches a CartPole-v1 mean return of 475 before 100k env steps (about a minute; runs by default)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,6 @@ from runs import first_row_reaching, train
 pytestmark = pytest.mark.learning
 
 
-def test_ppo_with_eight_agents_solves_cartpole_within_100k_steps(tmp_path, no_leftover_processes):
+def test_ppo_with_eight_envs_solves_cartpole_within_100k_steps(tmp_path, no_leftover_processes):
     rows = train("cartpole_ppo.py", tmp_path, "--max-steps", "100000", "--stop-return", "475", "--seed", "1")
     first_row_reaching(rows, "return_mean", 475, 100_000)

@@ -244,6 +244,9 @@ class VectorAgent(Agent):
     """The ``num_envs`` training environments."""
     eval_env: Any = None
     """One more environment for greedy evaluation episodes when the run has ``eval_every``, else None."""
+    requests_overlap: bool = True
+    """Whether a request sent with ``send_rows`` is answered while this agent does something else; False in
+    serial mode, where every request is served at once (so playing envs in halves would only halve the batches)."""
 
     def run(self) -> None:
         """Play ``self.envs`` until the run stops (see the class docstring)."""

@@ -104,7 +104,8 @@ class GymAgent(VectorAgent):
         clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
         count = self.num_envs
         # Double buffering: while the compute process answers one half, this process steps the other.
-        bounds = [0, count // 2, count] if self.double_buffer and count >= 2 else [0, count]
+        halves = self.double_buffer and self.requests_overlap and count >= 2
+        bounds = [0, count // 2, count] if halves else [0, count]
         groups = [_EnvGroup(self, first, stop, specs, clip) for first, stop in zip(bounds, bounds[1:])]
         evaluation = _EvaluationEpisodes(self, specs.inputs["obs"]) if self.eval_env is not None else None
         for group in groups:

@@ -213,6 +213,7 @@ class SerialRun:
         check_envs_per_agent(agent, config.envs_per_agent)
         if isinstance(agent, VectorAgent):
             agent.num_envs = config.num_agents * config.envs_per_agent or 1
+            agent.requests_overlap = False
         elif config.num_agents > 1:
             logger.warning(
                 "serial mode plays one %s (it plays one env, so the other %d agent(s) of --num-agents are left out)",

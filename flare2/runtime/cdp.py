@@ -6,8 +6,9 @@ CT has a request in it, or (3) its oldest request has waited ``max_wait``.
 Rule 2 is what makes batching nearly free when agents are in step; rule 3
 bounds what a dead or slow agent can cost the others. Learn requests are
 batched by the same rule with their own limits, among requests of the same
-sequence length; rule 2 leaves out agents playing an evaluation episode (their
-last prediction was greedy), since they send nothing to learn from.
+sequence length; rule 2 leaves out agents playing an evaluation episode
+(every row of their last prediction was greedy), since they send nothing to
+learn from.
 
 Requests are validated against the CT's specs before they join a batch; a bad
 one gets an ERROR reply naming the key, what was expected and what arrived.

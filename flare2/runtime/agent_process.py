@@ -322,21 +322,27 @@ def _report(requester: Requester, payload: dict[str, str]) -> None:
     requester.socket.setsockopt(zmq.LINGER, 2000)
 
 
+def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int) -> Agent:
+    """The Agent named by ``path`` with ``kwargs``, checked to host ``envs_per_agent`` envs."""
+    agent_class = import_object(path)
+    if not (isinstance(agent_class, type) and issubclass(agent_class, Agent)):
+        raise ConfigError(f"{path!r} is not a flare2 Agent subclass")
+    try:
+        agent = agent_class(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"cannot create {path} with kwargs {kwargs}: {exc}") from None
+    check_envs_per_agent(agent, envs_per_agent)
+    return agent
+
+
 def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int:
     try:
-        agent_class = import_object(settings.agent_path)
-        if not (isinstance(agent_class, type) and issubclass(agent_class, Agent)):
-            raise ConfigError(f"{settings.agent_path!r} is not a flare2 Agent subclass")
-        try:
-            agent = agent_class(**settings.agent_kwargs)
-        except TypeError as exc:
-            raise ConfigError(f"cannot create {settings.agent_path} with kwargs {settings.agent_kwargs}: {exc}") from None
+        agent = make_agent(settings.agent_path, settings.agent_kwargs, settings.envs_per_agent)
         if "torch" in sys.modules:
             logger.warning(
                 "agent module of %s imports torch: agent processes then start slower and use about 140 MB more; "
                 "keep Agent classes in modules that do not import torch", settings.agent_path,
             )
-        check_envs_per_agent(agent, settings.envs_per_agent)
         agent.num_envs = settings.envs_per_agent
         helpers: dict[str, AgentHelper] = agent.helpers()
         welcome = requester.request(

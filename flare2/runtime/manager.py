@@ -32,6 +32,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,9 +149,14 @@ class Manager:
             from flare2.runtime.serial import SerialRun
 
             return SerialRun(self.config).run()
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_handler = _attach_log_file(self.log_dir / "manager.log")
-        previous_handlers = _install_signal_handlers(self._on_signal)
+        with run_logs_and_signals(self.log_dir, self._on_signal):
+            try:
+                return self._run_with_logs()
+            finally:
+                if self._progress is not None:
+                    self._progress.close()
+
+    def _run_with_logs(self) -> int:
         try:
             if self.config.resume_dir:
                 for ct in self.config.cts:
@@ -173,12 +180,6 @@ class Manager:
         except ConfigError as exc:
             logger.error("%s", exc)
             return EXIT_CONFIG_ERROR
-        finally:
-            _restore_signal_handlers(previous_handlers)
-            if self._progress is not None:
-                self._progress.close()
-            logging.getLogger("flare2").removeHandler(log_handler)
-            log_handler.close()
 
     def _setup_security(self) -> None:
         config = self.config
@@ -674,6 +675,20 @@ def _write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, 
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, indent=2), encoding="utf-8")
     os.replace(tmp, path)
+
+
+@contextmanager
+def run_logs_and_signals(log_dir: Path, on_signal: Any) -> Iterator[None]:
+    """While a run lasts: its log also in LOG_DIR/manager.log, and Ctrl+C/SIGTERM handed to ``on_signal``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_handler = _attach_log_file(log_dir / "manager.log")
+    previous_handlers = _install_signal_handlers(on_signal)
+    try:
+        yield
+    finally:
+        _restore_signal_handlers(previous_handlers)
+        logging.getLogger("flare2").removeHandler(log_handler)
+        log_handler.close()
 
 
 def _attach_log_file(path: Path) -> logging.Handler:

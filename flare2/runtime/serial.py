@@ -27,12 +27,11 @@ from typing import Any
 from flare2.core.agent import Agent, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError
-from flare2.runtime.agent_process import StopRequested, check_envs_per_agent, make_envs, play
+from flare2.runtime.agent_process import StopRequested, make_agent, make_envs, play
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.compute_process import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.config import RunConfig
 from flare2.runtime.learner import InlineLearner
-from flare2.runtime.processes import import_object
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
 from flare2.wire.protocol import LEARN, PREDICT, Message
 from flare2.wire.sockets import raise_for_error
@@ -136,25 +135,20 @@ class SerialRun:
         self._next_checkpoint_steps = float("inf")
 
     def run(self) -> int:
-        from flare2.runtime.manager import _attach_log_file, _install_signal_handlers, _restore_signal_handlers
+        from flare2.runtime.manager import run_logs_and_signals
 
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_handler = _attach_log_file(self.log_dir / "manager.log")
-        previous_handlers = _install_signal_handlers(self._on_signal)
-        try:
-            return self._run()
-        except FlareError as exc:
-            logger.error("%s", exc)
-            return EXIT_CONFIG_ERROR
-        except UserCodeError as exc:
-            logger.error("the run failed: %s", exc)
-            return EXIT_FAILED
-        finally:
-            _restore_signal_handlers(previous_handlers)
-            if self._progress is not None:
-                self._progress.close()
-            logging.getLogger("flare2").removeHandler(log_handler)
-            log_handler.close()
+        with run_logs_and_signals(self.log_dir, self._on_signal):
+            try:
+                return self._run()
+            except FlareError as exc:
+                logger.error("%s", exc)
+                return EXIT_CONFIG_ERROR
+            except UserCodeError as exc:
+                logger.error("the run failed: %s", exc)
+                return EXIT_FAILED
+            finally:
+                if self._progress is not None:
+                    self._progress.close()
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
@@ -203,21 +197,14 @@ class SerialRun:
 
     def _make_agent(self) -> Agent:
         config = self.config.agents
-        agent_class = import_object(config.path)
-        if not (isinstance(agent_class, type) and issubclass(agent_class, Agent)):
-            raise ConfigError(f"{config.path!r} is not a flare2 Agent subclass")
-        try:
-            agent = agent_class(**config.kwargs)
-        except TypeError as exc:
-            raise ConfigError(f"cannot create {config.path} with kwargs {config.kwargs}: {exc}") from None
-        check_envs_per_agent(agent, config.envs_per_agent)
+        agent = make_agent(config.path, config.kwargs, config.envs_per_agent)
         if isinstance(agent, VectorAgent):
             agent.num_envs = config.num_agents * config.envs_per_agent or 1
             agent.requests_overlap = False
         elif config.num_agents > 1:
             logger.warning(
                 "serial mode plays one %s (it plays one env, so the other %d agent(s) of --num-agents are left out)",
-                agent_class.__name__, config.num_agents - 1,
+                type(agent).__name__, config.num_agents - 1,
             )
         return agent
 

@@ -29,8 +29,9 @@ def runs():
 
 def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget(tmp_path, runs):
     kills = 4
-    run = runs(CARTPOLE, "--num-agents", "4", "--max-steps", "12000", "--progress-interval", "0.5",
-               "--max-restarts", "20", "--device", "cpu", log_dir=tmp_path)
+    # One env per agent: with more, the budget is spent before the fourth kill.
+    run = runs(CARTPOLE, "--num-agents", "4", "--envs-per-agent", "1", "--max-steps", "12000",
+               "--progress-interval", "0.5", "--max-restarts", "20", "--device", "cpu", log_dir=tmp_path)
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     rng = random.Random(0)
     killed = []
@@ -53,8 +54,8 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
 
 
 def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restarted(tmp_path, runs):
-    run = runs(CARTPOLE, "--num-agents", "3", "--envs-per-agent", "1", "--max-steps", "6000", "--progress-interval", "0.5",
-               "--heartbeat-timeout", "2", "--device", "cpu", log_dir=tmp_path)
+    run = runs(CARTPOLE, "--num-agents", "3", "--envs-per-agent", "1", "--max-steps", "6000",
+               "--progress-interval", "0.5", "--heartbeat-timeout", "2", "--device", "cpu", log_dir=tmp_path)
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     frozen = agent_pids(run.process.pid)[0]
     os.kill(frozen, signal.SIGSTOP)

@@ -16,7 +16,9 @@ import msgpack
 from flare2.errors import DecodeError
 from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 
-PROTOCOL_VERSION = 1
+# 2: predictions carry the version of the weights, learn requests the policy version of every step,
+# and a predict request marks its greedy rows with an array.
+PROTOCOL_VERSION = 2
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1

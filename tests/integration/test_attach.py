@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
-from flare2.wire.protocol import ERROR, HELLO, PREDICT, Message, pack, unpack
+from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, pack, unpack
 from flare2.wire.security import load_client, make_client_socket, make_keys
 from runs import CARTPOLE, RunProcess, read_csv
 
@@ -89,7 +89,7 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
             assert ask(curve, info["cts"]["RL"]["predict_endpoint"], predict, 2000) is None
         manager.wait_for_line(r"refused a peer whose CURVE key", timeout_s=10)
         # The same requests with the allowed key are served.
-        assert unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"] == 1
+        assert unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"] == PROTOCOL_VERSION
         assert unpack(ask(allowed, info["cts"]["RL"]["predict_endpoint"], predict, 10_000)).kind == "prediction"
     finally:
         manager.stop()
@@ -120,6 +120,6 @@ def test_a_peer_with_another_protocol_version_is_told_both_versions(tmp_path, ct
         assert sock.poll(10_000)
         reply = unpack(sock.recv_multipart())
         assert reply.kind == ERROR
-        assert "protocol 99" in reply.payload["reason"] and "speaks 1" in reply.payload["reason"]
+        assert "protocol 99" in reply.payload["reason"] and f"speaks {PROTOCOL_VERSION}" in reply.payload["reason"]
     finally:
         manager.stop()

@@ -7,7 +7,7 @@ import pytest
 import zmq
 
 from flare2.errors import PeerDiedError, SpecError
-from flare2.wire.protocol import ERROR, HELLO, Message, VersionMismatchError, error_payload, pack, unpack
+from flare2.wire.protocol import ERROR, HELLO, PROTOCOL_VERSION, Message, VersionMismatchError, error_payload, pack, unpack
 from flare2.wire.sockets import Requester, bind_router
 
 
@@ -30,7 +30,7 @@ def test_a_reply_in_another_protocol_version_raises_an_error_naming_both(server)
     requester = Requester(ctx, endpoint, identity="a")
     seq = requester.send(HELLO, {})
     answer(sock, lambda request: [msgpack.packb([7, "welcome", "", request.seq, ""]), msgpack.packb({})])
-    with pytest.raises(VersionMismatchError, match="peer speaks flare2 protocol 7, this side speaks 1"):
+    with pytest.raises(VersionMismatchError, match=f"peer speaks flare2 protocol 7, this side speaks {PROTOCOL_VERSION}"):
         requester.wait_reply(seq, timeout_s=5, what="hello")
 
 

@@ -32,6 +32,9 @@ from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.compute_process import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.config import RunConfig
 from flare2.runtime.learner import InlineLearner
+from flare2.runtime.manager import (
+    EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, run_logs_and_signals,
+)
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
 from flare2.wire.protocol import LEARN, PREDICT, Message
 from flare2.wire.sockets import raise_for_error
@@ -39,7 +42,6 @@ from flare2.wire.sockets import raise_for_error
 logger = logging.getLogger(__name__)
 
 SERIAL_AGENT_ID = "serial"
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG_ERROR, EXIT_SIGINT, EXIT_SIGTERM = 0, 1, 2, 130, 143
 
 
 class SerialPort:
@@ -135,8 +137,6 @@ class SerialRun:
         self._next_checkpoint_steps = float("inf")
 
     def run(self) -> int:
-        from flare2.runtime.manager import run_logs_and_signals
-
         with run_logs_and_signals(self.log_dir, self._on_signal):
             try:
                 return self._run()

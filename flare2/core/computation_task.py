@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
-from flare2.core.specs import CTSpecs, Spec
+from flare2.core.specs import NUMPY_DTYPES, CTSpecs, Spec
 from flare2.errors import ConfigError, SpecError
-from flare2.wire.codec import WIRE_DTYPE_NAMES
 
 _EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states")
 
@@ -93,7 +92,7 @@ class ComputationTask:
         )
         if not self.specs.inputs or not self.specs.actions:
             raise ConfigError(f"the model of CT {name!r} must declare at least one input spec and one action spec")
-        learn_ahead = getattr(algorithm, "learn_ahead", 0)
+        learn_ahead = algorithm.learn_ahead
         if type(learn_ahead) is not int or learn_ahead < 0:
             raise ConfigError(f"{type(algorithm).__name__}.learn_ahead must be an int >= 0, got {learn_ahead!r}")
         self.learn_ahead = learn_ahead
@@ -106,7 +105,6 @@ class ComputationTask:
         self._acting_modules: dict[str, nn.Module] = {}
         self._weights_lock = threading.Lock()
         self._learn_lock = threading.Lock()
-        self._dtypes = {name: np.dtype(name) for name in WIRE_DTYPE_NAMES}
         # Host memory the GPU can read without a staging copy: batches go over without blocking the CPU.
         self._pinned = self.device.type == "cuda"
 
@@ -130,7 +128,7 @@ class ComputationTask:
         arrays = {}
         for key, spec in specs.items():
             array = tensors[key].detach().cpu().numpy()
-            if array.shape != (rows, *spec.shape) or array.dtype != self._dtypes[spec.dtype]:
+            if array.shape != (rows, *spec.shape) or array.dtype != NUMPY_DTYPES[spec.dtype]:
                 raise SpecError(
                     f"{type(self.algorithm).__name__}.predict returned {group}[{key!r}] with shape {array.shape} and "
                     f"dtype {array.dtype.name}; the spec says shape {(rows, *spec.shape)} and dtype {spec.dtype}"

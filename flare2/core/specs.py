@@ -55,7 +55,7 @@ class Spec:
 
 Specs = Mapping[str, Spec]
 # Comparing dtype objects is several times cheaper than reading dtype.name, and check_arrays runs per request.
-_NUMPY_DTYPES = {name: np.dtype(name) for name in WIRE_DTYPE_NAMES}
+NUMPY_DTYPES = {name: np.dtype(name) for name in WIRE_DTYPE_NAMES}
 
 
 def specs_to_wire(specs: Specs) -> dict[str, dict[str, Any]]:
@@ -96,7 +96,7 @@ def check_arrays(
                 f"{group}[{name!r}] must be an array of dtype {spec.dtype} with the leading dims first, "
                 f"got {type(array).__name__}"
             )
-        if array.dtype != _NUMPY_DTYPES[spec.dtype]:
+        if array.dtype != NUMPY_DTYPES[spec.dtype]:
             raise SpecError(f"{group}[{name!r}]: expected dtype {spec.dtype}, got {array.dtype.name}")
         head, tail = array.shape[:leading_ndim], array.shape[leading_ndim:]
         if len(head) != leading_ndim or tail != spec.shape:

@@ -294,8 +294,13 @@ class _Port:
         while self._learns_in_flight:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                break
-            self.learner.wait_reply(self._learns_in_flight.popleft(), timeout_s=remaining, what=f"learn on CT {self.ct!r}")
+                return
+            try:
+                self.learner.wait_reply(self._learns_in_flight.popleft(), timeout_s=remaining, what=f"learn on CT {self.ct!r}")
+            except FlareError as exc:
+                # The agent is stopping anyway: a learn that failed or came too late must not turn the stop into a crash.
+                logger.info("agent stops without the reply to a learn request: %s", str(exc).splitlines()[0])
+                return
 
     def close(self) -> None:
         self.predictor.close()

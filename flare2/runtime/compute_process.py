@@ -2,9 +2,9 @@
 
 A single loop polls the control socket and every CDP socket; its poll timeout
 is the nearest batch deadline, so a batch waits at most ``max_wait`` plus one
-wake-up. Ready learn batches go to the learner thread (``learner_thread``,
-the default) while the loop keeps serving predictions from the acting copy of
-the weights; without it they are learned in the loop, between predictions.
+wake-up. Ready learn batches are learned in the loop, between predictions,
+or with ``learner_thread`` in a thread while the loop keeps serving
+predictions from the acting copy of the weights.
 """
 
 from __future__ import annotations

@@ -45,14 +45,16 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, env
     run.add_argument("--seed", type=int, default=0, help="seeds the models and each agent's env")
     run.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     batching = parser.add_argument_group("batching")
-    batching.add_argument("--max-batch", type=int, default=64,
+    batching.add_argument("--max-batch", type=int, default=BatchingConfig.max_batch,
                           help="a prediction batch is flushed once it holds this many requests")
-    batching.add_argument("--max-wait-ms", type=float, default=2.0,
-                          help="... or once its oldest request has waited this long (or when every live agent waits)")
-    batching.add_argument("--learn-max-wait-ms", type=float, default=20.0,
+    batching.add_argument("--max-wait-ms", type=float, default=BatchingConfig.max_wait_ms,
+                          help="... or once its oldest request has waited this long, or every live agent waits "
+                               "(0: serve what is waiting each time the compute loop is free)")
+    batching.add_argument("--learn-max-wait-ms", type=float, default=BatchingConfig.learn_max_wait_ms,
                           help="a learn batch waits at most this long for the learn requests of the other live agents")
-    batching.add_argument("--no-learner-thread", dest="learner_thread", action="store_false",
-                          help="learn() between predictions in the compute loop instead of beside them in a thread")
+    batching.add_argument("--learner-thread", action="store_true",
+                          help="learn() in a thread beside the predictions instead of between them in the compute loop "
+                               "(pays where learn() runs mostly outside Python: large models, GPU)")
     supervision = parser.add_argument_group("supervision and checkpoints")
     supervision.add_argument("--max-restarts", type=int, default=10,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")

@@ -119,6 +119,8 @@ class ComputationTask:
     def _tensors(self, arrays: dict[str, np.ndarray]) -> Tensors:
         if self._pinned:
             return {key: torch.from_numpy(value).pin_memory().to(self.device, non_blocking=True) for key, value in arrays.items()}
+        if self.device.type == "cpu":
+            return {key: torch.from_numpy(value) for key, value in arrays.items()}
         return {key: torch.from_numpy(value).to(self.device) for key, value in arrays.items()}
 
     def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray]:
@@ -127,7 +129,9 @@ class ComputationTask:
             raise SpecError(f"{type(self.algorithm).__name__}.predict must return {group} with keys {sorted(specs)}, got {got}")
         arrays = {}
         for key, spec in specs.items():
-            array = tensors[key].detach().cpu().numpy()
+            tensor = tensors[key]
+            # Under inference_mode a CPU tensor converts as it is; detach() and cpu() are for the other cases.
+            array = tensor.numpy() if tensor.device.type == "cpu" and not tensor.requires_grad else tensor.detach().cpu().numpy()
             if array.shape != (rows, *spec.shape) or array.dtype != NUMPY_DTYPES[spec.dtype]:
                 raise SpecError(
                     f"{type(self.algorithm).__name__}.predict returned {group}[{key!r}] with shape {array.shape} and "

@@ -168,8 +168,8 @@ class _EnvGroup:
         next_obs = np.empty_like(self.obs)
         rewards = np.empty(count, self.reward_dtype)
         terminated, truncated = np.empty(count, bool), np.empty(count, bool)
-        for index, env in enumerate(envs):
-            next_obs[index], rewards[index], terminated[index], truncated[index], _ = env.step(env_actions[index])
+        for index, (env, action) in enumerate(zip(envs, env_actions)):
+            next_obs[index], rewards[index], terminated[index], truncated[index], _ = env.step(action)
         if self.with_evaluation:
             evaluation.step(env_actions[count], {key: value[count:] for key, value in next_states.items()})
             actions = {key: value[:count] for key, value in actions.items()}

@@ -300,6 +300,7 @@ class ComputationDataProcessor:
 
     def _serve_predict(self, batch: list[_Request], now: float) -> None:
         specs = self.ct.specs
+        # Concatenated even for one request: the model gets writable arrays of its own, not views of a message.
         inputs = {key: np.concatenate([r.payload["inputs"][key] for r in batch]) for key in specs.inputs}
         states = {key: np.concatenate([r.payload["states"][key] for r in batch]) for key in specs.states}
         greedy: bool | np.ndarray = False
@@ -313,11 +314,14 @@ class ComputationDataProcessor:
         start = 0
         for request in batch:
             stop = start + request.size
-            reply = {
-                "actions": {key: value[start:stop] for key, value in actions.items()},
-                "states": {key: value[start:stop] for key, value in next_states.items()},
-                "version": version,
-            }
+            if len(batch) == 1:
+                reply = {"actions": actions, "states": next_states, "version": version}
+            else:
+                reply = {
+                    "actions": {key: value[start:stop] for key, value in actions.items()},
+                    "states": {key: value[start:stop] for key, value in next_states.items()},
+                    "version": version,
+                }
             self.reply(request.reply_to, False, Message(PREDICTION, reply, seq=request.seq, ct=self.ct.name))
             start = stop
         stats = self.stats
@@ -386,10 +390,10 @@ class SocketFront:
         """Take the waiting messages of ``sock`` (at most a bounded number) into the CDP's queues."""
         learn = sock is self.learn_socket
         for _ in range(_MAX_DRAIN):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            # Asking first is cheaper than the exception of a recv that finds nothing.
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
                 return
+            frames = sock.recv_multipart(zmq.NOBLOCK)
             try:
                 self._accept(frames, now, learn=learn)
             except Exception:  # a message nobody foresaw must not take the compute process down

@@ -12,6 +12,7 @@ count must match the shape exactly, nesting is bounded, and any other type
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Any
 
 import msgpack
@@ -23,7 +24,6 @@ ARRAY_EXT_CODE = 1
 MAX_NDIM = 32
 MAX_DEPTH = 32
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-_MAX_DIM = 2**32 - 1
 
 # The wire order of this table is part of the protocol: append only.
 _WIRE_DTYPES = tuple(
@@ -35,23 +35,32 @@ _WIRE_DTYPES = tuple(
     )
 )
 _CODE_OF_DTYPE = {dtype: code for code, dtype in enumerate(_WIRE_DTYPES)}
+_NATIVE_IS_LITTLE = sys.byteorder == "little"
+_LITTLE_DTYPES = tuple(dtype.newbyteorder("<") for dtype in _WIRE_DTYPES)
+_SHAPE_FORMATS = tuple(f"<{ndim}I" for ndim in range(MAX_NDIM + 1))
 WIRE_DTYPE_NAMES = tuple(dtype.name for dtype in _WIRE_DTYPES)
 
 
 def _array_to_ext(array: np.ndarray) -> msgpack.ExtType:
-    dtype = array.dtype.newbyteorder("=") if array.dtype.byteorder == ">" else array.dtype
-    code = _CODE_OF_DTYPE.get(np.dtype(dtype.name)) if dtype.kind in "biuf" else None
+    # Arrays of the machine's own little-endian wire dtypes are looked up as they are (the common case);
+    # others are matched by name and converted.
+    code = _CODE_OF_DTYPE.get(array.dtype) if _NATIVE_IS_LITTLE else None
     if code is None:
-        raise EncodeError(
-            f"cannot send an array of dtype {array.dtype}: flare2 sends only {', '.join(WIRE_DTYPE_NAMES)}"
-        )
+        dtype = array.dtype.newbyteorder("=") if array.dtype.byteorder == ">" else array.dtype
+        code = _CODE_OF_DTYPE.get(np.dtype(dtype.name)) if dtype.kind in "biuf" else None
+        if code is None:
+            raise EncodeError(
+                f"cannot send an array of dtype {array.dtype}: flare2 sends only {', '.join(WIRE_DTYPE_NAMES)}"
+            )
+        array = np.ascontiguousarray(array, dtype=_WIRE_DTYPES[code].newbyteorder("<"))
     if array.ndim > MAX_NDIM:
         raise EncodeError(f"cannot send an array with {array.ndim} dimensions (at most {MAX_NDIM})")
-    if any(dim > _MAX_DIM for dim in array.shape):
-        raise EncodeError(f"cannot send an array of shape {array.shape}: each dimension must be below 2**32")
-    little = np.ascontiguousarray(array, dtype=_WIRE_DTYPES[code].newbyteorder("<"))
-    head = struct.pack(f"<BB{array.ndim}I", code, array.ndim, *array.shape)
-    return msgpack.ExtType(ARRAY_EXT_CODE, head + little.tobytes())
+    try:
+        head = struct.pack(f"<BB{array.ndim}I", code, array.ndim, *array.shape)
+    except struct.error:
+        raise EncodeError(f"cannot send an array of shape {array.shape}: each dimension must be below 2**32") from None
+    # tobytes() writes C order whatever the layout.
+    return msgpack.ExtType(ARRAY_EXT_CODE, head + array.tobytes())
 
 
 def _default(value: Any) -> Any:
@@ -93,8 +102,8 @@ def _ext_to_array(code: int, data: bytes) -> np.ndarray:
     head_len = 2 + 4 * ndim
     if len(data) < head_len:
         raise DecodeError("array shape is truncated")
-    shape = struct.unpack_from(f"<{ndim}I", data, 2)
-    dtype = _WIRE_DTYPES[dtype_code].newbyteorder("<")
+    shape = struct.unpack_from(_SHAPE_FORMATS[ndim], data, 2)
+    dtype = _LITTLE_DTYPES[dtype_code]
     expected = dtype.itemsize
     for dim in shape:
         expected *= dim

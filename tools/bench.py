@@ -121,9 +121,9 @@ class Plan:
         return sorted(counts)
 
 
-FULL = Plan(procs=(1, 2, 4, 8), envs_per_proc=(1, 8, 32), rollout_s=6.0, echo_round_trips=5000,
+FULL = Plan(procs=(1, 2, 4, 8), envs_per_proc=(1, 8, 32, 128), rollout_s=6.0, echo_round_trips=5000,
             echo_aggregate_s=3.0, syncvec_s=2.0, act_calls=5000,
-            double_buffered=((1, 8), (1, 32), (2, 32), (1, 64)))
+            double_buffered=((1, 32), (2, 32), (1, 128), (2, 128)))
 QUICK = Plan(procs=(1, 2, 8), envs_per_proc=(1, 32), rollout_s=3.0, echo_round_trips=2000,
              echo_aggregate_s=1.0, syncvec_s=1.0, act_calls=2000, double_buffered=((1, 32),))
 

@@ -39,7 +39,7 @@ from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload, unpack
 from flare2.wire.security import CurveServer
-from flare2.wire.sockets import bind_router, router_send
+from flare2.wire.sockets import bind_local, bind_router, router_send
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
@@ -369,15 +369,25 @@ class SocketFront:
         config: BatchingConfig = BatchingConfig(),
         max_bytes: int = DEFAULT_MAX_BYTES,
         curve: CurveServer | None = None,
+        local_prefix: str | None = None,
     ) -> None:
+        """``local_prefix``: also bind Unix sockets at ``<local_prefix>-predict`` and ``-learn`` for local agents."""
         self.max_bytes = max_bytes
         self.cdp = ComputationDataProcessor(ct, config=config, reply=self._send)
         self.predict_socket, self.predict_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
+        self.local_predict_endpoint = self.local_learn_endpoint = None
         try:
             self.learn_socket, self.learn_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
         except BaseException:
             self.predict_socket.close(linger=0)
             raise
+        if local_prefix is not None:
+            try:
+                self.local_predict_endpoint = bind_local(self.predict_socket, f"{local_prefix}-predict")
+                self.local_learn_endpoint = bind_local(self.learn_socket, f"{local_prefix}-learn")
+            except BaseException:
+                self.close()
+                raise
 
     def _send(self, identity: bytes, learn: bool, message: Message) -> None:
         router_send(self.learn_socket if learn else self.predict_socket, identity, message)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -127,12 +129,14 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             counters = ct.load(resume_checkpoint_path(settings.resume_dir, ct.name))
     fronts: list[SocketFront] = []
     learner: LearnerThread | InlineLearner = InlineLearner()
+    # The Unix sockets of local agents: in a directory of this process only (mode 0700), gone when it ends.
+    local_dir = tempfile.mkdtemp(prefix="flare2-")
     try:
-        for ct, config in zip(cts, settings.cts):
+        for index, (ct, config) in enumerate(zip(cts, settings.cts)):
             fronts.append(
                 SocketFront(
                     ct, ctx, host=settings.bind, config=config.batching, max_bytes=settings.max_message_bytes,
-                    curve=settings.curve_server,
+                    curve=settings.curve_server, local_prefix=os.path.join(local_dir, f"ct{index}"),
                 )
             )
         if settings.learner_thread:
@@ -149,6 +153,8 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     "specs": front.cdp.ct.specs.to_wire(),
                     "predict_endpoint": front.predict_endpoint,
                     "learn_endpoint": front.learn_endpoint,
+                    "local_predict_endpoint": front.local_predict_endpoint,
+                    "local_learn_endpoint": front.local_learn_endpoint,
                     "learn_ahead": front.cdp.ct.learn_ahead,
                 }
                 for front in fronts
@@ -164,6 +170,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             learner.close()
         for front in fronts:
             front.close()
+        shutil.rmtree(local_dir, ignore_errors=True)
 
 
 def serve_ready(cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner, now: float) -> None:

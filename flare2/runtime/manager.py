@@ -486,7 +486,7 @@ class Manager:
         role = message.payload.get("role")
         if role == "probe":
             served = (self._compute_hello or {}).get("cts", {})
-            reply = {"protocol_version": PROTOCOL_VERSION, "cts": {name: self._advertised(ct) for name, ct in served.items()}}
+            reply = {"protocol_version": PROTOCOL_VERSION, "cts": {name: self._endpoints_for(ct, local=False) for name, ct in served.items()}}
             router_send(control, identity, Message(WELCOME, reply, seq=message.seq))
             return
         agent_id = message.agent_id
@@ -529,7 +529,7 @@ class Manager:
             router_send(control, hello.agent_id.encode(), Message(ERROR, error_payload(reason, code="config"), seq=hello.seq))
             return
         welcome = {
-            "cts": {name: self._advertised(served[name]) for name in wanted},
+            "cts": {name: self._endpoints_for(served[name], local=not agent.remote) for name in wanted},
             "control_interval_s": AGENT_CONTROL_INTERVAL_S,
             "heartbeat_timeout_s": self.config.heartbeat_timeout_s,
             "reply_timeout_s": AGENT_REPLY_TIMEOUT_S,
@@ -546,11 +546,15 @@ class Manager:
         self._send_live(control)
         router_send(control, hello.agent_id.encode(), Message(WELCOME, welcome, seq=hello.seq))
 
-    def _advertised(self, ct: dict[str, Any]) -> dict[str, Any]:
-        """The CT's endpoints with the address agents must use (``advertise``), not the one bound."""
-        if not self.config.advertise:
-            return ct
-        return {**ct, **{key: _with_host(ct[key], self.config.advertise) for key in ("predict_endpoint", "learn_endpoint")}}
+    def _endpoints_for(self, ct: dict[str, Any], *, local: bool) -> dict[str, Any]:
+        """What an agent needs of a CT: its Unix sockets for an agent of this machine (``local``), else the TCP
+        address agents must use (``advertise``, not the one bound)."""
+        endpoints = {key: ct[key] for key in ("specs", "learn_ahead")}
+        if local and ct.get("local_predict_endpoint"):
+            return {**endpoints, "predict_endpoint": ct["local_predict_endpoint"], "learn_endpoint": ct["local_learn_endpoint"]}
+        for key in ("predict_endpoint", "learn_endpoint"):
+            endpoints[key] = _with_host(ct[key], self.config.advertise) if self.config.advertise else ct[key]
+        return endpoints
 
     def _send_live(self, control: zmq.Socket) -> None:
         agents = [agent for agent in (*self._slots, *self._remotes.values()) if agent.live]

@@ -50,6 +50,20 @@ def bind_router(
     return sock, f"tcp://{host}:{port}"
 
 
+def bind_local(sock: zmq.Socket, path: str) -> str:
+    """Bind ``sock`` also to a Unix socket at ``path``; returns its ipc:// endpoint.
+
+    Agents on this machine talk through it: a Unix socket costs the kernel less
+    per message than TCP over loopback. It keeps the socket's CURVE settings.
+    """
+    endpoint = f"ipc://{path}"
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise ConfigError(f"cannot bind {endpoint} ({exc}): the directory must exist and be writable") from None
+    return endpoint
+
+
 def connect_dealer(
     ctx: zmq.Context, endpoint: str, *, identity: str, max_bytes: int = DEFAULT_MAX_BYTES, curve: CurveClient | None = None
 ) -> zmq.Socket:

@@ -140,6 +140,25 @@ def test_a_batch_is_flushed_when_it_holds_max_batch_requests(ctx):
     np.testing.assert_array_equal(agents.replies["b"].payload["actions"]["y"], np.full((1, 2), 6, np.float32))
 
 
+def test_local_agents_reach_the_cdp_through_its_unix_sockets_and_share_batches_with_tcp_agents(ctx, tmp_path):
+    ct = ComputationTask("RL", DoublerAlgorithm(Doubler()), device="cpu")
+    front = SocketFront(ct, ctx, config=BatchingConfig(max_wait_ms=60_000), local_prefix=str(tmp_path / "ct0"))
+    try:
+        assert front.local_predict_endpoint == f"ipc://{tmp_path / 'ct0'}-predict"
+        assert front.local_learn_endpoint == f"ipc://{tmp_path / 'ct0'}-learn"
+        front.cdp.live = frozenset({"local", "remote"})
+        agents = Agents(ctx, front, ["remote"])
+        agents.predict["local"] = connect_dealer(ctx, front.local_predict_endpoint, identity="local")
+        agents.send_predict("local", np.ones((1, 2), np.float32))
+        agents.send_predict("remote", np.full((1, 2), 3, np.float32))
+        # max_wait is a minute: only a batch that holds both (one from each endpoint) is served.
+        assert agents.serve(agents.have_replies("local", "remote"), timeout_s=10)
+        assert front.cdp.stats.predict_batches == 1
+        np.testing.assert_array_equal(agents.replies["local"].payload["actions"]["y"], np.full((1, 2), 2, np.float32))
+    finally:
+        front.close()
+
+
 def test_a_batch_is_flushed_when_every_live_agent_is_waiting(ctx):
     front = make_cdp(ctx, max_batch=64, max_wait_ms=60_000)
     front.cdp.live = frozenset({"a", "b"})

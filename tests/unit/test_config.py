@@ -8,6 +8,7 @@ import pytest
 
 from flare2.errors import ConfigError
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.runtime.manager import Manager
 from flare2.runtime.options import add_run_options, parse_checkpoint_every, run_config_from_args
 
 
@@ -82,3 +83,14 @@ def test_envs_per_agent_and_serial_mistakes_are_usage_errors_that_name_the_optio
         run_config_from_args(parser, args, cts=[CTConfig("RL", build)], agent_path="flare2.core.envs:GymAgent")
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_local_agents_get_the_cts_unix_sockets_and_remote_ones_the_advertised_tcp_address():
+    manager = Manager(run_config(bind="0.0.0.0", keys_dir="keys", advertise="10.1.2.3"))
+    served = {"specs": {}, "learn_ahead": 1, "predict_endpoint": "tcp://0.0.0.0:5001", "learn_endpoint": "tcp://0.0.0.0:5002",
+              "local_predict_endpoint": "ipc:///tmp/flare2-x/ct0-predict", "local_learn_endpoint": "ipc:///tmp/flare2-x/ct0-learn"}
+    local = manager._endpoints_for(served, local=True)
+    remote = manager._endpoints_for(served, local=False)
+    assert (local["predict_endpoint"], local["learn_endpoint"]) == (served["local_predict_endpoint"], served["local_learn_endpoint"])
+    assert (remote["predict_endpoint"], remote["learn_endpoint"]) == ("tcp://10.1.2.3:5001", "tcp://10.1.2.3:5002")
+    assert "local_predict_endpoint" not in remote and local["learn_ahead"] == remote["learn_ahead"] == 1

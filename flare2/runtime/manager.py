@@ -368,8 +368,7 @@ class Manager:
         )
         agent.restart_at = now + backoff
         del self._by_id[agent.agent_id]
-        if self._compute_hello is not None:
-            self._send_live(control)
+        self._send_live(control)
 
     # ---- messages --------------------------------------------------------------------
 
@@ -391,10 +390,16 @@ class Manager:
             except DecodeError as exc:
                 self._drop(identity, f"malformed message: {exc}")
                 continue
-            if identity == COMPUTE_IDENTITY.encode():
-                self._on_compute(control, message)
-            else:
-                self._on_agent(control, identity, message)
+            try:
+                if identity == COMPUTE_IDENTITY.encode():
+                    self._on_compute(control, message)
+                else:
+                    self._on_agent(control, identity, message)
+            except RunFailed:
+                raise
+            except Exception:  # a message nobody foresaw must not take the run down
+                logger.exception("a %r message from %r could not be handled", message.kind, identity[:64])
+                self._drop(identity, f"{message.kind!r} message that could not be handled")
 
     def _drop(self, identity: bytes, reason: str) -> None:
         self.totals.dropped_messages += 1
@@ -557,6 +562,10 @@ class Manager:
         return endpoints
 
     def _send_live(self, control: zmq.Socket) -> None:
+        """Tell the compute process which agents its batches wait for; the one place a LIVE set goes out."""
+        if self._compute_hello is None:
+            # Not up yet: the welcomes that follow its hello send the set then.
+            return
         agents = [agent for agent in (*self._slots, *self._remotes.values()) if agent.live]
         # Each CT's batches wait only for the agents that ask it.
         cts = {name: sorted(a.agent_id for a in agents if name in a.cts) for name in self._compute_hello["cts"]}

@@ -61,13 +61,15 @@ class Algorithm:
     evaluation episodes ask for. The ComputationTask moves every nn.Module
     attribute to the device.
 
-    Learning beside acting: by default ``learn`` runs in a learner thread
+    ``predict`` runs with every nn.Module attribute in eval mode, ``learn``
+    with ``model`` in train mode. Each ``learn`` makes the next version of the
+    weights (``Experience.policy_lag`` says how far behind the acting policy
+    was). With ``--learner-thread``, ``learn`` runs in a thread of its own
     while ``predict`` keeps serving from a copy of every nn.Module attribute
-    that is refreshed as each ``learn`` ends (the next version of the
-    weights; ``Experience.policy_lag`` says how far behind the acting policy
-    was). Other attributes are shared by both, so a counter ``predict`` keeps
-    is seen by ``learn``. ``learn_ahead`` says how many learn requests an
-    agent may send before it waits for the reply to the oldest.
+    that is refreshed as each ``learn`` ends; other attributes are shared by
+    both, so a counter ``predict`` keeps is seen by ``learn``.
+    ``learn_ahead`` says how many learn requests an agent may send before it
+    waits for the reply to the oldest.
     """
 
     learn_ahead: int = 1

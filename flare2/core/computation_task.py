@@ -36,6 +36,10 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def _modules(attributes: dict[str, Any]) -> list[nn.Module]:
+    return [value for value in attributes.values() if isinstance(value, nn.Module)]
+
+
 class _ActingView:
     """The Algorithm as ``predict`` sees it while ``learn`` runs in another thread.
 
@@ -103,6 +107,8 @@ class ComputationTask:
         """The version of the weights that answered the latest prediction."""
         self._acting: _ActingView | None = None
         self._acting_modules: dict[str, nn.Module] = {}
+        self._acting_in_eval_mode = False
+        """Whether the networks predict() uses are in eval mode (learn() puts the model in train mode)."""
         self._weights_lock = threading.Lock()
         self._learn_lock = threading.Lock()
         # Host memory the GPU can read without a staging copy: batches go over without blocking the CPU.
@@ -115,6 +121,7 @@ class ComputationTask:
                 name: copy.deepcopy(value) for name, value in vars(self.algorithm).items() if isinstance(value, nn.Module)
             }
             self._acting = _ActingView(self.algorithm, self._acting_modules)
+            self._acting_in_eval_mode = False
 
     def _tensors(self, arrays: dict[str, np.ndarray]) -> Tensors:
         if self._pinned:
@@ -155,6 +162,11 @@ class ComputationTask:
                 greedy = True
         with self._weights_lock:
             algorithm = self._acting if self._acting is not None else self.algorithm
+            if not self._acting_in_eval_mode:
+                # Dropout off and BatchNorm on its running statistics: acting is inference, even on a batch of one.
+                for module in _modules(self._acting_modules or vars(self.algorithm)):
+                    module.eval()
+                self._acting_in_eval_mode = True
             self.predicted_version = self.version
             if isinstance(greedy, np.ndarray):
                 result = self._predict_mixed(algorithm, inputs, states, greedy)
@@ -203,6 +215,9 @@ class ComputationTask:
                 version=self.version,
             )
             self.algorithm.model.train()
+            if self._acting is None:
+                # predict() shares these networks: it puts them back in eval mode.
+                self._acting_in_eval_mode = False
             costs = self.algorithm.learn(experience)
             if not isinstance(costs, dict):
                 raise SpecError(

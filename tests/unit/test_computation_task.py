@@ -9,6 +9,7 @@ import torch
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
+from flare2.core.model import Model
 from flare2.core.specs import Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
 from flare2.zoo.a2c import A2C
@@ -311,3 +312,53 @@ def test_experience_tells_how_far_behind_the_acting_policy_was():
     batch["policy_version"] = np.array([[0, 1, 2]], np.int64)
     ct.learn(batch)
     assert seen["lag"] == [[2, 1, 0]]
+
+
+class NormalizedDropoutModel(Model):
+    """A BatchNorm (which cannot normalize a batch of one in train mode) and a heavy dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.5),
+                                       torch.nn.Linear(16, 2))
+
+    def input_specs(self):
+        return {"obs": Spec((4,), "float32")}
+
+    def action_specs(self):
+        return {"logits": Spec((2,), "float32")}
+
+
+class ModeRecorder(Algorithm):
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        self.learned_in_train_mode: list[bool] = []
+
+    def predict(self, inputs, states):
+        return {"logits": self.model.net(inputs["obs"])}, {}
+
+    def learn(self, experience):
+        self.learned_in_train_mode.append(self.model.training)
+        obs = experience.inputs["obs"].reshape(-1, 4)
+        self.optimize(self.model.net(obs).pow(2).mean())
+        return {}
+
+
+@pytest.mark.parametrize("beside_learning", [False, True])
+def test_predict_runs_in_eval_mode_and_learn_in_train_mode(beside_learning):
+    ct = ComputationTask("RL", ModeRecorder(NormalizedDropoutModel()), device="cpu")
+    if beside_learning:
+        ct.act_beside_learning()
+    obs = {"obs": np.ones((1, 4), np.float32)}
+    batch = {"inputs": {"obs": np.random.default_rng(0).normal(size=(4, 2, 4)).astype(np.float32)},
+             "next_inputs": {"obs": np.zeros((4, 2, 4), np.float32)}, "actions": {"logits": np.zeros((4, 2, 2), np.float32)},
+             "rewards": {}, "states": {}, "terminated": np.zeros((4, 2), bool), "truncated": np.zeros((4, 2), bool),
+             "policy_version": np.zeros((4, 2), np.int64)}
+    for _ in range(2):
+        # A batch of one passes BatchNorm, and dropout is off: the same input gives the same action.
+        first, _ = ct.predict(obs, {})
+        second, _ = ct.predict(obs, {})
+        np.testing.assert_array_equal(first["logits"], second["logits"])
+        ct.learn(batch)
+    assert ct.algorithm.learned_in_train_mode == [True, True]

@@ -19,6 +19,7 @@ _EXPORTS = {
     "TransportError": "flare2.errors",
     "DecodeError": "flare2.errors",
     "PeerDiedError": "flare2.errors",
+    "ReplyTimeoutError": "flare2.errors",
     "RemoteError": "flare2.errors",
     "EncodeError": "flare2.errors",
     # core (no torch)

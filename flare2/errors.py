@@ -7,7 +7,8 @@ The tree::
     ├── SpecError          an array does not match its Spec (fix the agent or the model's specs)
     ├── TransportError     a socket-level problem: timeout, unreachable endpoint
     │   ├── DecodeError    bytes from the network that are not a valid flare2 message
-    │   └── PeerDiedError  the other side is gone (distinct from a slow peer)
+    │   ├── PeerDiedError  the other side is gone (distinct from a slow peer)
+    │   └── ReplyTimeoutError  no reply within a set limit (the peer may be slow or gone)
     ├── RemoteError        user code raised in another process; carries its traceback
     └── EncodeError        a value that cannot travel on the wire (fix what is sent)
 """
@@ -37,6 +38,10 @@ class DecodeError(TransportError):
 
 class PeerDiedError(TransportError):
     """The peer process is gone, as opposed to merely slow."""
+
+
+class ReplyTimeoutError(TransportError):
+    """No reply came within a set limit: the message says what was waited for and for how long."""
 
 
 class RemoteError(FlareError):

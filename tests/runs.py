@@ -113,13 +113,24 @@ def children_of(pid: int) -> list[int]:
 
 
 def agent_pids(manager_pid: int) -> list[int]:
+    return _children_running(manager_pid, b"flare2.runtime.agent_process")
+
+
+def compute_pid(manager_pid: int) -> int:
+    """The compute process of a run (a multiprocessing spawn child of the manager)."""
+    pids = _children_running(manager_pid, b"spawn_main")
+    assert len(pids) == 1, f"expected one compute process among the manager's children, found {pids}"
+    return pids[0]
+
+
+def _children_running(manager_pid: int, marker: bytes) -> list[int]:
     pids = []
     for pid in children_of(manager_pid):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"flare2.runtime.agent_process" in cmdline:
+        if marker in cmdline:
             pids.append(pid)
     return pids
 

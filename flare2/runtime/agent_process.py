@@ -32,7 +32,7 @@ import zmq
 
 from flare2.core.agent import Agent, AgentHelper, VectorAgent
 from flare2.core.specs import CTSpecs
-from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError
+from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
 from flare2.runtime.progress import LatencyHistogram
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
@@ -46,6 +46,7 @@ EXIT_AGENT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_MANAGER_LOST = 3
 EXIT_REMOTE_FAILED = 4
+EXIT_REPLY_TIMEOUT = 5
 
 # At a stop, how long an agent waits for the learn requests it already sent, so their steps are learned.
 _FINISH_LEARNING_S = 2.0
@@ -244,7 +245,7 @@ class _Port:
         info: dict[str, Any],
         agent_id: str,
         control: _Control,
-        reply_timeout_s: float,
+        reply_timeout_s: float | None,
         max_bytes: int,
         curve: CurveClient | None,
     ) -> None:
@@ -361,7 +362,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         )
         if welcome.kind == STOP:
             return EXIT_STOPPED
-    except PeerDiedError:
+    except ReplyTimeoutError:
         logger.error(
             "cannot reach the manager at %s within %.0fs: check the address, that the run is up, and the keys",
             settings.control_endpoint, settings.hello_timeout_s,
@@ -385,7 +386,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         cts = welcome["cts"]
         for name in helpers:
             ports[name] = _Port(
-                ctx, name, cts[name], settings.agent_id, control, float(welcome.get("reply_timeout_s", 60.0)), max_bytes,
+                ctx, name, cts[name], settings.agent_id, control, _reply_timeout(welcome), max_bytes,
                 settings.curve,
             )
         specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
@@ -402,6 +403,12 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
     except PeerDiedError as exc:
         logger.error("agent %s: %s; exiting", settings.agent_id, exc)
         return EXIT_MANAGER_LOST
+    except ReplyTimeoutError as exc:
+        logger.error(
+            "agent %s: %s (--reply-timeout), though the manager still vouched for the compute process: raise "
+            "--reply-timeout or leave it unset, or find what keeps predict() or learn() busy that long", settings.agent_id, exc,
+        )
+        return EXIT_REPLY_TIMEOUT
     except RemoteError as exc:
         # The compute process reports the failure to the manager, which stops the run and shows the traceback.
         logger.error("agent %s: %s", settings.agent_id, str(exc).splitlines()[0])
@@ -419,6 +426,12 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
     finally:
         for port in ports.values():
             port.close()
+
+
+def _reply_timeout(welcome: dict[str, Any]) -> float | None:
+    """The welcome's limit on one CDP reply: None (no limit) unless it names a positive number of seconds."""
+    value = welcome.get("reply_timeout_s")
+    return float(value) if type(value) in (int, float) and value > 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:

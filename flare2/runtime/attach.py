@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from flare2.errors import ConfigError, PeerDiedError, TransportError
+from flare2.errors import ConfigError, ReplyTimeoutError, TransportError
 from flare2.runtime.agent_process import EXIT_MANAGER_LOST
 from flare2.wire.protocol import HELLO, PROTOCOL_VERSION
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
@@ -68,7 +68,7 @@ def probe(config: AttachConfig) -> dict[str, Any]:
             reply = requester.request(
                 HELLO, {"role": "probe"}, timeout_s=config.probe_timeout_s, what="hello to the manager"
             ).payload
-        except PeerDiedError:
+        except ReplyTimeoutError:
             keys = " and that --keys holds the run's keys" if config.curve else " (a run bound beyond loopback needs --keys)"
             raise TransportError(
                 f"no manager answered at {config.endpoint} within {config.probe_timeout_s:.0f}s: check the address, "

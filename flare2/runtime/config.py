@@ -158,6 +158,10 @@ class RunConfig:
     """Wait before restarting an agent; it doubles for each failure in a row of that agent (up to 30 s)."""
     heartbeat_timeout_s: float = 10.0
     """An agent silent for this long is taken for dead; an agent that hears nothing from the manager for this long exits."""
+    reply_timeout_s: float | None = None
+    """Longest an agent waits for one reply of the compute process (None: as long as it takes). Slow is not dead:
+    while the manager's heartbeats say the run goes on, a long learn() or checkpoint is waited out, and a compute
+    process that died ends the run through the manager. A limit that does fire ends the agent with its own error."""
     checkpoint_every_s: float | None = None
     """Write a checkpoint every this many seconds (one is always written at the end)."""
     checkpoint_every_steps: int | None = None
@@ -189,7 +193,7 @@ class RunConfig:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        for name in ("restart_backoff_s", "heartbeat_timeout_s", "checkpoint_every_s", "checkpoint_every_steps"):
+        for name in ("restart_backoff_s", "heartbeat_timeout_s", "reply_timeout_s", "checkpoint_every_s", "checkpoint_every_steps"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")

@@ -62,8 +62,6 @@ EXIT_SIGTERM = 143
 
 # How often agents report to the manager (and notice a STOP or a dead manager).
 AGENT_CONTROL_INTERVAL_S = 0.25
-# How long an agent waits for a CDP reply before it takes the compute process for dead.
-AGENT_REPLY_TIMEOUT_S = 60.0
 # The manager wakes at least this often to look at its children.
 _SUPERVISE_INTERVAL_S = 0.2
 _MAX_RESTART_BACKOFF_S = 30.0
@@ -309,7 +307,7 @@ class Manager:
     def _supervise(self, control: zmq.Socket) -> None:
         compute = self._compute
         if compute is not None and compute.exitcode is not None:
-            raise RunFailed(f"the compute process exited with code {compute.exitcode} (see its log above)")
+            raise RunFailed(f"the compute process died: it {_describe_exit(compute.exitcode)} (see its log above)")
         now = time.monotonic()
         for agent in self._slots:
             if agent.restart_at is not None:
@@ -537,7 +535,7 @@ class Manager:
             "cts": {name: self._endpoints_for(served[name], local=not agent.remote) for name in wanted},
             "control_interval_s": AGENT_CONTROL_INTERVAL_S,
             "heartbeat_timeout_s": self.config.heartbeat_timeout_s,
-            "reply_timeout_s": AGENT_REPLY_TIMEOUT_S,
+            "reply_timeout_s": self.config.reply_timeout_s,
             "max_message_bytes": self.config.max_message_bytes,
             "eval_every": self.config.eval_every,
         }

@@ -56,9 +56,12 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, env
                           help="learn() in a thread beside the predictions instead of between them in the compute loop "
                                "(pays where learn() runs mostly outside Python: large models, GPU)")
     supervision = parser.add_argument_group("supervision and checkpoints")
-    supervision.add_argument("--max-restarts", type=int, default=10,
+    supervision.add_argument("--max-restarts", type=int, default=RunConfig.max_restarts,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
-    supervision.add_argument("--heartbeat-timeout", type=float, default=10.0,
+    supervision.add_argument("--reply-timeout", type=float, default=RunConfig.reply_timeout_s, metavar="SECONDS",
+                             help="longest an agent waits for one prediction or learn reply (default: as long as the "
+                                  "manager says the compute process is alive)")
+    supervision.add_argument("--heartbeat-timeout", type=float, default=RunConfig.heartbeat_timeout_s,
                              help="seconds of silence after which an agent is taken for dead and restarted")
     supervision.add_argument("--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
                              help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
@@ -111,6 +114,7 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         progress_interval_s=args.progress_interval,
         max_restarts=args.max_restarts,
         heartbeat_timeout_s=args.heartbeat_timeout,
+        reply_timeout_s=args.reply_timeout,
         checkpoint_every_s=every_s,
         checkpoint_every_steps=every_steps,
         resume_dir=args.resume,

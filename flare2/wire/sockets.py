@@ -10,13 +10,15 @@ from contextlib import contextmanager
 
 import zmq
 
-from flare2.errors import ConfigError, DecodeError, PeerDiedError, RemoteError, SpecError, TransportError
+from flare2.errors import ConfigError, DecodeError, RemoteError, ReplyTimeoutError, SpecError, TransportError
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import ERROR, Message, VersionMismatchError, pack, unpack
 from flare2.wire.security import CurveClient, CurveServer, make_client_socket, make_server_socket
 
 logger = logging.getLogger(__name__)
 
+# A poll without a deadline still wakes now and then (an infinite timeout is not a number ZeroMQ takes).
+_LONGEST_POLL_S = 3600.0
 # Frames above this are cut by ZeroMQ itself before Python sees them; the
 # codec checks the exact payload limit again.
 _FRAME_SLACK_BYTES = 4096
@@ -167,7 +169,7 @@ class Requester:
         self._awaited.add(seq)
         return seq
 
-    def request(self, kind: str, payload: dict, *, ct: str = "", timeout_s: float, what: str) -> Message:
+    def request(self, kind: str, payload: dict, *, ct: str = "", timeout_s: float | None, what: str) -> Message:
         seq = self.send_request(kind, payload, ct=ct)
         return self.wait_reply(seq, timeout_s=timeout_s, what=what)
 
@@ -175,26 +177,28 @@ class Requester:
         self,
         seq: int,
         *,
-        timeout_s: float,
+        timeout_s: float | None,
         what: str,
         idle_every_s: float | None = None,
         on_idle: Callable[[], None] | None = None,
     ) -> Message:
-        """The reply to request ``seq``; ``on_idle`` runs every ``idle_every_s`` while waiting."""
+        """The reply to request ``seq``; ``on_idle`` runs every ``idle_every_s`` while waiting.
+
+        ``timeout_s`` None waits as long as it takes (``on_idle`` is then what notices a peer that is gone).
+        """
         early = self._early.pop(seq, None)
         if early is not None:
             self._awaited.discard(seq)
             raise_for_error(early, what)
             return early
-        deadline = time.monotonic() + timeout_s
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._awaited.discard(seq)
-                raise PeerDiedError(
-                    f"no reply to {what} from {self.endpoint} within {timeout_s:.1f}s: the peer is gone or unreachable"
-                )
-            frames = recv_frames(self._sock, remaining if idle_every_s is None else min(remaining, idle_every_s))
+                raise ReplyTimeoutError(f"no reply to {what} from {self.endpoint} within {timeout_s:.1f}s")
+            wait = remaining if idle_every_s is None else min(remaining, idle_every_s)
+            frames = recv_frames(self._sock, min(wait, _LONGEST_POLL_S))
             if frames is None:
                 if on_idle is not None:
                     on_idle()

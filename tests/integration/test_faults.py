@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runs import CARTPOLE, RunProcess, agent_pids, finite, read_csv, wait_until_gone
+from runs import CARTPOLE, RunProcess, agent_pids, compute_pid, finite, read_csv, wait_until_gone
 from process_token import processes_started_here
 
 HERE = Path(__file__).resolve().parent
@@ -65,6 +65,32 @@ def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restar
     assert rows[-1]["restarts"] == 1 and rows[-1]["env_steps"] >= 6000
     # While it was frozen the others went on: batches were flushed by max_wait instead of waiting for it.
     assert max(row["max_predict_wait_ms"] for row in rows) < 1000
+
+
+def test_a_learn_that_sleeps_past_any_fixed_reply_limit_is_waited_out_without_a_restart(tmp_path, runs):
+    # Slow is not dead: agents wait on their predict and learn replies for as long as the manager vouches for
+    # the compute process. 65 s is past the 60 s an agent used to wait before it took the compute process for dead.
+    run = runs(HERE / "faulty_run.py", "--sleep-learn-once", "65", "--num-agents", "2", "--envs-per-agent", "1",
+               "--max-steps", "3000", "--heartbeat-timeout", "3", "--progress-interval", "1", "--device", "cpu",
+               log_dir=tmp_path)
+    assert run.wait(timeout_s=300) == 0, run.text[-4000:]
+    rows = read_csv(tmp_path / "progress.csv")
+    assert rows[-1]["restarts"] == 0 and rows[-1]["env_steps"] >= 3000
+    assert "restarting" not in run.text
+    # The sleep happened: the step count stood still for over a minute while every agent stayed in the run.
+    stalled = [row for row in rows if 0 < row["env_steps"] == rows[rows.index(row) - 1]["env_steps"]]
+    assert len(stalled) >= 60 and all(row["agents"] == 2 for row in stalled)
+
+
+def test_a_compute_process_killed_with_sigkill_ends_the_run_saying_so(tmp_path, runs):
+    run = runs(CARTPOLE, "--num-agents", "2", "--envs-per-agent", "1", "--max-steps", "10000000", "--device", "cpu",
+               "--heartbeat-timeout", "3", log_dir=tmp_path)
+    run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
+    os.kill(compute_pid(run.process.pid), signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert run.wait(timeout_s=30) == 1
+    assert time.monotonic() - killed_at < 3, "the run outlived its dead compute process by more than the heartbeat timeout"
+    assert "the compute process died: it was killed by SIGKILL" in run.text
 
 
 def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(tmp_path, runs):

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 import zmq
 
-from flare2.errors import PeerDiedError, SpecError
+from flare2.errors import ReplyTimeoutError, SpecError
 from flare2.wire.protocol import ERROR, HELLO, PROTOCOL_VERSION, Message, VersionMismatchError, error_payload, pack, unpack
 from flare2.wire.sockets import Requester, bind_router
 
@@ -48,9 +48,26 @@ def test_an_error_reply_becomes_the_matching_exception_and_stale_replies_are_ski
         requester.wait_reply(seq, timeout_s=5, what="predict")
 
 
-def test_no_reply_in_time_raises_peer_died_naming_the_endpoint(server):
+def test_no_reply_in_time_raises_a_reply_timeout_naming_the_endpoint_and_the_limit(server):
     ctx, _, endpoint = server
     requester = Requester(ctx, endpoint, identity="a")
     seq = requester.send(HELLO, {})
-    with pytest.raises(PeerDiedError, match=f"no reply to hello from {endpoint}"):
+    with pytest.raises(ReplyTimeoutError, match=f"no reply to hello from {endpoint} within 0.2s"):
         requester.wait_reply(seq, timeout_s=0.2, what="hello")
+
+
+def test_without_a_limit_a_wait_outlasts_any_fixed_guess_while_on_idle_vouches_for_the_peer(server):
+    ctx, sock, endpoint = server
+    requester = Requester(ctx, endpoint, identity="a")
+    seq = requester.send_request(HELLO, {})
+    identity = sock.recv_multipart()[0]
+    idle_calls = []
+
+    def on_idle():
+        # The slow peer answers only after many idle rounds: a wait with a limit of a few rounds would have given up.
+        idle_calls.append(1)
+        if len(idle_calls) == 20:
+            sock.send_multipart([identity, *pack(Message(HELLO, {"late": True}, seq=seq))])
+
+    reply = requester.wait_reply(seq, timeout_s=None, what="hello", idle_every_s=0.01, on_idle=on_idle)
+    assert reply.payload == {"late": True} and len(idle_calls) >= 20

@@ -58,6 +58,9 @@ class CTPort(Protocol):
     def learn(self, payload: dict[str, Any]) -> None:
         """Send a learn request; returns once no more than ``learn_ahead`` requests await their reply."""
 
+    def set_evaluating(self, evaluating: bool) -> None:
+        """Tell the CT that this agent starts (or ends) an evaluation episode: no learn requests come meanwhile."""
+
 
 class AgentHelper:
     """Decides what stored steps become learn requests, and when.
@@ -130,6 +133,14 @@ class Agent:
 
     def specs(self, ct: str) -> CTSpecs:
         return self._specs[ct]
+
+    def start_episode(self, *, evaluating: bool) -> None:
+        """Called by the runtime before each episode of ``run_episode``: sets ``evaluating`` and, when it changes,
+        tells every CT of this agent, so that their learn batches do not wait for it while it evaluates."""
+        if evaluating != self.evaluating:
+            for port in self._ports.values():
+                port.set_evaluating(evaluating)
+        self.evaluating = evaluating
 
     def initial_states(self, ct: str) -> Arrays:
         """The states at an episode start: zeros of the CT's state specs."""

@@ -35,7 +35,7 @@ from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
 from flare2.runtime.progress import LatencyHistogram
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
-from flare2.wire.protocol import BYE, ERROR, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
+from flare2.wire.protocol import BYE, ERROR, EVALUATING, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
 from flare2.wire.sockets import Requester, context
 
@@ -173,7 +173,8 @@ def play(agent: Agent, between_episodes: Callable[[], None]) -> None:
         raise ConfigError(f"{type(agent).__name__}.run() returned: a VectorAgent plays until the run stops it")
     episode_index = 0
     while True:
-        agent.evaluating = agent.env.evaluating = is_evaluation_episode(episode_index, agent.eval_every)
+        agent.start_episode(evaluating=is_evaluation_episode(episode_index, agent.eval_every))
+        agent.env.evaluating = agent.evaluating
         agent.run_episode()
         episode_index += 1
         between_episodes()
@@ -288,6 +289,9 @@ class _Port:
         while len(self._learns_in_flight) > self.learn_ahead:
             self._wait(self.learner, self._learns_in_flight.popleft(), f"learn on CT {self.ct!r}")
         self.control.maybe_service()
+
+    def set_evaluating(self, evaluating: bool) -> None:
+        self.learner.send(EVALUATING, {"evaluating": evaluating}, ct=self.ct)
 
     def finish_learning(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until the learn requests on their way are learned, so none is lost at a stop."""

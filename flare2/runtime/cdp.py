@@ -7,8 +7,8 @@ Rule 2 is what makes batching nearly free when agents are in step; rule 3
 bounds what a dead or slow agent can cost the others. Learn requests are
 batched by the same rule with their own limits, among requests of the same
 sequence length; rule 2 leaves out agents playing an evaluation episode
-(every row of their last prediction was greedy), since they send nothing to
-learn from.
+(they say so with an EVALUATING message as it starts and ends), since they
+send nothing to learn from.
 
 Requests are validated against the CT's specs before they join a batch; a bad
 one gets an ERROR reply naming the key, what was expected and what arrived.
@@ -37,7 +37,7 @@ from flare2.core.specs import STEP_FLAG_SPECS
 from flare2.errors import DecodeError, SpecError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import DEFAULT_MAX_BYTES
-from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload, unpack
+from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload, unpack
 from flare2.wire.security import CurveServer
 from flare2.wire.sockets import bind_local, bind_router, router_send
 
@@ -216,9 +216,12 @@ class ComputationDataProcessor:
 
     def accept(self, message: Message, reply_to: Any, now: float, *, learn: bool) -> None:
         """Validate a decoded request and queue it, or answer it with an error naming what is wrong."""
-        expected_kind = LEARN if learn else PREDICT
-        if message.kind != expected_kind:
-            self.reject(reply_to, learn, message.seq, f"this socket takes {expected_kind!r}, got {message.kind!r}", "bad_request")
+        expected_kinds = (LEARN, EVALUATING) if learn else (PREDICT,)
+        if message.kind not in expected_kinds:
+            self.reject(
+                reply_to, learn, message.seq, f"this socket takes {' or '.join(map(repr, expected_kinds))}, got {message.kind!r}",
+                "bad_request",
+            )
             return
         if message.ct != self.ct.name:
             self.reject(
@@ -228,6 +231,9 @@ class ComputationDataProcessor:
         if learn and message.agent_id not in self._live:
             # Only agents the manager registered may feed learn().
             self.reject(reply_to, learn, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config")
+            return
+        if message.kind == EVALUATING:
+            self._on_evaluating(message, reply_to)
             return
         try:
             if learn:
@@ -256,13 +262,17 @@ class ComputationDataProcessor:
             self.stats.learn_requests += 1
         else:
             self.stats.predict_requests += 1
-            greedy = message.payload.get("greedy")
-            # An agent whose every row is greedy plays an evaluation episode and sends nothing to learn from.
-            if greedy is not None and greedy.all() and message.agent_id in self._live:
-                self._evaluating.add(message.agent_id)
-            else:
-                self._evaluating.discard(message.agent_id)
         queue.add(_Request(reply_to, message.agent_id, message.seq, message.payload, now, size))
+
+    def _on_evaluating(self, message: Message, reply_to: Any) -> None:
+        """An agent starts (True) or ends (False) an evaluation episode: learn batches do not wait for it meanwhile."""
+        evaluating = message.payload.get("evaluating")
+        if type(evaluating) is not bool:
+            self.reject(reply_to, True, message.seq, "an evaluating message carries 'evaluating': true or false", "bad_request")
+        elif evaluating:
+            self._evaluating.add(message.agent_id)
+        else:
+            self._evaluating.discard(message.agent_id)
 
     # ---- serving ---------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from flare2.runtime.manager import (
     EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, run_logs_and_signals,
 )
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
-from flare2.wire.protocol import LEARN, PREDICT, Message
+from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, Message
 from flare2.wire.sockets import raise_for_error
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,10 @@ class SerialPort:
     def learn(self, payload: dict[str, Any]) -> None:
         self._ask(LEARN, payload)
         self.control.maybe_service()
+
+    def set_evaluating(self, evaluating: bool) -> None:
+        message = Message(EVALUATING, {"evaluating": evaluating}, SERIAL_AGENT_ID, self._seq, self.cdp.ct.name)
+        self.cdp.accept(message, self, time.monotonic(), learn=True)
 
 
 class _SerialControl:

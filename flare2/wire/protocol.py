@@ -18,7 +18,8 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 
 # 2: predictions carry the version of the weights, learn requests the policy version of every step,
 # and a predict request marks its greedy rows with an array.
-PROTOCOL_VERSION = 2
+# 3: an agent says when it plays an evaluation episode (EVALUATING on a CT's learn socket).
+PROTOCOL_VERSION = 3
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1
@@ -34,11 +35,12 @@ HEARTBEAT = "heartbeat"  # manager -> agents: still here (agents' stats are thei
 CHECKPOINT = "checkpoint"  # manager -> compute process: save now; the reply says it is done
 LIVE = "live"  # manager -> compute process: the live agents of each CT
 STOP = "stop"  # manager -> anyone: finish and exit
+EVALUATING = "evaluating"  # agent -> CDP: it starts or ends an evaluation episode (no learn requests meanwhile)
 ERROR = "error"  # a request failed; the payload says why
 BYE = "bye"  # a peer leaves on purpose
 
 KINDS = frozenset(
-    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
+    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, EVALUATING, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
 )
 
 

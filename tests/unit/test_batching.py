@@ -22,7 +22,7 @@ from flare2.runtime.cdp import SocketFront
 from flare2.runtime.compute_process import serve_ready
 from flare2.runtime.learner import InlineLearner, LearnerThread
 from flare2.runtime.config import BatchingConfig
-from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
+from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.sockets import connect_dealer, poll_timeout_ms
 
 
@@ -78,6 +78,10 @@ class Agents:
         self._seq += 1
         payload = {"inputs": {"x": x}, "states": {}, **({"greedy": np.ones(len(x), bool)} if greedy else {})}
         self.predict[name].send_multipart(pack(Message(PREDICT, payload, header_id or name, self._seq, "RL")))
+
+    def send_evaluating(self, name: str, evaluating: bool) -> None:
+        self._seq += 1
+        self.learn[name].send_multipart(pack(Message(EVALUATING, {"evaluating": evaluating}, name, self._seq, "RL")))
 
     def send_learn(self, name: str, steps: int, sequences: int = 1) -> None:
         self._seq += 1
@@ -227,29 +231,43 @@ def test_a_request_whose_header_names_another_agent_is_rejected(ctx):
     assert "identity" in agents.replies["a"].payload["reason"]
 
 
-def test_a_learn_batch_does_not_wait_for_an_agent_playing_an_evaluation_episode(ctx):
+def test_a_learn_batch_does_not_wait_for_an_agent_that_says_it_plays_an_evaluation_episode(ctx):
+    # "c" asks this CT nothing while it evaluates (a multi-CT agent may skip a CT): only its word counts.
     front = make_cdp(ctx, max_wait_ms=60_000, learn_max_batch=64, learn_max_wait_ms=60_000)
     front.cdp.live = frozenset({"a", "b", "c"})
     agents = Agents(ctx, front, ["a", "b", "c"])
-    for name in ("a", "b"):
-        agents.send_predict(name, np.ones((1, 2), np.float32))
-    agents.send_predict("c", np.ones((1, 2), np.float32), greedy=True)
-    assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
-
+    agents.send_evaluating("c", True)
     for name in ("a", "b"):
         agents.send_learn(name, steps=5)
     assert agents.serve(lambda: front.cdp.stats.learn_calls == 1, timeout_s=10)
 
     # Back in a training episode, "c" is waited for again.
-    agents.replies.clear()
-    for name in ("a", "b", "c"):
-        agents.send_predict(name, np.ones((1, 2), np.float32))
-    assert agents.serve(agents.have_replies("a", "b", "c"), timeout_s=10)
+    agents.send_evaluating("c", False)
     for name in ("a", "b"):
         agents.send_learn(name, steps=5)
     assert not agents.serve(lambda: front.cdp.stats.learn_calls == 2, timeout_s=0.3)
     agents.send_learn("c", steps=5)
     assert agents.serve(lambda: front.cdp.stats.learn_calls == 2, timeout_s=10)
+
+
+def test_greedy_predictions_alone_do_not_make_an_agent_count_as_evaluating(ctx):
+    # A VectorAgent's evaluation env is a greedy row among training rows; an all-greedy request is no sign either.
+    front = make_cdp(ctx, max_wait_ms=60_000, learn_max_batch=64, learn_max_wait_ms=60_000)
+    front.cdp.live = frozenset({"a", "b"})
+    agents = Agents(ctx, front, ["a", "b"])
+    agents.send_predict("a", np.ones((1, 2), np.float32))
+    agents.send_predict("b", np.ones((1, 2), np.float32), greedy=True)
+    assert agents.serve(agents.have_replies("a", "b"), timeout_s=10)
+    agents.send_learn("a", steps=5)
+    assert not agents.serve(lambda: front.cdp.stats.learn_calls == 1, timeout_s=0.3)
+
+
+def test_an_evaluating_message_without_a_boolean_is_refused(ctx):
+    front = make_cdp(ctx)
+    front.cdp.live = frozenset({"a"})
+    agents = Agents(ctx, front, ["a"])
+    agents.learn["a"].send_multipart(pack(Message(EVALUATING, {"evaluating": 1}, "a", 7, "RL")))
+    assert agents.serve(lambda: front.cdp.stats.rejected == 1, timeout_s=10)
 
 
 def test_learn_requests_of_all_live_agents_become_one_learn_call(ctx):

@@ -22,6 +22,10 @@ class _OneStepEnv:
 class _RecordingPort:
     def __init__(self):
         self.payloads = []
+        self.evaluating = []
+
+    def set_evaluating(self, evaluating):
+        self.evaluating.append(evaluating)
 
     def predict(self, payload):
         self.payloads.append(payload)
@@ -78,3 +82,14 @@ def test_an_evaluating_agent_asks_for_greedy_actions_and_stores_nothing():
 def test_a_predict_request_with_a_non_boolean_greedy_flag_is_refused():
     with pytest.raises(SpecError, match="greedy"):
         SPECS.check_predict({"inputs": {"obs": np.zeros((1, 1), np.float32)}, "greedy": 1})
+
+
+def test_an_agent_tells_each_of_its_cts_when_an_evaluation_episode_starts_and_ends():
+    agent, ports = Agent(), {"RL": _RecordingPort(), "aux": _RecordingPort()}
+    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS, "aux": SPECS}, ports=ports,
+                  helpers={"RL": _RecordingHelper(), "aux": _RecordingHelper()})
+    for evaluating in (False, False, True, True, False):
+        agent.start_episode(evaluating=evaluating)
+        assert agent.evaluating is evaluating
+    # Only the changes travel, and every CT hears them, asked in the episode or not.
+    assert ports["RL"].evaluating == ports["aux"].evaluating == [True, False]

@@ -33,6 +33,7 @@ import zmq
 from flare2.core.agent import Agent, AgentHelper, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
+from flare2.runtime import exit_codes
 from flare2.runtime.progress import LatencyHistogram
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, EVALUATING, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
@@ -41,12 +42,6 @@ from flare2.wire.sockets import Requester, context
 
 logger = logging.getLogger(__name__)
 
-EXIT_STOPPED = 0
-EXIT_AGENT_FAILED = 1
-EXIT_CONFIG = 2
-EXIT_MANAGER_LOST = 3
-EXIT_REMOTE_FAILED = 4
-EXIT_REPLY_TIMEOUT = 5
 
 # At a stop, how long an agent waits for the learn requests it already sent, so their steps are learned.
 _FINISH_LEARNING_S = 2.0
@@ -365,17 +360,17 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
             what="hello to the manager",
         )
         if welcome.kind == STOP:
-            return EXIT_STOPPED
+            return exit_codes.OK
     except ReplyTimeoutError:
         logger.error(
             "cannot reach the manager at %s within %.0fs: check the address, that the run is up, and the keys",
             settings.control_endpoint, settings.hello_timeout_s,
         )
-        return EXIT_MANAGER_LOST
+        return exit_codes.MANAGER_LOST
     except FlareError as exc:
         logger.error("agent %s cannot start: %s", settings.agent_id, exc)
         _report(requester, error_payload(str(exc), code="config"))
-        return EXIT_CONFIG
+        return exit_codes.CONFIG_ERROR
 
     welcome = welcome.payload
     control = _Control(
@@ -403,30 +398,30 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         control.send_stats()
         requester.send(BYE, {"reason": "stopped"})
         requester.socket.setsockopt(zmq.LINGER, 2000)
-        return EXIT_STOPPED
+        return exit_codes.OK
     except PeerDiedError as exc:
         logger.error("agent %s: %s; exiting", settings.agent_id, exc)
-        return EXIT_MANAGER_LOST
+        return exit_codes.MANAGER_LOST
     except ReplyTimeoutError as exc:
         logger.error(
             "agent %s: %s (--reply-timeout), though the manager still vouched for the compute process: raise "
             "--reply-timeout or leave it unset, or find what keeps predict() or learn() busy that long", settings.agent_id, exc,
         )
-        return EXIT_REPLY_TIMEOUT
+        return exit_codes.REPLY_TIMEOUT
     except RemoteError as exc:
         # The compute process reports the failure to the manager, which stops the run and shows the traceback.
         logger.error("agent %s: %s", settings.agent_id, str(exc).splitlines()[0])
-        return EXIT_REMOTE_FAILED
+        return exit_codes.COMPUTE_FAILED
     except FlareError as exc:
         logger.error("agent %s: %s", settings.agent_id, exc)
         _report(requester, error_payload(str(exc), code="config"))
-        return EXIT_CONFIG
+        return exit_codes.CONFIG_ERROR
     except Exception as exc:
         control.send_stats()  # the steps it played still count
         text = traceback.format_exc()
         logger.error("agent %s raised in its episode code:\n%s", settings.agent_id, text)
         _report(requester, error_payload(f"agent {settings.agent_id} raised {exc!r}", traceback=text, code="user_code"))
-        return EXIT_AGENT_FAILED
+        return exit_codes.FAILED
     finally:
         for port in ports.values():
             port.close()
@@ -462,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         curve = CurveClient.from_env(curve_env) if curve_env else None
     except ConfigError as exc:
         logger.error("%s", exc)
-        return EXIT_CONFIG
+        return exit_codes.CONFIG_ERROR
     settings = AgentSettings(
         args.control, args.agent_id, args.agent, kwargs, args.seed, args.envs_per_agent, args.parent_pid,
         args.hello_timeout, args.remote, curve,

@@ -24,15 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flare2.errors import ConfigError, ReplyTimeoutError, TransportError
-from flare2.runtime.agent_process import EXIT_MANAGER_LOST
+from flare2.runtime import exit_codes
 from flare2.wire.protocol import HELLO, PROTOCOL_VERSION
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
 from flare2.wire.sockets import Requester, context
 
 logger = logging.getLogger(__name__)
 
-EXIT_DETACHED = 0
-EXIT_UNREACHABLE = 3
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ def attach(config: AttachConfig) -> int:
         info = probe(config)
     except (TransportError, ConfigError) as exc:
         logger.error("%s", exc)
-        return EXIT_UNREACHABLE
+        return exit_codes.UNREACHABLE
     logger.info("manager at %s serves CTs %s; starting %d agent(s)", config.endpoint, sorted(info.get("cts", {})), config.num_agents)
     env = dict(os.environ)
     if config.curve is not None:
@@ -125,16 +123,16 @@ def attach(config: AttachConfig) -> int:
     except _Detach as detach:
         logger.info("detaching %d agent(s)", sum(process.poll() is None for process in processes))
         _stop(processes, config.stop_timeout_s)
-        return EXIT_DETACHED if detach.signum == signal.SIGINT else 128 + detach.signum
+        return exit_codes.OK if detach.signum == signal.SIGINT else 128 + detach.signum
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         _stop(processes, config.stop_timeout_s)
-    if all(code == EXIT_MANAGER_LOST for code in codes):
+    if all(code == exit_codes.MANAGER_LOST for code in codes):
         logger.error("the manager is gone; the agents have exited")
-        return EXIT_MANAGER_LOST
+        return exit_codes.MANAGER_LOST
     logger.info("all agents have left (exit codes %s)", codes)
-    return 0 if all(code == 0 for code in codes) else 1
+    return exit_codes.OK if all(code == exit_codes.OK for code in codes) else exit_codes.FAILED
 
 
 def _stop(processes: list[subprocess.Popen], timeout_s: float) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 import zmq
 
 from flare2.errors import ConfigError, DecodeError
-from flare2.runtime.agent_process import EXIT_CONFIG, EXIT_MANAGER_LOST, EXIT_REMOTE_FAILED
+from flare2.runtime import exit_codes
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main, resume_checkpoint_path
 from flare2.runtime.config import RunConfig, is_loopback
 from flare2.runtime.progress import ProgressLog, RunTotals
@@ -54,11 +54,6 @@ from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_se
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_CONFIG_ERROR = 2
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
 
 # How often agents report to the manager (and notice a STOP or a dead manager).
 AGENT_CONTROL_INTERVAL_S = 0.25
@@ -77,7 +72,7 @@ _REMOTE_ID = re.compile(r"r-[A-Za-z0-9_.-]{1,100}")
 class RunFailed(Exception):
     """The run cannot go on; ``exit_code`` says why."""
 
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, exit_code: int = exit_codes.FAILED) -> None:
         super().__init__(message)
         self.exit_code = exit_code
 
@@ -177,7 +172,7 @@ class Manager:
                         authenticator.stop()
         except ConfigError as exc:
             logger.error("%s", exc)
-            return EXIT_CONFIG_ERROR
+            return exit_codes.CONFIG_ERROR
 
     def _setup_security(self) -> None:
         config = self.config
@@ -206,7 +201,7 @@ class Manager:
             while not self.totals.budget_reached(config):
                 if self._stop_signal is not None:
                     logger.warning("stopping on %s", signal.Signals(self._stop_signal).name)
-                    return EXIT_SIGINT if self._stop_signal == signal.SIGINT else EXIT_SIGTERM
+                    return exit_codes.SIGINT if self._stop_signal == signal.SIGINT else exit_codes.SIGTERM
                 now = time.monotonic()
                 if self._compute_hello is None and now > startup_deadline:
                     raise RunFailed(
@@ -231,7 +226,7 @@ class Manager:
             )
             # A row as the run stops, before the episodes that end while the agents stop change the means.
             self._report_progress()
-            return EXIT_OK
+            return exit_codes.OK
         except RunFailed as exc:
             logger.error("%s", exc)
             return exc.exit_code
@@ -342,12 +337,12 @@ class Manager:
 
     def _on_agent_death(self, control: zmq.Socket, agent: _AgentSlot, cause: str, exit_code: int | None) -> None:
         detail = f"\n{agent.error}" if agent.error else ""
-        if exit_code == EXIT_CONFIG:
-            raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error or cause}", EXIT_CONFIG_ERROR)
-        if exit_code == EXIT_REMOTE_FAILED:
+        if exit_code == exit_codes.CONFIG_ERROR:
+            raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error or cause}", exit_codes.CONFIG_ERROR)
+        if exit_code == exit_codes.COMPUTE_FAILED:
             # The compute process failed; its own report (with the traceback) ends the run.
             self._drain(control)
-        if exit_code == EXIT_MANAGER_LOST and self._compute_hello is None:
+        if exit_code == exit_codes.MANAGER_LOST and self._compute_hello is None:
             raise RunFailed(f"agent {agent.agent_id} could not register with the manager: {cause}")
         totals = self.totals
         totals.restarts += 1
@@ -480,7 +475,7 @@ class Manager:
             # The agent exits next; supervision restarts it (or fails the run for a config error).
             agent.error = _error_text(message)
             if message.payload.get("code") == "config":
-                raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error}", EXIT_CONFIG_ERROR)
+                raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error}", exit_codes.CONFIG_ERROR)
         else:
             self._drop(identity, f"unexpected kind {message.kind!r}")
 
@@ -670,7 +665,7 @@ def _error_text(message: Message) -> str:
 
 
 def _error_exit_code(message: Message) -> int:
-    return EXIT_CONFIG_ERROR if message.payload.get("code") == "config" else EXIT_FAILED
+    return exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED
 
 
 def _write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, Any]) -> None:

@@ -32,9 +32,8 @@ from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.compute_process import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.config import RunConfig
 from flare2.runtime.learner import InlineLearner
-from flare2.runtime.manager import (
-    EXIT_CONFIG_ERROR, EXIT_FAILED, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, run_logs_and_signals,
-)
+from flare2.runtime import exit_codes
+from flare2.runtime.manager import run_logs_and_signals
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, Message
 from flare2.wire.sockets import raise_for_error
@@ -146,10 +145,10 @@ class SerialRun:
                 return self._run()
             except FlareError as exc:
                 logger.error("%s", exc)
-                return EXIT_CONFIG_ERROR
+                return exit_codes.CONFIG_ERROR
             except UserCodeError as exc:
                 logger.error("the run failed: %s", exc)
-                return EXIT_FAILED
+                return exit_codes.FAILED
             finally:
                 if self._progress is not None:
                     self._progress.close()
@@ -188,16 +187,16 @@ class SerialRun:
         except Exception:
             logger.error("the agent raised in its episode code:\n%s", traceback.format_exc())
             self._finish()
-            return EXIT_FAILED
+            return exit_codes.FAILED
         self._finish()
         if self.stop_signal is not None:
             logger.warning("stopped on %s", signal.Signals(self.stop_signal).name)
-            return EXIT_SIGINT if self.stop_signal == signal.SIGINT else EXIT_SIGTERM
+            return exit_codes.SIGINT if self.stop_signal == signal.SIGINT else exit_codes.SIGTERM
         logger.info(
             "budget reached: %d env steps, %d episodes, return_mean %.1f",
             self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
         )
-        return EXIT_OK
+        return exit_codes.OK
 
     def _make_agent(self) -> Agent:
         config = self.config.agents

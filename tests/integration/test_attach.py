@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
+from flare2.runtime import exit_codes
 from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, pack, unpack
 from flare2.wire.security import load_client, make_client_socket, make_keys
 from runs import CARTPOLE, RunProcess, read_csv
@@ -103,7 +104,7 @@ def test_attaching_to_an_address_where_no_manager_listens_fails_fast_with_a_clea
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "flare2.cli", "attach", f"tcp://127.0.0.1:{port}"],
                             capture_output=True, text=True, timeout=60)
-    assert result.returncode == 3
+    assert result.returncode == exit_codes.UNREACHABLE
     assert time.monotonic() - started < 20
     assert f"no manager answered at tcp://127.0.0.1:{port}" in result.stderr
 

@@ -1,0 +1,26 @@
+"""The exit codes of flare2's processes: one number for each meaning, whichever process exits with it.
+
+The manager (and ``--serial``) ends with OK, FAILED, CONFIG_ERROR, SIGINT or
+SIGTERM; an agent process tells its supervisor (the manager or ``flare2
+attach``) why it ended with one of the others; ``flare2 attach`` ends with
+UNREACHABLE when no manager answers, MANAGER_LOST when the run went away.
+"""
+
+OK = 0
+"""The run reached its budget; an agent stopped because it was asked to; attach detached on Ctrl+C."""
+FAILED = 1
+"""A process failed; the log above says why (with the traceback of user code)."""
+CONFIG_ERROR = 2
+"""A setting, spec or import path is wrong; the message names it and the fix."""
+MANAGER_LOST = 3
+"""The manager went away (killed, or silent past the heartbeat timeout)."""
+COMPUTE_FAILED = 4
+"""The compute process failed in user code; its own report, with the traceback, ends the run."""
+REPLY_TIMEOUT = 5
+"""An agent waited past ``--reply-timeout`` for a reply of the compute process."""
+UNREACHABLE = 6
+"""``flare2 attach`` found no manager at the address it was given."""
+SIGINT = 130
+"""Stopped by Ctrl+C."""
+SIGTERM = 143
+"""Stopped by SIGTERM."""

@@ -245,6 +245,8 @@ class ComputationTask:
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {
             "ct": self.name,
+            "algorithm_class": self.algorithm_class,
+            "specs": self.specs.to_wire(),
             "algorithm": self.algorithm.state_dict(),
             "counters": {**counters, "predict_calls": self.predict_calls, "learn_calls": self.learn_calls},
         }
@@ -259,6 +261,35 @@ class ComputationTask:
             Path(tmp_name).unlink(missing_ok=True)
             raise
 
+    @property
+    def algorithm_class(self) -> str:
+        """The algorithm's class as module.QualifiedName (recorded in checkpoints and in config.json)."""
+        kind = type(self.algorithm)
+        return f"{kind.__module__}.{kind.__qualname__}"
+
+    def _check_same_task(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another algorithm or other specs, naming the field (older checkpoints say neither)."""
+        fix = "resume with the algorithm and model that wrote it, or start a new run without --resume"
+        saved_class = state.get("algorithm_class", self.algorithm_class)
+        if saved_class != self.algorithm_class:
+            raise ConfigError(
+                f"--resume: checkpoint {path} of CT {self.name!r} was written by algorithm {saved_class}, this run builds "
+                f"{self.algorithm_class}: {fix}"
+            )
+        saved_specs = state.get("specs")
+        if saved_specs is None:
+            return
+        current = self.specs.to_wire()
+        for group in current:
+            names = sorted(set(current[group]) | set(saved_specs.get(group, {})))
+            for name in names:
+                before, now = saved_specs.get(group, {}).get(name), current[group].get(name)
+                if before != now:
+                    raise ConfigError(
+                        f"--resume: checkpoint {path} of CT {self.name!r} has {group}[{name!r}] = {before}, this run's "
+                        f"model declares {now}: {fix}"
+                    )
+
     def load(self, path: str | os.PathLike) -> dict[str, int]:
         """Restore what ``save`` wrote; returns the counters."""
         try:
@@ -267,6 +298,7 @@ class ComputationTask:
             raise ConfigError(f"no checkpoint at {path}: check the --resume directory") from None
         if state.get("ct") != self.name:
             raise ConfigError(f"checkpoint {path} belongs to CT {state.get('ct')!r}, not {self.name!r}")
+        self._check_same_task(path, state)
         with self._learn_lock:
             self.algorithm.load_state_dict(state["algorithm"])
             counters = dict(state["counters"])

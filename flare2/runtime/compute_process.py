@@ -156,6 +156,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     "local_predict_endpoint": front.local_predict_endpoint,
                     "local_learn_endpoint": front.local_learn_endpoint,
                     "learn_ahead": front.cdp.ct.learn_ahead,
+                    "algorithm": front.cdp.ct.algorithm_class,
                 }
                 for front in fronts
             },

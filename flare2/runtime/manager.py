@@ -42,6 +42,7 @@ import zmq
 
 from flare2.errors import ConfigError, DecodeError
 from flare2.runtime import exit_codes
+from flare2.runtime.run_record import log_resumed_changes, run_record, write_run_record
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main, resume_checkpoint_path
 from flare2.runtime.config import RunConfig, is_loopback
 from flare2.runtime.progress import ProgressLog, RunTotals
@@ -419,6 +420,10 @@ class Manager:
     def _on_compute_hello(self, control: zmq.Socket, hello: dict[str, Any]) -> None:
         self._compute_hello = hello
         _write_run_file(self.log_dir / "run.json", self.control_endpoint, hello)
+        record = run_record(self.config, hello)
+        if self.config.resume_dir:
+            log_resumed_changes(self.config.resume_dir, record)
+        write_run_record(self.log_dir, record)
         logger.info("compute process is up on %s, CTs %s", hello.get("device"), sorted(hello.get("cts", {})))
         counters = hello.get("counters") or {}
         if counters:

@@ -33,6 +33,7 @@ from flare2.runtime.compute_process import checkpoint_path, resume_checkpoint_pa
 from flare2.runtime.config import RunConfig
 from flare2.runtime.learner import InlineLearner
 from flare2.runtime import exit_codes
+from flare2.runtime.run_record import log_resumed_changes, run_record, write_run_record
 from flare2.runtime.manager import run_logs_and_signals
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, Message
@@ -226,6 +227,12 @@ class SerialRun:
             if config.resume_dir:
                 counters = ct.load(resume_checkpoint_path(config.resume_dir, ct.name))
             self.cdps.append(ComputationDataProcessor(ct, config=ct_config.batching, reply=lambda *_: None))
+        built = {"cts": {cdp.ct.name: {"algorithm": cdp.ct.algorithm_class, "specs": cdp.ct.specs.to_wire()}
+                         for cdp in self.cdps}}
+        record = run_record(config, built)
+        if config.resume_dir:
+            log_resumed_changes(config.resume_dir, record)
+        write_run_record(self.log_dir, record)
         if counters:
             self.totals.resume_from(counters)
         resuming_in_place = bool(counters) and Path(config.resume_dir or "").resolve() in (

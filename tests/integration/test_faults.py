@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -160,6 +161,10 @@ def test_a_resumed_run_continues_the_counters_and_the_learning(tmp_path, runs):
     assert second_rows[0]["episodes"] >= first_rows[-1]["episodes"]
     assert second_rows[0]["learn_steps"] >= first_rows[-1]["learn_steps"]
     assert second_rows[-1]["env_steps"] >= 40000
+    # Both runs recorded their settings; the resumed one logged what it changed.
+    assert json.loads((second_dir / "config.json").read_text())["run"]["max_steps"] == 40000
+    assert json.loads((first_dir / "config.json").read_text())["cts"]["RL"]["algorithm"] == "flare2.zoo.a2c.A2C"
+    assert "resume changes max_steps: 20000 -> 40000" in second.text
     # Episodes played at the start of each run: a fresh policy against the resumed one.
     fresh = statistics.mean(row["return"] for row in read_csv(first_dir / "episodes.csv")[:20])
     resumed = statistics.mean(row["return"] for row in read_csv(second_dir / "episodes.csv")[:20])

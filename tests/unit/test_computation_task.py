@@ -362,3 +362,18 @@ def test_predict_runs_in_eval_mode_and_learn_in_train_mode(beside_learning):
         np.testing.assert_array_equal(first["logits"], second["logits"])
         ct.learn(batch)
     assert ct.algorithm.learned_in_train_mode == [True, True]
+
+
+class OtherA2C(A2C):
+    pass
+
+
+def test_resuming_from_a_checkpoint_of_another_algorithm_or_other_specs_is_refused_naming_the_field(tmp_path):
+    path = tmp_path / "RL.pt"
+    make_ct().save(path, {"env_steps": 10})
+    assert make_ct().load(path)["env_steps"] == 10
+    with pytest.raises(ConfigError, match=r"written by algorithm flare2\.zoo\.a2c\.A2C, this run builds .*OtherA2C"):
+        ComputationTask("RL", OtherA2C(make_model()), device="cpu").load(path)
+    wider = MLPActorCritic(gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(2))
+    with pytest.raises(ConfigError, match=r"inputs\['obs'\] = \{'shape': \[4\], 'dtype': 'float32'\}, .*\[6\]"):
+        ComputationTask("RL", A2C(wider), device="cpu").load(path)

@@ -9,6 +9,7 @@ import sys
 
 from flare2 import __version__
 from flare2.errors import ConfigError
+from flare2.runtime.config import RunConfig
 
 
 def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -25,7 +26,7 @@ def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         curve = load_client(args.keys, args.key_name) if args.keys else None
         config = AttachConfig(
             endpoint=args.endpoint, agent_path=args.agent, agent_kwargs=kwargs, num_agents=args.num_agents,
-            envs_per_agent=args.envs_per_agent, seed=args.seed, curve=curve,
+            envs_per_agent=args.envs_per_agent, seed=args.seed, curve=curve, max_restarts=args.max_restarts,
         )
     except ConfigError as exc:
         parser.error(str(exc))
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     attach.add_argument("--num-agents", type=int, default=1, help="agent processes to start here")
     attach.add_argument("--envs-per-agent", type=int, default=1, help="environments each of them plays")
     attach.add_argument("--seed", type=int, default=0, help="seeds the agents' envs")
+    attach.add_argument("--max-restarts", type=int, default=RunConfig.max_restarts,
+                        help="agent failures restarted (after a backoff) before this command gives up")
     attach.add_argument("--keys", default=None, metavar="DIR", help="folder with server.key and the client's key_secret")
     attach.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
     attach.set_defaults(run=_attach, parser=attach)

@@ -107,16 +107,18 @@ class Algorithm:
                 value.to(device)
         return self
 
-    def optimize(self, loss: torch.Tensor) -> float:
-        """Backpropagate ``loss``, clip gradients to ``max_grad_norm`` and step; returns the gradient norm."""
-        if self.optimizer is None:
+    def optimize(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer | None = None) -> float:
+        """Backpropagate ``loss``, clip the gradients of ``optimizer``'s parameters to ``max_grad_norm`` and step it
+        (``self.optimizer`` unless another is given, for algorithms with several); returns the gradient norm."""
+        optimizer = optimizer if optimizer is not None else self.optimizer
+        if optimizer is None:
             raise ValueError(f"{type(self).__name__} must create self.optimizer before calling optimize()")
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
         max_norm = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
         grad_norm = nn.utils.clip_grad_norm_(params, max_norm)
-        self.optimizer.step()
+        optimizer.step()
         return float(grad_norm)
 
     def anneal_lr(self, start_lr: float, done: int, total: int | None) -> None:
@@ -136,3 +138,10 @@ class Algorithm:
         self.model.load_state_dict(state["model"])
         if self.optimizer is not None and "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Move every parameter of ``target`` a fraction ``tau`` of the way to ``source``'s (a target network's soft update)."""
+    for target_param, source_param in zip(target.parameters(), source.parameters()):
+        target_param.lerp_(source_param, tau)

@@ -15,10 +15,9 @@ import torch
 from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
-from flare2.core.specs import NUMPY_DTYPES, CTSpecs, Spec
+from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
 from flare2.errors import ConfigError, SpecError
 
-_EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -208,7 +207,7 @@ class ComputationTask:
         """
         with self._learn_lock:
             experience = Experience(
-                **{group: self._tensors(batch.get(group, {})) for group in _EXPERIENCE_GROUPS},
+                **{group: self._tensors(batch.get(group, {})) for group in EXPERIENCE_GROUPS},
                 terminated=torch.from_numpy(batch["terminated"]).to(self.device),
                 truncated=torch.from_numpy(batch["truncated"]).to(self.device),
                 policy_version=torch.from_numpy(batch["policy_version"]).to(self.device),

@@ -7,14 +7,8 @@ from typing import Any
 import numpy as np
 
 from flare2.core.agent import AgentHelper
-from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs, Specs
+from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
 from flare2.errors import ConfigError
-
-def group_specs(specs: CTSpecs) -> dict[str, Specs]:
-    """The specs of each array group of a step (``next_inputs`` are inputs one step later)."""
-    return {"inputs": specs.inputs, "next_inputs": specs.inputs, "actions": specs.actions,
-            "rewards": specs.rewards, "states": specs.states}
-
 
 def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
     """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes."""
@@ -23,7 +17,7 @@ def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
             name: np.stack([step[group][name] for step in steps], axis=1).astype(spec.dtype, copy=False)
             for name, spec in specs_of_group.items()
         }
-        for group, specs_of_group in group_specs(specs).items()
+        for group, specs_of_group in specs.experience_specs().items()
     }
     for flag, spec in STEP_FLAG_SPECS.items():
         payload[flag] = np.stack([step[flag] for step in steps], axis=1).astype(spec.dtype, copy=False)
@@ -105,7 +99,7 @@ class ExpReplayHelper(AgentHelper):
         self._rows = max(-(-self.capacity // num_envs), self.sequence_length)
         self._buffers = {
             group: {name: np.zeros((self._rows, num_envs, *spec.shape), spec.dtype) for name, spec in specs_of_group.items()}
-            for group, specs_of_group in group_specs(specs).items()
+            for group, specs_of_group in specs.experience_specs().items()
         }
         self._flags = {name: np.zeros((self._rows, num_envs), spec.dtype) for name, spec in STEP_FLAG_SPECS.items()}
 

@@ -146,19 +146,24 @@ class CTSpecs:
             check_arrays("greedy rows", _GREEDY_SPECS, {"greedy": payload["greedy"]}, leading=(rows,))
         return rows
 
+    def experience_specs(self) -> dict[str, dict[str, Spec]]:
+        """The specs of each array group of ``EXPERIENCE_GROUPS`` (``next_inputs`` are the inputs one step later)."""
+        return {group: getattr(self, "inputs" if group == "next_inputs" else group) for group in EXPERIENCE_GROUPS}
+
     def check_learn(self, payload: dict[str, Any]) -> tuple[int, int]:
         """Validate a learn request: N sequences of T steps, every array ``[N, T, ...]`` (see ``Experience``); returns (N, T)."""
-        sequences, steps = check_arrays("inputs", self.inputs, payload.get("inputs"), leading_ndim=2)
-        leading = (sequences, steps)
-        check_arrays("next_inputs", self.inputs, payload.get("next_inputs"), leading_ndim=2, leading=leading)
-        check_arrays("actions", self.actions, payload.get("actions"), leading_ndim=2, leading=leading)
-        check_arrays("rewards", self.rewards, payload.get("rewards"), leading_ndim=2, leading=leading)
-        check_arrays("states", self.states, payload.get("states", {}), leading_ndim=2, leading=leading)
+        leading = None
+        for group, specs in self.experience_specs().items():
+            leading = check_arrays(group, specs, payload.get(group, {} if group == "states" else None),
+                                   leading_ndim=2, leading=leading)
+        sequences, steps = leading
         flags = {name: payload.get(name) for name in STEP_FLAG_SPECS}
         check_arrays("step flags", STEP_FLAG_SPECS, flags, leading_ndim=2, leading=leading)
         return sequences, steps
 
 
+EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states")
+"""The array groups of a step, a learn request and ``Experience``; ``CTSpecs.experience_specs`` gives their specs."""
 STEP_FLAG_SPECS = {
     "terminated": Spec((), "bool"),
     "truncated": Spec((), "bool"),

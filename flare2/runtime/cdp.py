@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zmq
 
-from flare2.core.helpers import group_specs
-from flare2.core.specs import STEP_FLAG_SPECS
+from flare2.core.specs import EXPERIENCE_GROUPS, STEP_FLAG_SPECS
 from flare2.errors import DecodeError, SpecError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import DEFAULT_MAX_BYTES
@@ -65,7 +64,7 @@ class _Request:
 
 def check_finite(payload: dict[str, Any]) -> None:
     """Refuse NaN and infinity in the float arrays of a learn request: one would poison the model for good."""
-    for group in ("inputs", "next_inputs", "actions", "rewards", "states"):
+    for group in EXPERIENCE_GROUPS:
         for key, array in payload[group].items():
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise SpecError(f"{group}[{key!r}] holds NaN or infinity: check the environment or the agent")
@@ -343,7 +342,7 @@ class ComputationDataProcessor:
         def stacked(group: str, specs: dict) -> dict[str, np.ndarray]:
             return {key: np.concatenate([r.payload[group][key] for r in batch]) for key in specs}
 
-        experience = {group: stacked(group, specs) for group, specs in group_specs(self.ct.specs).items()}
+        experience = {group: stacked(group, specs) for group, specs in self.ct.specs.experience_specs().items()}
         for flag in STEP_FLAG_SPECS:
             experience[flag] = np.concatenate([r.payload[flag] for r in batch])
         return experience

@@ -16,12 +16,12 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
 
-from flare2.errors import ConfigError, DecodeError, FlareError
+from flare2.errors import DecodeError, FlareError
+from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.cdp import ComputationDataProcessor, SocketFront, UserCodeError
 from flare2.runtime.learner import InlineLearner, LearnerThread
 from flare2.runtime.config import CTConfig
@@ -56,21 +56,6 @@ class ComputeSettings:
     max_message_bytes: int
     parent_pid: int
     stats_interval_s: float = 1.0
-
-
-def checkpoint_path(directory: str | os.PathLike, ct_name: str) -> Path:
-    return Path(directory) / f"{ct_name}.pt"
-
-
-def resume_checkpoint_path(resume_dir: str | os.PathLike, ct_name: str) -> Path:
-    """The checkpoint of ``ct_name`` in a run's log directory or in its checkpoints/ folder."""
-    for directory in (Path(resume_dir) / "checkpoints", Path(resume_dir)):
-        if checkpoint_path(directory, ct_name).is_file():
-            return checkpoint_path(directory, ct_name)
-    raise ConfigError(
-        f"no checkpoint of CT {ct_name!r} in {resume_dir}: --resume takes the log directory of an earlier run "
-        f"(it holds checkpoints/{ct_name}.pt)"
-    )
 
 
 def compute_main(settings: ComputeSettings) -> None:

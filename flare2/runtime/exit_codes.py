@@ -6,6 +6,8 @@ attach``) why it ended with one of the others; ``flare2 attach`` ends with
 UNREACHABLE when no manager answers, MANAGER_LOST when the run went away.
 """
 
+import signal
+
 OK = 0
 """The run reached its budget; an agent stopped because it was asked to; attach detached on Ctrl+C."""
 FAILED = 1
@@ -24,3 +26,13 @@ SIGINT = 130
 """Stopped by Ctrl+C."""
 SIGTERM = 143
 """Stopped by SIGTERM."""
+
+
+def describe(code: int) -> str:
+    """How a child process ended, for a log line: 'exited with code 2', 'was killed by SIGKILL'."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

@@ -32,9 +32,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +39,18 @@ import zmq
 
 from flare2.errors import ConfigError, DecodeError
 from flare2.runtime import exit_codes
-from flare2.runtime.run_record import log_resumed_changes, run_record, write_run_record
-from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main, resume_checkpoint_path
+from flare2.runtime.registry import AgentRecord, AgentRegistry
+from flare2.runtime.restarts import failure_streak, restart_backoff
+from flare2.runtime.run_files import log_resumed_changes, run_logs_and_signals, run_record, write_run_file, write_run_record
+from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_path, resuming_in_place
+from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
 from flare2.runtime.progress import ProgressLog, RunTotals
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HEARTBEAT, HELLO, LIVE, PROTOCOL_VERSION, STATS, STOP, WELCOME, Message, VersionMismatchError,
     error_payload, unpack,
 )
-from flare2.wire.security import AGENT_CURVE_ENV, CurveClient, CurveServer, ephemeral_client, load_server, start_authenticator
+from flare2.wire.security import AGENT_CURVE_ENV, CurveClient, CurveServer, HandshakeWatch, ephemeral_client, load_server, start_authenticator
 from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_send
 
 logger = logging.getLogger(__name__)
@@ -60,8 +60,6 @@ logger = logging.getLogger(__name__)
 AGENT_CONTROL_INTERVAL_S = 0.25
 # The manager wakes at least this often to look at its children.
 _SUPERVISE_INTERVAL_S = 0.2
-_MAX_RESTART_BACKOFF_S = 30.0
-_HEALTHY_LIFE_S = 60.0
 # Dropped control messages are logged one by one up to this many, then only counted.
 _LOGGED_DROPS = 20
 _MAX_DRAIN = 1000
@@ -78,38 +76,6 @@ class RunFailed(Exception):
         self.exit_code = exit_code
 
 
-@dataclass
-class _AgentSlot:
-    """One local agent process (the current incarnation of its slot) and what the manager knows of it."""
-
-    slot: int
-    incarnation: int
-    agent_id: str
-    process: subprocess.Popen | None
-    """None for a remote agent (started by ``flare2 attach`` on another machine)."""
-    last_seen: float
-    registered: bool = False
-    said_bye: bool = False
-    error: str = ""
-    """What the agent reported before it died (a traceback of its episode code)."""
-    restart_at: float | None = None
-    started_at: float = 0.0
-    failure_streak: int = 0
-    """Restarts of this slot in a row, each after a short life; sets the backoff."""
-    cts: frozenset[str] = frozenset()
-    """The CTs the agent asks (from its hello)."""
-    envs: int = 0
-    """The environments it plays (from its hello)."""
-
-    @property
-    def live(self) -> bool:
-        return self.registered and not self.said_bye and self.restart_at is None
-
-    @property
-    def remote(self) -> bool:
-        return self.process is None
-
-
 class Manager:
     """Runs one :class:`RunConfig` to its budget: ``Manager(config).run()`` returns the exit code."""
 
@@ -120,11 +86,9 @@ class Manager:
         self.totals = RunTotals()
         self.control_endpoint = ""
         self._stop_signal: int | None = None
-        self._slots: list[_AgentSlot] = []
-        self._by_id: dict[str, _AgentSlot] = {}
-        """Every agent the manager listens to: the current incarnation of each local slot, and remote agents."""
-        self._remotes: dict[str, _AgentSlot] = {}
+        self.agents = AgentRegistry()
         self._curve_server: CurveServer | None = None
+        self._handshakes: HandshakeWatch | None = None
         self._local_curve: CurveClient | None = None
         self._compute: multiprocessing.process.BaseProcess | None = None
         self._compute_hello: dict[str, Any] | None = None
@@ -132,8 +96,7 @@ class Manager:
         self._progress: ProgressLog | None = None
         self._stopping = False
         self._checkpoint_pending = False
-        self._next_checkpoint_s = float("inf")
-        self._next_checkpoint_steps = float("inf")
+        self._checkpoints = CheckpointSchedule(config)
 
     # ---- public ----------------------------------------------------------------------
 
@@ -163,10 +126,13 @@ class Manager:
                         ctx, self.config.bind, port=self.config.port, max_bytes=self.config.max_message_bytes,
                         curve=self._curve_server,
                     )
+                    self._handshakes = HandshakeWatch(control) if self._curve_server else None
                     try:
                         return self._run(control)
                     finally:
                         self._shutdown(control)
+                        if self._handshakes is not None:
+                            self._handshakes.close()
                         control.close(linger=0)
                 finally:
                     if authenticator is not None:
@@ -194,7 +160,7 @@ class Manager:
         logger.info("control endpoint %s, log dir %s", self.control_endpoint, self.log_dir)
         self._start_compute()
         for slot in range(config.agents.num_agents):
-            self._slots.append(self._start_agent(slot, incarnation=0))
+            self.agents.put_local(self._start_agent(slot, incarnation=0))
         startup_deadline = time.monotonic() + config.startup_timeout_s
         next_progress = time.monotonic() + config.progress_interval_s
         next_heartbeat = time.monotonic()
@@ -219,6 +185,8 @@ class Manager:
                 timeout_s = min(_SUPERVISE_INTERVAL_S, max(0.0, next_progress - now))
                 if control.poll(poll_timeout_ms(timeout_s)):
                     self._drain(control)
+                if self._handshakes is not None:
+                    self._handshakes.check()
                 self._supervise(control)
                 self._supervise_remotes(control)
             logger.info(
@@ -234,7 +202,7 @@ class Manager:
 
     def _report_progress(self) -> None:
         if self._progress is not None:
-            live = [agent for agent in (*self._slots, *self._remotes.values()) if agent.live]
+            live = self.agents.live()
             self._progress.report(
                 self.totals,
                 agents=sum(not agent.remote for agent in live),
@@ -271,7 +239,7 @@ class Manager:
         self._compute = process
         logger.info("compute process started (pid %d)", process.pid)
 
-    def _start_agent(self, slot: int, incarnation: int) -> _AgentSlot:
+    def _start_agent(self, slot: int, incarnation: int) -> AgentRecord:
         config = self.config
         # Each start is a new incarnation with its own id, so it is a new peer for the CDPs; the random
         # part keeps another peer from taking the id (ZeroMQ refuses a second connection with it).
@@ -296,25 +264,23 @@ class Manager:
         # A session of its own keeps the terminal's Ctrl+C away from the agent: the manager stops it with STOP.
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
         now = time.monotonic()
-        agent = _AgentSlot(slot, incarnation, agent_id, process, last_seen=now, started_at=now)
-        self._by_id[agent_id] = agent
-        return agent
+        return AgentRecord(slot, incarnation, agent_id, process, last_seen=now, started_at=now)
 
     def _supervise(self, control: zmq.Socket) -> None:
         compute = self._compute
         if compute is not None and compute.exitcode is not None:
-            raise RunFailed(f"the compute process died: it {_describe_exit(compute.exitcode)} (see its log above)")
+            raise RunFailed(f"the compute process died: it {exit_codes.describe(compute.exitcode)} (see its log above)")
         now = time.monotonic()
-        for agent in self._slots:
+        for agent in list(self.agents.slots):
             if agent.restart_at is not None:
                 if now >= agent.restart_at:
                     successor = self._start_agent(agent.slot, agent.incarnation + 1)
                     successor.failure_streak = agent.failure_streak
-                    self._slots[agent.slot] = successor
+                    self.agents.put_local(successor)
                 continue
             code = agent.process.poll()
             if code is not None and not agent.said_bye:
-                self._on_agent_death(control, agent, _describe_exit(code), code)
+                self._on_agent_death(control, agent, exit_codes.describe(code), code)
             elif agent.registered and now - agent.last_seen > self.config.heartbeat_timeout_s:
                 agent.process.kill()
                 agent.process.wait()
@@ -324,19 +290,18 @@ class Manager:
 
     def _supervise_remotes(self, control: zmq.Socket) -> None:
         now = time.monotonic()
-        for agent in list(self._remotes.values()):
+        for agent in list(self.agents.remotes.values()):
             if now - agent.last_seen > self.config.heartbeat_timeout_s:
                 self._forget_remote(control, agent, f"silent for {self.config.heartbeat_timeout_s:.0f}s (link lost?)")
 
-    def _forget_remote(self, control: zmq.Socket, agent: _AgentSlot, why: str) -> None:
+    def _forget_remote(self, control: zmq.Socket, agent: AgentRecord, why: str) -> None:
         # Remote agents are not restarted here: their machine's `flare2 attach` owns them, and they may attach again.
         logger.warning("remote agent %s %s; dropped from the run", agent.agent_id, why)
         self.totals.remote_dropped += 1
-        del self._remotes[agent.agent_id]
-        del self._by_id[agent.agent_id]
+        self.agents.stop_listening(agent)
         self._send_live(control)
 
-    def _on_agent_death(self, control: zmq.Socket, agent: _AgentSlot, cause: str, exit_code: int | None) -> None:
+    def _on_agent_death(self, control: zmq.Socket, agent: AgentRecord, cause: str, exit_code: int | None) -> None:
         detail = f"\n{agent.error}" if agent.error else ""
         if exit_code == exit_codes.CONFIG_ERROR:
             raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error or cause}", exit_codes.CONFIG_ERROR)
@@ -353,15 +318,14 @@ class Manager:
                 f"max_restarts={self.config.max_restarts}: fix the cause above or raise --max-restarts{detail}"
             )
         now = time.monotonic()
-        # An agent that ran a good while before it died starts again at once; one that keeps dying waits longer.
-        agent.failure_streak = 0 if now - agent.started_at > _HEALTHY_LIFE_S else agent.failure_streak + 1
-        backoff = min(self.config.restart_backoff_s * 2 ** max(agent.failure_streak - 1, 0), _MAX_RESTART_BACKOFF_S)
+        agent.failure_streak = failure_streak(agent.failure_streak, now - agent.started_at)
+        backoff = restart_backoff(self.config.restart_backoff_s, agent.failure_streak)
         logger.warning(
             "agent %s %s; restarting it in %.1fs (restart %d of at most %d)%s",
             agent.agent_id, cause, backoff, totals.restarts, self.config.max_restarts, detail,
         )
         agent.restart_at = now + backoff
-        del self._by_id[agent.agent_id]
+        self.agents.stop_listening(agent)
         self._send_live(control)
 
     # ---- messages --------------------------------------------------------------------
@@ -419,7 +383,7 @@ class Manager:
 
     def _on_compute_hello(self, control: zmq.Socket, hello: dict[str, Any]) -> None:
         self._compute_hello = hello
-        _write_run_file(self.log_dir / "run.json", self.control_endpoint, hello)
+        write_run_file(self.log_dir / "run.json", self.control_endpoint, hello)
         record = run_record(self.config, hello)
         if self.config.resume_dir:
             log_resumed_changes(self.config.resume_dir, record)
@@ -433,23 +397,15 @@ class Manager:
                 self.config.resume_dir, self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
             )
         self._progress = ProgressLog(
-            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and self._resuming_in_place()
+            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(self.config)
         )
-        now = time.monotonic()
-        if self.config.checkpoint_every_s:
-            self._next_checkpoint_s = now + self.config.checkpoint_every_s
-        if self.config.checkpoint_every_steps:
-            self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
+        self._checkpoints.start(time.monotonic(), self.totals.env_steps)
         pending, self._pending_hellos = self._pending_hellos, []
         for message in pending:
             self._welcome(control, message)
 
-    def _resuming_in_place(self) -> bool:
-        resume = Path(self.config.resume_dir or "")
-        return resume.resolve() in (self.log_dir.resolve(), self.checkpoint_dir.resolve())
-
     def _on_agent(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
-        agent = self._by_id.get(identity.decode(errors="replace"))
+        agent = self.agents.by_id(identity.decode(errors="replace"))
         if agent is None:
             if message.kind == HELLO and not self._stopping:
                 self._on_stranger_hello(control, identity, message)
@@ -470,8 +426,7 @@ class Manager:
         elif message.kind == BYE:
             if agent.remote:
                 logger.info("remote agent %s detached", agent.agent_id)
-                self._remotes.pop(agent.agent_id, None)
-                self._by_id.pop(agent.agent_id, None)
+                self.agents.stop_listening(agent)
             agent.said_bye = True
             self._send_live(control)
         elif message.kind == ERROR and agent.remote:
@@ -497,19 +452,18 @@ class Manager:
             role == "agent" and message.payload.get("remote") is True and agent_id.encode() == identity
             and _REMOTE_ID.fullmatch(agent_id) is not None
         )
-        if not valid or len(self._remotes) >= _MAX_REMOTE_AGENTS:
+        if not valid or len(self.agents.remotes) >= _MAX_REMOTE_AGENTS:
             self._drop(identity, "a hello that is neither a probe nor a remote agent's, or too many remote agents")
             return
-        agent = _AgentSlot(-1, 0, agent_id, None, last_seen=time.monotonic())
-        self._remotes[agent_id] = agent
-        self._by_id[agent_id] = agent
+        agent = AgentRecord(-1, 0, agent_id, None, last_seen=time.monotonic())
+        self.agents.add_remote(agent)
         logger.info("remote agent %s (pid %s on %s) attached", agent_id, message.payload.get("pid"), message.payload.get("host"))
         if self._compute_hello is None:
             self._pending_hellos.append(message)
         else:
             self._welcome(control, message)
 
-    def _on_agent_stats(self, agent: _AgentSlot, identity: bytes, payload: dict[str, Any]) -> None:
+    def _on_agent_stats(self, agent: AgentRecord, identity: bytes, payload: dict[str, Any]) -> None:
         try:
             steps, episodes = _counted(payload, "steps", "episodes")
             eval_steps, eval_episodes = _counted(payload, "eval_steps", "eval_episodes")
@@ -521,7 +475,7 @@ class Manager:
         self.totals.round_trips.merge(payload.get("predict_round_trips"))
 
     def _welcome(self, control: zmq.Socket, hello: Message) -> None:
-        agent = self._by_id.get(hello.agent_id)
+        agent = self.agents.by_id(hello.agent_id)
         if agent is None:
             return
         served = self._compute_hello["cts"]
@@ -564,25 +518,21 @@ class Manager:
         if self._compute_hello is None:
             # Not up yet: the welcomes that follow its hello send the set then.
             return
-        agents = [agent for agent in (*self._slots, *self._remotes.values()) if agent.live]
+        agents = self.agents.live()
         # Each CT's batches wait only for the agents that ask it.
         cts = {name: sorted(a.agent_id for a in agents if name in a.cts) for name in self._compute_hello["cts"]}
         router_send(control, COMPUTE_IDENTITY.encode(), Message(LIVE, {"cts": cts}))
 
     def _send_heartbeats(self, control: zmq.Socket) -> None:
-        for agent in [*self._slots, *self._remotes.values()]:
+        for agent in list(self.agents):
             if agent.live:
                 router_send(control, agent.agent_id.encode(), Message(HEARTBEAT, {}))
 
     def _maybe_checkpoint(self, control: zmq.Socket, now: float) -> None:
         if self._compute_hello is None or self._checkpoint_pending:
             return
-        if now < self._next_checkpoint_s and self.totals.env_steps < self._next_checkpoint_steps:
+        if not self._checkpoints.take_due(now, self.totals.env_steps):
             return
-        if self.config.checkpoint_every_s:
-            self._next_checkpoint_s = now + self.config.checkpoint_every_s
-        if self.config.checkpoint_every_steps:
-            self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
         self._checkpoint_pending = True
         router_send(control, COMPUTE_IDENTITY.encode(), Message(CHECKPOINT, {"counters": self.totals.counters()}))
 
@@ -595,10 +545,10 @@ class Manager:
         pending, self._pending_hellos = self._pending_hellos, []
         for hello in pending:
             router_send(control, hello.agent_id.encode(), Message(STOP, {}, seq=hello.seq))
-        for agent in self._remotes.values():
+        for agent in self.agents.remotes.values():
             # The run is over for attached agents too; their `flare2 attach` exits when they have.
             router_send(control, agent.agent_id.encode(), Message(STOP, {}))
-        running = [agent for agent in self._slots if agent.restart_at is None and agent.process.poll() is None]
+        running = [agent for agent in self.agents.slots if agent.restart_at is None and agent.process.poll() is None]
         for agent in running:
             router_send(control, agent.agent_id.encode(), Message(STOP, {}))
         started = time.monotonic()
@@ -653,15 +603,6 @@ def _with_host(endpoint: str, host: str) -> str:
     return f"tcp://{host}:{port}"
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def _error_text(message: Message) -> str:
     text = str(message.payload.get("reason", "no reason given"))
     if message.payload.get("traceback"):
@@ -671,60 +612,3 @@ def _error_text(message: Message) -> str:
 
 def _error_exit_code(message: Message) -> int:
     return exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED
-
-
-def _write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, Any]) -> None:
-    """run.json: where this run listens, for tools and for agents attached by hand."""
-    info = {
-        "pid": os.getpid(),
-        "control_endpoint": control_endpoint,
-        "cts": {
-            name: {"predict_endpoint": ct["predict_endpoint"], "learn_endpoint": ct["learn_endpoint"]}
-            for name, ct in compute_hello.get("cts", {}).items()
-        },
-    }
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(info, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-@contextmanager
-def run_logs_and_signals(log_dir: Path, on_signal: Any) -> Iterator[None]:
-    """While a run lasts: its log also in LOG_DIR/manager.log, and Ctrl+C/SIGTERM handed to ``on_signal``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_handler = _attach_log_file(log_dir / "manager.log")
-    previous_handlers = _install_signal_handlers(on_signal)
-    try:
-        yield
-    finally:
-        _restore_signal_handlers(previous_handlers)
-        logging.getLogger("flare2").removeHandler(log_handler)
-        log_handler.close()
-
-
-def _attach_log_file(path: Path) -> logging.Handler:
-    """Everything flare2 logs also goes to the run's manager.log; stderr gets it too unless the user set logging up."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
-    flare_logger = logging.getLogger("flare2")
-    flare_logger.addHandler(handler)
-    if flare_logger.getEffectiveLevel() > logging.INFO:
-        flare_logger.setLevel(logging.INFO)
-    return handler
-
-
-def _install_signal_handlers(handler: Any) -> dict[int, Any]:
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[signum] = signal.signal(signum, handler)
-        except ValueError:  # not the main thread: the caller handles signals
-            pass
-    return previous
-
-
-def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)

@@ -29,12 +29,12 @@ from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.agent_process import StopRequested, make_agent, make_envs, play
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
-from flare2.runtime.compute_process import checkpoint_path, resume_checkpoint_path
+from flare2.runtime.checkpoints import CheckpointSchedule, checkpoint_path, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.config import RunConfig
 from flare2.runtime.learner import InlineLearner
 from flare2.runtime import exit_codes
-from flare2.runtime.run_record import log_resumed_changes, run_record, write_run_record
-from flare2.runtime.manager import run_logs_and_signals
+from flare2.runtime.run_files import log_resumed_changes, run_record, write_run_record
+from flare2.runtime.run_files import run_logs_and_signals
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, Message
 from flare2.wire.sockets import raise_for_error
@@ -137,8 +137,7 @@ class SerialRun:
         self._progress: ProgressLog | None = None
         self._envs = 0
         self._next_progress = 0.0
-        self._next_checkpoint_s = float("inf")
-        self._next_checkpoint_steps = float("inf")
+        self._checkpoints = CheckpointSchedule(config)
 
     def run(self) -> int:
         with run_logs_and_signals(self.log_dir, self._on_signal):
@@ -235,18 +234,14 @@ class SerialRun:
         write_run_record(self.log_dir, record)
         if counters:
             self.totals.resume_from(counters)
-        resuming_in_place = bool(counters) and Path(config.resume_dir or "").resolve() in (
-            self.log_dir.resolve(), (self.log_dir / "checkpoints").resolve()
+        self._progress = ProgressLog(
+            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(config)
         )
-        self._progress = ProgressLog(self.log_dir, start_steps=self.totals.env_steps, append=resuming_in_place)
 
     def _start_clocks(self) -> None:
         now = time.monotonic()
         self._next_progress = now + self.config.progress_interval_s
-        if self.config.checkpoint_every_s:
-            self._next_checkpoint_s = now + self.config.checkpoint_every_s
-        if self.config.checkpoint_every_steps:
-            self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
+        self._checkpoints.start(now, self.totals.env_steps)
 
     def collect(self, stats: dict[str, Any], round_trips: list[int]) -> None:
         """Add what the agent played since the last call to the run's totals."""
@@ -261,11 +256,7 @@ class SerialRun:
         if now >= self._next_progress:
             self._next_progress = now + self.config.progress_interval_s
             self._report_progress()
-        if now >= self._next_checkpoint_s or self.totals.env_steps >= self._next_checkpoint_steps:
-            if self.config.checkpoint_every_s:
-                self._next_checkpoint_s = now + self.config.checkpoint_every_s
-            if self.config.checkpoint_every_steps:
-                self._next_checkpoint_steps = self.totals.env_steps + self.config.checkpoint_every_steps
+        if self._checkpoints.take_due(now, self.totals.env_steps):
             self._save_checkpoints()
 
     def _report_progress(self) -> None:

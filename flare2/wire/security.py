@@ -8,9 +8,12 @@ allow-list folder::
     DIR/allowed/client.key                     public keys the manager accepts
 
 A manager given ``--keys DIR`` serves CURVE with the server pair and accepts
-only the keys in ``DIR/allowed``; ``flare2 attach --keys DIR`` connects with
-the client pair and checks the server's public key. A refused peer is logged
-and never gets a message through: ZeroMQ drops it during the handshake.
+only the keys in ``DIR/allowed``, which it reads again whenever that folder
+changes: copy a machine's public key into it (or remove one) while the run
+goes on. ``flare2 attach --keys DIR`` connects with the client pair and checks
+the server's public key. A refused peer is logged (the first 20 refusals, then
+every 100th) and never gets a message through: ZeroMQ drops it during the
+handshake.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from flare2.errors import ConfigError
 
@@ -39,6 +43,8 @@ class CurveServer:
     secret_key: str
     allowed: frozenset[str] = field(default_factory=frozenset)
     """z85 public keys of the clients that may connect."""
+    allowed_dir: str | None = None
+    """The folder of public key files these keys came from; read again whenever it changes."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,12 @@ def load_server(directory: str | os.PathLike, extra_allowed: Iterable[str] = ())
     """The manager's pair from ``DIR/server.key_secret`` and the allow-list from ``DIR/allowed/*.key``."""
     directory = Path(directory)
     public, secret = _load_pair(directory / "server.key_secret")
-    allowed = {_load_pair(path)[0] for path in sorted((directory / "allowed").glob("*.key"))}
-    return CurveServer(public, secret, frozenset(allowed | set(extra_allowed)))
+    allowed = _keys_in(directory / "allowed")
+    return CurveServer(public, secret, frozenset(allowed | set(extra_allowed)), str(directory / "allowed"))
+
+
+def _keys_in(folder: Path) -> set[str]:
+    return {_load_pair(path)[0] for path in sorted(folder.glob("*.key"))}
 
 
 def load_client(directory: str | os.PathLike, client_name: str = "client") -> CurveClient:
@@ -111,18 +121,63 @@ def ephemeral_client(server: CurveServer) -> tuple[CurveClient, CurveServer]:
     """A fresh client pair for the run's own agents, and the server config that allows it."""
     public, secret = (key.decode() for key in zmq.curve_keypair())
     return CurveClient(public, secret, server.public_key), CurveServer(
-        server.public_key, server.secret_key, server.allowed | {public}
+        server.public_key, server.secret_key, server.allowed | {public}, server.allowed_dir
     )
 
 
-class _AllowList:
-    def __init__(self, allowed: frozenset[str]) -> None:
-        self.allowed = {key.encode() for key in allowed}
+_LOGGED_REFUSALS = 20
+
+
+class AllowList:
+    """The ZAP callback: a client key gets in if the server config allows it; the allowed/ folder is read again
+    at the next handshake after it changes, so keys added or removed there count without a restart."""
+
+    def __init__(self, server: CurveServer) -> None:
+        self._folder = Path(server.allowed_dir) if server.allowed_dir else None
+        self._folder_stamp: tuple | None = None
+        self._from_folder: set[str] = _keys_in(self._folder) if self._folder else set()
+        # Keys not from the folder (the run's own agents) stay allowed whatever the folder holds.
+        self._fixed = set(server.allowed) - self._from_folder
+        self._folder_stamp = self._stamp()
+        self.refused = 0
+
+    def _stamp(self) -> tuple | None:
+        """What the folder holds (names, sizes, times): a handshake is rare enough to list it each time, and a
+        listing sees a change that the folder's own time, a few milliseconds coarse, may not."""
+        if self._folder is None:
+            return None
+        try:
+            return tuple(sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns) for entry in os.scandir(self._folder)))
+        except OSError:
+            return None
+
+    def _reload_if_changed(self) -> None:
+        stamp = self._stamp()
+        if stamp is None or stamp == self._folder_stamp:
+            return
+        self._folder_stamp = stamp
+        try:
+            keys = _keys_in(self._folder)
+        except ConfigError as exc:
+            logger.warning("kept the allow-list as it was: %s", exc)
+            return
+        added, removed = len(keys - self._from_folder), len(self._from_folder - keys)
+        self._from_folder = keys
+        logger.info("allow-list %s re-read: %d key(s), %d added, %d removed", self._folder, len(keys), added, removed)
+
+    def allows(self, client_key: str) -> bool:
+        self._reload_if_changed()
+        return client_key in self._fixed or client_key in self._from_folder
 
     def callback(self, domain: str, client_key: bytes) -> bool:
-        if client_key in self.allowed:
+        if self.allows(client_key.decode(errors="replace")):
             return True
-        logger.warning("refused a peer whose CURVE key %s is not in the allow-list", client_key.decode(errors="replace"))
+        self.refused += 1
+        if self.refused <= _LOGGED_REFUSALS or self.refused % 100 == 0:
+            logger.warning(
+                "refused a peer whose CURVE key %s is not in the allow-list (refusal %d)",
+                client_key.decode(errors="replace"), self.refused,
+            )
         return False
 
 
@@ -130,7 +185,7 @@ def start_authenticator(ctx: zmq.Context, server: CurveServer) -> ThreadAuthenti
     """ZAP for every CURVE server socket of ``ctx``: only keys in ``server.allowed`` get through."""
     authenticator = ThreadAuthenticator(ctx, log=logging.getLogger("flare2.wire.zap"))
     authenticator.start()
-    authenticator.configure_curve_callback(domain="*", credentials_provider=_AllowList(server.allowed))
+    authenticator.configure_curve_callback(domain="*", credentials_provider=AllowList(server))
     return authenticator
 
 
@@ -144,3 +199,31 @@ def make_client_socket(sock: zmq.Socket, client: CurveClient) -> None:
     sock.curve_secretkey = client.secret_key.encode()
     sock.curve_publickey = client.public_key.encode()
     sock.curve_serverkey = client.server_public_key.encode()
+
+
+class HandshakeWatch:
+    """Counts and logs (the first 20, then every 100th) the peers whose CURVE handshake fails on ``sock`` before it
+    reaches the allow-list: a wrong server key, or a peer without CURVE. The allow-list logs its own refusals."""
+
+    _EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self._monitor = sock.get_monitor_socket(self._EVENTS)
+        self.failed = 0
+
+    def check(self) -> None:
+        """Take the failures reported since the last call (never blocks)."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            self.failed += 1
+            if self.failed <= _LOGGED_REFUSALS or self.failed % 100 == 0:
+                logger.warning(
+                    "a peer failed the CURVE handshake on %s (failure %d): it has a wrong server key or no CURVE; "
+                    "give that machine this run's server.key and a client pair from `flare2 keys`",
+                    event.get("endpoint", b"?").decode(errors="replace"), self.failed,
+                )
+
+    def close(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)

@@ -19,7 +19,7 @@ import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
 from flare2.errors import ConfigError
 from flare2.zoo.models import QNetwork
 from flare2.zoo.returns import n_step_returns
@@ -120,10 +120,8 @@ class DQN(Algorithm):
                                  experience.truncated[index], self.config.gamma)
         return returns[:, 0]
 
-    @torch.no_grad()
     def _refresh_target(self) -> None:
-        for target, online in zip(self.target.parameters(), self.model.parameters()):
-            target.lerp_(online, self.config.target_tau)
+        polyak_update(self.target, self.model, self.config.target_tau)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "target": self.target.state_dict(),

@@ -48,7 +48,6 @@ class RecurrentPPO(Algorithm):
         self.config = config
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-5)
         self.steps_seen = 0
-        self.learn_calls = 0
 
     @classmethod
     def for_env(cls, env: gym.Env, config: RecurrentPPOConfig = RecurrentPPOConfig(), *, hidden_size: int = 64
@@ -81,7 +80,6 @@ class RecurrentPPO(Algorithm):
                 experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
             )
         self.steps_seen += advantages.numel()
-        self.learn_calls += 1
         self.anneal_lr(config.lr, self.steps_seen, config.anneal_steps)
 
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
@@ -97,9 +95,8 @@ class RecurrentPPO(Algorithm):
         return {key: value / updates for key, value in totals.items()}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "steps_seen": self.steps_seen, "learn_calls": self.learn_calls}
+        return {**super().state_dict(), "steps_seen": self.steps_seen}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.steps_seen = int(state.get("steps_seen", 0))
-        self.learn_calls = int(state.get("learn_calls", 0))

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
 from flare2.core.model import Model
 from flare2.core.specs import Spec
 from flare2.errors import ConfigError
@@ -154,13 +154,6 @@ class TD3(Algorithm):
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         return {"action": self.model(inputs["obs"])}, {}
 
-    def _step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], self.max_grad_norm)
-        optimizer.step()
-
     def critic_target(self, rewards: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
         """``r + gamma * min(Q1', Q2')(s', smoothed a')``, without the bootstrap term after a terminated step."""
         config, target = self.config, self.target
@@ -183,17 +176,16 @@ class TD3(Algorithm):
             target = self.critic_target(rewards[index], next_obs[index], terminated[index])
             q1, q2 = model.q_values(obs[index], actions[index])
             critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
-            self._step(self.critic_optimizer, critic_loss)
+            self.optimize(critic_loss, self.critic_optimizer)
             critic_losses.append(critic_loss.item())
             q_means.append(q1.mean().item())
             self.gradient_steps += 1
             if self.gradient_steps % config.policy_delay == 0:
                 # Only the actor steps here; the critic's gradients from this loss are dropped at its next zero_grad.
                 actor_loss = -model.q_values(obs[index], model(obs[index]))[0].mean()
-                self._step(self.actor_optimizer, actor_loss)
+                self.optimize(actor_loss, self.actor_optimizer)
                 actor_losses.append(actor_loss.item())
-                with torch.no_grad():
-                    torch._foreach_lerp_(list(self.target.parameters()), list(model.parameters()), config.tau)
+                polyak_update(self.target, model, config.tau)
         costs = {"critic_loss": sum(critic_losses) / len(critic_losses), "q_mean": sum(q_means) / len(q_means)}
         if actor_losses:
             costs["actor_loss"] = sum(actor_losses) / len(actor_losses)

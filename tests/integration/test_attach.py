@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import zmq
 from flare2.runtime import exit_codes
 from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, pack, unpack
 from flare2.wire.security import load_client, make_client_socket, make_keys
-from runs import CARTPOLE, RunProcess, read_csv
+from runs import CARTPOLE, RunProcess, agent_pids, read_csv
 
 UP = r"compute process is up"
 
@@ -57,6 +58,33 @@ def test_attached_agents_join_the_batches_and_detach_on_ctrl_c(tmp_path):
     assert final["restarts"] == 0 and final["remote_dropped"] == 0  # gone, not crashed
 
 
+def test_attach_restarts_an_agent_that_was_killed_and_the_manager_takes_it_back(tmp_path):
+    manager = RunProcess(CARTPOLE, "--num-agents", "1", "--envs-per-agent", "1", "--max-steps", "10000000",
+                         "--progress-interval", "0.5", "--heartbeat-timeout", "2", "--device", "cpu", log_dir=tmp_path)
+    remote = None
+    try:
+        manager.wait_for_line(UP, timeout_s=120)
+        endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
+        remote = attach(endpoint, "--num-agents", "1")
+        manager.wait_for_line(r"agents 1 local, 1 remote", timeout_s=60)
+        (victim,) = agent_pids(remote.process.pid)
+        os.kill(victim, signal.SIGKILL)
+        remote.wait_for_line(r"was killed by SIGKILL; restarting it in 0\.5s \(restart 1 of at most 10\)", timeout_s=30)
+        # The successor registers as a new remote agent and plays; the victim is dropped after the heartbeat timeout.
+        manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) attached", timeout_s=60)
+        manager.wait_for_line(r"remote agent r-\S+ silent for 2s", timeout_s=60)
+        manager.wait_for_line(r"agents 1 local, 1 remote", timeout_s=60)
+        (successor,) = agent_pids(remote.process.pid)
+        assert successor != victim
+        manager.process.send_signal(signal.SIGTERM)
+        assert manager.wait(timeout_s=30) == 143
+        assert remote.wait(timeout_s=30) == exit_codes.OK
+    finally:
+        for run in (manager, remote):
+            if run is not None:
+                run.stop()
+
+
 def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
     keys, strangers = tmp_path / "keys", tmp_path / "strangers"
     make_keys(keys)
@@ -88,7 +116,9 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
         for curve in (None, wrong_key):
             assert ask(curve, info["control_endpoint"], probe, 2000) is None
             assert ask(curve, info["cts"]["RL"]["predict_endpoint"], predict, 2000) is None
-        manager.wait_for_line(r"refused a peer whose CURVE key", timeout_s=10)
+        manager.wait_for_line(r"refused a peer whose CURVE key .* \(refusal 1\)", timeout_s=10)
+        # The peer without CURVE never reached the allow-list: its failed handshake is logged on its own.
+        assert "a peer failed the CURVE handshake on" in manager.text
         # The same requests with the allowed key are served.
         assert unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"] == PROTOCOL_VERSION
         assert unpack(ask(allowed, info["cts"]["RL"]["predict_endpoint"], predict, 10_000)).kind == "prediction"

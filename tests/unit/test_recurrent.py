@@ -164,7 +164,7 @@ def test_learn_on_a_hand_made_experience_returns_finite_costs_and_counts_the_ste
     costs = algorithm.learn(hand_made_experience(algorithm))
     assert set(costs) == {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"}
     assert all(math.isfinite(value) for value in costs.values())
-    assert algorithm.steps_seen == 24 and algorithm.learn_calls == 1
+    assert algorithm.steps_seen == 24
     assert any(not torch.equal(a, b) for a, b in zip(before, algorithm.model.parameters()))
 
 
@@ -173,7 +173,7 @@ def test_the_checkpoint_keeps_the_counters_and_the_input_statistics():
     algorithm.learn(hand_made_experience(algorithm))
     restored = make_algorithm()
     restored.load_state_dict(algorithm.state_dict())
-    assert (restored.steps_seen, restored.learn_calls) == (24, 1)
+    assert restored.steps_seen == 24
     torch.testing.assert_close(restored.model.obs_norm.mean, algorithm.model.obs_norm.mean)
 
 

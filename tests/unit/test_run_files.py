@@ -7,7 +7,7 @@ import json
 import logging
 
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
-from flare2.runtime.run_record import log_resumed_changes, run_record, write_run_record
+from flare2.runtime.run_files import log_resumed_changes, run_record, write_run_record
 
 
 def build(hidden: int):  # named in the record, never called

@@ -1,0 +1,80 @@
+"""The manager's agents: local agent processes (one slot each, restarted in place) and remote agents, one kind of
+record in one registry, so that who is listened to, who is live and who is remote are answered in one place."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass
+class AgentRecord:
+    """One agent the manager knows: the current incarnation of a local slot, or a remote agent."""
+
+    slot: int
+    """The local slot it fills (-1 for a remote agent)."""
+    incarnation: int
+    agent_id: str
+    process: subprocess.Popen | None
+    """None for a remote agent (started by ``flare2 attach`` on another machine)."""
+    last_seen: float
+    registered: bool = False
+    said_bye: bool = False
+    error: str = ""
+    """What the agent reported before it died (a traceback of its episode code)."""
+    restart_at: float | None = None
+    started_at: float = 0.0
+    failure_streak: int = 0
+    """Restarts of this slot in a row, each after a short life; sets the backoff."""
+    cts: frozenset[str] = frozenset()
+    """The CTs the agent asks (from its hello)."""
+    envs: int = 0
+    """The environments it plays (from its hello)."""
+
+    @property
+    def live(self) -> bool:
+        return self.registered and not self.said_bye and self.restart_at is None
+
+    @property
+    def remote(self) -> bool:
+        return self.process is None
+
+
+class AgentRegistry:
+    """Local slots and remote agents; ``by_id`` finds whichever the manager currently listens to."""
+
+    def __init__(self) -> None:
+        self.slots: list[AgentRecord] = []
+        self.remotes: dict[str, AgentRecord] = {}
+        self._by_id: dict[str, AgentRecord] = {}
+
+    def __iter__(self) -> Iterator[AgentRecord]:
+        """Every current record: each slot's incarnation (also one waiting for its restart), then the remotes."""
+        yield from self.slots
+        yield from self.remotes.values()
+
+    def by_id(self, agent_id: str) -> AgentRecord | None:
+        """The agent the manager listens to under this id (not a slot's dead incarnation, not a dropped remote)."""
+        return self._by_id.get(agent_id)
+
+    def live(self) -> list[AgentRecord]:
+        return [agent for agent in self if agent.live]
+
+    def put_local(self, agent: AgentRecord) -> None:
+        """The first incarnation of a new slot, or the successor of the slot's previous one."""
+        if agent.slot == len(self.slots):
+            self.slots.append(agent)
+        else:
+            self.slots[agent.slot] = agent
+        self._by_id[agent.agent_id] = agent
+
+    def add_remote(self, agent: AgentRecord) -> None:
+        self.remotes[agent.agent_id] = agent
+        self._by_id[agent.agent_id] = agent
+
+    def stop_listening(self, agent: AgentRecord) -> None:
+        """A local agent that died (its slot waits for the successor), or a remote one that left or was dropped."""
+        self._by_id.pop(agent.agent_id, None)
+        if agent.remote:
+            self.remotes.pop(agent.agent_id, None)

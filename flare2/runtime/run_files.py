@@ -1,0 +1,138 @@
+"""What a run keeps in LOG_DIR besides its tables: manager.log, run.json and config.json.
+
+- manager.log: everything flare2 logs while the run lasts (``run_logs_and_signals``,
+  which also hands Ctrl+C and SIGTERM to the run);
+- run.json: where the run listens, for tools and for agents attached by hand;
+- config.json: the resolved configuration, with each CT's algorithm and specs.
+  What cannot work on resume (another algorithm, other specs) is refused where
+  the checkpoint is loaded (``ComputationTask.load``); the rest may change, and
+  the run logs each change it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from flare2.runtime.config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+
+
+def _plain(value: Any) -> Any:
+    """A JSON stand-in for what json cannot write: functions by import name, partials with their arguments."""
+    if isinstance(value, functools.partial):
+        return {"function": _plain(value.func), "args": list(value.args), "keywords": value.keywords}
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
+    return repr(value)
+
+
+def run_record(config: RunConfig, compute_hello: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings, and each CT's algorithm and specs as the compute process built them."""
+    settings = json.loads(json.dumps(dataclasses.asdict(config), default=_plain))
+    cts = {
+        name: {"algorithm": ct.get("algorithm"), "specs": ct.get("specs")}
+        for name, ct in compute_hello.get("cts", {}).items()
+    }
+    return {"run": settings, "cts": cts}
+
+
+def write_run_record(log_dir: Path, record: dict[str, Any]) -> None:
+    path = log_dir / CONFIG_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def log_resumed_changes(resume_dir: str, record: dict[str, Any]) -> None:
+    """Log each setting of the run being resumed (its config.json, when it has one) that this run changes."""
+    candidates = [Path(resume_dir) / CONFIG_FILE, Path(resume_dir).parent / CONFIG_FILE]
+    saved_path = next((path for path in candidates if path.is_file()), None)
+    if saved_path is None:
+        logger.info("resuming %s, which has no %s: its settings cannot be compared with these", resume_dir, CONFIG_FILE)
+        return
+    try:
+        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        logger.warning("cannot read %s (%s): the settings of the resumed run are not compared", saved_path, exc)
+        return
+    for field, before, now in _differences(saved.get("run", {}), record["run"]):
+        if field not in ("log_dir", "resume_dir"):
+            logger.info("resume changes %s: %s -> %s", field, json.dumps(before), json.dumps(now))
+
+
+def _differences(before: Any, now: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(before, dict) and isinstance(now, dict):
+        found = []
+        for key in sorted(set(before) | set(now)):
+            found += _differences(before.get(key), now.get(key), f"{prefix}{key}.")
+        return found
+    return [] if before == now else [(prefix.rstrip("."), before, now)]
+
+
+def write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, Any]) -> None:
+    """run.json: where this run listens, for tools and for agents attached by hand."""
+    info = {
+        "pid": os.getpid(),
+        "control_endpoint": control_endpoint,
+        "cts": {
+            name: {"predict_endpoint": ct["predict_endpoint"], "learn_endpoint": ct["learn_endpoint"]}
+            for name, ct in compute_hello.get("cts", {}).items()
+        },
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(info, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@contextmanager
+def run_logs_and_signals(log_dir: Path, on_signal: Any) -> Iterator[None]:
+    """While a run lasts: its log also in LOG_DIR/manager.log, and Ctrl+C/SIGTERM handed to ``on_signal``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_handler = _attach_log_file(log_dir / "manager.log")
+    previous_handlers = _install_signal_handlers(on_signal)
+    try:
+        yield
+    finally:
+        _restore_signal_handlers(previous_handlers)
+        logging.getLogger("flare2").removeHandler(log_handler)
+        log_handler.close()
+
+
+def _attach_log_file(path: Path) -> logging.Handler:
+    """Everything flare2 logs also goes to the run's manager.log; stderr gets it too unless the user set logging up."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    flare_logger = logging.getLogger("flare2")
+    flare_logger.addHandler(handler)
+    if flare_logger.getEffectiveLevel() > logging.INFO:
+        flare_logger.setLevel(logging.INFO)
+    return handler
+
+
+def _install_signal_handlers(handler: Any) -> dict[int, Any]:
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except ValueError:  # not the main thread: the caller handles signals
+            pass
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)

@@ -13,14 +13,12 @@ exit after the heartbeat timeout and so does this command.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 from flare2.errors import ConfigError, ReplyTimeoutError, TransportError
 from flare2.runtime import exit_codes
 from flare2.runtime.config import RunConfig
+from flare2.runtime.processes import agent_command
 from flare2.runtime.restarts import failure_streak, restart_backoff
 from flare2.wire.protocol import HELLO, PROTOCOL_VERSION
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
@@ -146,6 +145,7 @@ class _Supervisor:
         self.tag = f"{socket.gethostname()}-{os.getpid()}"[:60]
         self.slots = [_Slot(index) for index in range(config.num_agents)]
         self.restarts = 0
+        self.manager_gone = False
 
     @property
     def processes(self) -> list[subprocess.Popen]:
@@ -153,18 +153,11 @@ class _Supervisor:
 
     def _start(self, slot: _Slot) -> None:
         config = self.config
-        command = [
-            sys.executable, "-m", "flare2.runtime.agent_process",
-            "--control", config.endpoint,
-            "--agent-id", f"r-{self.tag}-{slot.index}.{secrets.token_hex(4)}",
-            "--agent", config.agent_path,
-            "--agent-kwargs", json.dumps(config.agent_kwargs),
-            # A restarted agent plays other episodes than its predecessor.
-            "--seed", str(config.seed * 100_003 + slot.index * 1009 + self.restarts),
-            "--envs-per-agent", str(config.envs_per_agent),
-            "--parent-pid", str(os.getpid()),
-            "--remote",
-        ]
+        command = agent_command(
+            control_endpoint=config.endpoint, agent_id=f"r-{self.tag}-{slot.index}.{secrets.token_hex(4)}",
+            agent_path=config.agent_path, agent_kwargs=config.agent_kwargs, seed=config.seed, slot=slot.index,
+            incarnation=self.restarts, envs_per_agent=config.envs_per_agent, extra=("--remote",),
+        )
         slot.process = subprocess.Popen(command, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
         slot.started_at, slot.restart_at = time.monotonic(), None
 
@@ -194,14 +187,17 @@ class _Supervisor:
     def _ended(self, slot: _Slot, code: int, now: float) -> int | None:
         """Deal with the end of a slot's agent; returns this command's exit code when it must end too."""
         agent_id = slot.process.args[slot.process.args.index("--agent-id") + 1]
-        if code in (exit_codes.OK, exit_codes.MANAGER_LOST):
+        cause = exit_codes.describe(code)
+        if code == exit_codes.MANAGER_LOST and self._manager_answers():
+            # It lost the manager (stopped for a while, a link that broke) but the run goes on: a new agent joins.
+            cause = "lost the manager, which still answers"
+        elif code in (exit_codes.OK, exit_codes.MANAGER_LOST):
             slot.ended_with = code
             return None
         if code == exit_codes.CONFIG_ERROR:
             logger.error("agent %s cannot run (its error is above); fix the agent or its options", agent_id)
             return exit_codes.CONFIG_ERROR
         self.restarts += 1
-        cause = exit_codes.describe(code)
         if self.restarts > self.config.max_restarts:
             logger.error(
                 "agent %s %s; that is %d agent failures here, more than --max-restarts %d: fix the cause above",
@@ -216,6 +212,15 @@ class _Supervisor:
         )
         slot.restart_at = now + backoff
         return None
+
+    def _manager_answers(self) -> bool:
+        """Whether the manager still answers a probe; once it did not, the run is taken for gone (no more probes)."""
+        if not self.manager_gone:
+            try:
+                probe(self.config)
+            except (TransportError, ConfigError):
+                self.manager_gone = True
+        return not self.manager_gone
 
     def _wait_a_little(self) -> None:
         """Until the first running agent exits, or the next restart is due, or 0.2 s have passed."""

@@ -22,7 +22,6 @@ that does not leave within ``stop_timeout_s`` is killed.
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
@@ -30,7 +29,6 @@ import re
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,7 @@ from flare2.runtime.run_files import log_resumed_changes, run_logs_and_signals, 
 from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
+from flare2.runtime.processes import agent_command
 from flare2.runtime.progress import ProgressLog, RunTotals
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HEARTBEAT, HELLO, LIVE, PROTOCOL_VERSION, STATS, STOP, WELCOME, Message, VersionMismatchError,
@@ -244,18 +243,11 @@ class Manager:
         # Each start is a new incarnation with its own id, so it is a new peer for the CDPs; the random
         # part keeps another peer from taking the id (ZeroMQ refuses a second connection with it).
         agent_id = f"a{slot}.{incarnation}.{secrets.token_hex(4)}"
-        command = [
-            sys.executable, "-m", "flare2.runtime.agent_process",
-            "--control", self.control_endpoint,
-            "--agent-id", agent_id,
-            "--agent", config.agents.path,
-            "--agent-kwargs", json.dumps(config.agents.kwargs),
-            # A restarted agent plays other episodes than its predecessor.
-            "--seed", str(config.seed * 100_003 + slot * 1009 + incarnation),
-            "--envs-per-agent", str(config.agents.envs_per_agent),
-            "--parent-pid", str(os.getpid()),
-            "--hello-timeout", str(config.startup_timeout_s),
-        ]
+        command = agent_command(
+            control_endpoint=self.control_endpoint, agent_id=agent_id, agent_path=config.agents.path,
+            agent_kwargs=config.agents.kwargs, seed=config.seed, slot=slot, incarnation=incarnation,
+            envs_per_agent=config.agents.envs_per_agent, extra=("--hello-timeout", str(config.startup_timeout_s)),
+        )
         env = dict(os.environ)
         if self._local_curve is not None:
             env[AGENT_CURVE_ENV] = self._local_curve.to_env()

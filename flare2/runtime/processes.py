@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import json
 import importlib.util
 import logging
 import os
@@ -64,3 +65,22 @@ def import_object(path: str) -> Any:
 
 def configure_child_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s")
+
+
+def agent_command(
+    *, control_endpoint: str, agent_id: str, agent_path: str, agent_kwargs: dict[str, Any], seed: int, slot: int,
+    incarnation: int, envs_per_agent: int, extra: tuple[str, ...] = (),
+) -> list[str]:
+    """The command line of one agent process, as the manager and ``flare2 attach`` start it."""
+    return [
+        sys.executable, "-m", "flare2.runtime.agent_process",
+        "--control", control_endpoint,
+        "--agent-id", agent_id,
+        "--agent", agent_path,
+        "--agent-kwargs", json.dumps(agent_kwargs),
+        # A restarted agent plays other episodes than its predecessor.
+        "--seed", str(seed * 100_003 + slot * 1009 + incarnation),
+        "--envs-per-agent", str(envs_per_agent),
+        "--parent-pid", str(os.getpid()),
+        *extra,
+    ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -19,6 +21,7 @@ from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Messag
 from flare2.wire.security import load_client, make_client_socket, make_keys
 from runs import CARTPOLE, RunProcess, agent_pids, read_csv
 
+HERE = Path(__file__).resolve().parent
 UP = r"compute process is up"
 
 
@@ -83,6 +86,36 @@ def test_attach_restarts_an_agent_that_was_killed_and_the_manager_takes_it_back(
         for run in (manager, remote):
             if run is not None:
                 run.stop()
+
+
+def test_remote_agents_dropped_before_the_compute_process_is_up_are_taken_back_once_they_wake(tmp_path):
+    # The CT takes 20 s to build; the attached agents are frozen before it is up and thawed after.
+    manager = RunProcess(HERE / "faulty_run.py", "--build-delay", "20", "--num-agents", "1", "--envs-per-agent", "1",
+                         "--max-steps", "6000", "--heartbeat-timeout", "3", "--progress-interval", "0.5", "--device", "cpu",
+                         log_dir=tmp_path)
+    remote = None
+    try:
+        endpoint = re.search(r"control endpoint (tcp://\S+),", manager.wait_for_line(r"control endpoint tcp://", 60)).group(1)
+        remote = attach(endpoint, "--num-agents", "4")
+        for _ in range(4):
+            manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) attached", timeout_s=60)
+        frozen = agent_pids(remote.process.pid)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        for _ in range(4):
+            manager.wait_for_line(r"remote agent r-\S+ silent for 3s .*; dropped from the run", timeout_s=30)
+        manager.wait_for_line(UP, timeout_s=60)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        manager.wait_for_line(r"agents 1 local, 4 remote", timeout_s=90)
+        assert manager.wait(timeout_s=120) == 0, manager.text[-4000:]
+        assert remote.wait(timeout_s=30) == exit_codes.OK
+    finally:
+        for run in (manager, remote):
+            if run is not None:
+                run.stop()
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["remote_dropped"] >= 4 and final["remote_env_steps"] > 0
 
 
 def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):

@@ -34,6 +34,7 @@ from flare2.core.agent import Agent, AgentHelper, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
 from flare2.runtime import exit_codes
+from flare2.runtime.episodes import EpisodeRecorder, EpisodeStats, is_evaluation_episode
 from flare2.runtime.progress import LatencyHistogram
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, EVALUATING, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
@@ -77,62 +78,6 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     _terminate_requested = True
 
 
-class EpisodeStats:
-    """Steps and finished episodes of every env of this process since the last report.
-
-    Evaluation episodes are counted apart, so they never mix with the training
-    statistics or count towards the step budget.
-    """
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.eval_steps = 0
-        self.finished: list[tuple[float, int]] = []
-        self.eval_finished: list[tuple[float, int]] = []
-
-    def take(self) -> dict[str, Any]:
-        stats = {"steps": self.steps, "episodes": [list(item) for item in self.finished]}
-        if self.eval_steps or self.eval_finished:
-            stats.update(eval_steps=self.eval_steps, eval_episodes=[list(item) for item in self.eval_finished])
-        self.steps, self.finished, self.eval_steps, self.eval_finished = 0, [], 0, []
-        return stats
-
-
-class EpisodeRecorder:
-    """Wraps one env to count its steps and the return and length of each finished episode into ``stats``.
-
-    ``evaluating`` says whether the episode it plays counts as an evaluation episode.
-    """
-
-    def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
-        self.env = env
-        self.stats = stats
-        self.evaluating = evaluating
-        self._return = 0.0
-        self._length = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.env, name)
-
-    def reset(self, *args: Any, **kwargs: Any) -> Any:
-        self._return, self._length = 0.0, 0
-        return self.env.reset(*args, **kwargs)
-
-    def step(self, action: Any) -> Any:
-        result = self.env.step(action)
-        stats = self.stats
-        if self.evaluating:
-            stats.eval_steps += 1
-        else:
-            stats.steps += 1
-        self._return += float(result[1])
-        self._length += 1
-        if result[2] or result[3]:
-            (stats.eval_finished if self.evaluating else stats.finished).append((self._return, self._length))
-            self._return, self._length = 0.0, 0
-        return result
-
-
 def check_envs_per_agent(agent: Agent, envs_per_agent: int) -> None:
     """Refuse an env count the agent cannot host, naming the option and the fix."""
     if envs_per_agent < 1:
@@ -173,11 +118,6 @@ def play(agent: Agent, between_episodes: Callable[[], None]) -> None:
         agent.run_episode()
         episode_index += 1
         between_episodes()
-
-
-def is_evaluation_episode(episode_index: int, eval_every: int) -> bool:
-    """With ``eval_every`` N, every (N+1)-th episode, after N training episodes, is an evaluation episode."""
-    return eval_every > 0 and episode_index % (eval_every + 1) == eval_every
 
 
 class _Control:

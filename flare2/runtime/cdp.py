@@ -13,7 +13,8 @@ send nothing to learn from.
 Requests are validated against the CT's specs before they join a batch; a bad
 one gets an ERROR reply naming the key, what was expected and what arrived.
 
-The batching does not know how requests arrive: :class:`SocketFront` feeds it
+The batching does not know how requests arrive: ``SocketFront``
+(:mod:`flare2.runtime.cdp_sockets`) feeds it
 from the CT's two ROUTER sockets in the compute process, the serial runner
 from in-process ports. A ready learn batch goes to a learner
 (:mod:`flare2.runtime.learner`), which may run ``learn()`` in another thread
@@ -30,24 +31,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import zmq
 
 from flare2.core.specs import EXPERIENCE_GROUPS, STEP_FLAG_SPECS
-from flare2.errors import DecodeError, SpecError
+from flare2.errors import SpecError
 from flare2.runtime.config import BatchingConfig
-from flare2.wire.codec import DEFAULT_MAX_BYTES
-from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload, unpack
-from flare2.wire.security import CurveServer
-from flare2.wire.sockets import bind_local, bind_router, router_send
+from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
 
 logger = logging.getLogger(__name__)
 
-# Messages taken from one socket per wake-up, so that one flooding peer cannot
-# keep the loop away from the other socket and from flushing.
-_MAX_DRAIN = 256
 _MAX_PENDING_PER_AGENT = 4
 
 
@@ -364,69 +358,3 @@ class ComputationDataProcessor:
     def learn_failed(self, batch: LearnBatch, text: str) -> None:
         """``learn()`` raised (``text`` is its traceback): the requesters hear why, and the run must stop."""
         self._fail(batch.requests, True, "learn", text)
-
-
-class SocketFront:
-    """A CDP's predict and learn ROUTER sockets in the compute process: decode, check the sender, hand over."""
-
-    def __init__(
-        self,
-        ct: ComputationTask,
-        ctx: zmq.Context,
-        *,
-        host: str = "127.0.0.1",
-        config: BatchingConfig = BatchingConfig(),
-        max_bytes: int = DEFAULT_MAX_BYTES,
-        curve: CurveServer | None = None,
-        local_prefix: str | None = None,
-    ) -> None:
-        """``local_prefix``: also bind Unix sockets at ``<local_prefix>-predict`` and ``-learn`` for local agents."""
-        self.max_bytes = max_bytes
-        self.cdp = ComputationDataProcessor(ct, config=config, reply=self._send)
-        self.predict_socket, self.predict_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
-        self.local_predict_endpoint = self.local_learn_endpoint = None
-        try:
-            self.learn_socket, self.learn_endpoint = bind_router(ctx, host, max_bytes=max_bytes, curve=curve)
-        except BaseException:
-            self.predict_socket.close(linger=0)
-            raise
-        if local_prefix is not None:
-            try:
-                self.local_predict_endpoint = bind_local(self.predict_socket, f"{local_prefix}-predict")
-                self.local_learn_endpoint = bind_local(self.learn_socket, f"{local_prefix}-learn")
-            except BaseException:
-                self.close()
-                raise
-
-    def _send(self, identity: bytes, learn: bool, message: Message) -> None:
-        router_send(self.learn_socket if learn else self.predict_socket, identity, message)
-
-    def close(self) -> None:
-        self.predict_socket.close(linger=0)
-        self.learn_socket.close(linger=0)
-
-    def drain(self, sock: zmq.Socket, now: float) -> None:
-        """Take the waiting messages of ``sock`` (at most a bounded number) into the CDP's queues."""
-        learn = sock is self.learn_socket
-        for _ in range(_MAX_DRAIN):
-            # Asking first is cheaper than the exception of a recv that finds nothing.
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
-                return
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-            try:
-                self._accept(frames, now, learn=learn)
-            except Exception:  # a message nobody foresaw must not take the compute process down
-                self.cdp.stats.rejected += 1
-                logger.exception("CT %r dropped a request it could not handle", self.cdp.ct.name)
-
-    def _accept(self, frames: list[bytes], now: float, *, learn: bool) -> None:
-        identity, frames = frames[0], frames[1:]
-        try:
-            message = unpack(frames, max_bytes=self.max_bytes)
-        except DecodeError as exc:
-            self.cdp.reject(identity, learn, 0, str(exc), "bad_request")
-            return
-        if message.agent_id.encode() != identity:
-            self.cdp.reject(identity, learn, message.seq, "header agent_id does not match the connection's identity", "bad_request")
-            return
-        self.cdp.accept(message, identity, now, learn=learn)

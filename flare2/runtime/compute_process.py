@@ -22,7 +22,8 @@ import zmq
 
 from flare2.errors import DecodeError, FlareError
 from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
-from flare2.runtime.cdp import ComputationDataProcessor, SocketFront, UserCodeError
+from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.cdp_sockets import SocketFront
 from flare2.runtime.learner import InlineLearner, LearnerThread
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts

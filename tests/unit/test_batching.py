@@ -18,7 +18,7 @@ from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.model import Model
 from flare2.core.specs import Spec
-from flare2.runtime.cdp import SocketFront
+from flare2.runtime.cdp_sockets import SocketFront
 from flare2.runtime.compute_process import serve_ready
 from flare2.runtime.learner import InlineLearner, LearnerThread
 from flare2.runtime.config import BatchingConfig

@@ -22,20 +22,36 @@ def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     return None, int(match.group(1))
 
 
+def _number(kind: type, *, least: float, strict: bool = False):
+    """An argparse type: a ``kind`` (int or float) >= ``least`` (> with ``strict``), else a usage error naming it."""
+    bound = f"> {least:g}" if strict else f">= {least:g}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} {bound}, got {text!r}") from None
+        if value < least or (strict and value == least):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    return parse
+
+
 def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, envs_per_agent: int = 8,
                     max_steps: int | None = 500_000, log_dir: str = "runs/latest") -> None:
     """Add the options of a run (budget, agents, device, batching, supervision, checkpoints) to ``parser``."""
     run = parser.add_argument_group("run")
-    run.add_argument("--num-agents", type=int, default=num_agents, help="agent processes on this machine")
-    run.add_argument("--envs-per-agent", type=int, default=envs_per_agent,
+    run.add_argument("--num-agents", type=_number(int, least=0), default=num_agents, help="agent processes on this machine")
+    run.add_argument("--envs-per-agent", type=_number(int, least=1), default=envs_per_agent,
                      help="environments each agent process plays, asked for in one request per step")
     run.add_argument("--serial", action="store_true",
                      help="run everything in this one process (one agent with all the envs): for debuggers")
-    run.add_argument("--max-steps", type=int, default=max_steps, help="stop after this many env steps in total")
-    run.add_argument("--max-episodes", type=int, default=None, help="stop after this many episodes in total")
+    run.add_argument("--max-steps", type=_number(int, least=1), default=max_steps, help="stop after this many env steps in total")
+    run.add_argument("--max-episodes", type=_number(int, least=1), default=None, help="stop after this many episodes in total")
     run.add_argument("--stop-return", type=float, default=None,
                      help="also stop once the mean return of the last 100 episodes reaches this")
-    run.add_argument("--eval-every", type=int, default=0, metavar="N",
+    run.add_argument("--eval-every", type=_number(int, least=0), default=0, metavar="N",
                      help="each agent plays a greedy evaluation episode after every N training episodes "
                           "(reported as eval_return_mean; not learned from; 0: none)")
     run.add_argument("--stop-eval-return", type=float, default=None,
@@ -43,25 +59,25 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, env
     run.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")
     run.add_argument("--log-dir", default=log_dir, help="where progress.csv, manager.log and checkpoints go")
     run.add_argument("--seed", type=int, default=0, help="seeds the models and each agent's env")
-    run.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
+    run.add_argument("--progress-interval", type=_number(float, least=0, strict=True), default=5.0, help="seconds between progress lines")
     batching = parser.add_argument_group("batching")
-    batching.add_argument("--max-batch", type=int, default=BatchingConfig.max_batch,
+    batching.add_argument("--max-batch", type=_number(int, least=1), default=BatchingConfig.max_batch,
                           help="a prediction batch is flushed once it holds this many requests")
-    batching.add_argument("--max-wait-ms", type=float, default=BatchingConfig.max_wait_ms,
+    batching.add_argument("--max-wait-ms", type=_number(float, least=0), default=BatchingConfig.max_wait_ms,
                           help="... or once its oldest request has waited this long, or every live agent waits "
                                "(0: serve what is waiting each time the compute loop is free)")
-    batching.add_argument("--learn-max-wait-ms", type=float, default=BatchingConfig.learn_max_wait_ms,
+    batching.add_argument("--learn-max-wait-ms", type=_number(float, least=0), default=BatchingConfig.learn_max_wait_ms,
                           help="a learn batch waits at most this long for the learn requests of the other live agents")
     batching.add_argument("--learner-thread", action="store_true",
                           help="learn() in a thread beside the predictions instead of between them in the compute loop "
                                "(pays where learn() runs mostly outside Python: large models, GPU)")
     supervision = parser.add_argument_group("supervision and checkpoints")
-    supervision.add_argument("--max-restarts", type=int, default=RunConfig.max_restarts,
+    supervision.add_argument("--max-restarts", type=_number(int, least=0), default=RunConfig.max_restarts,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
-    supervision.add_argument("--reply-timeout", type=float, default=RunConfig.reply_timeout_s, metavar="SECONDS",
+    supervision.add_argument("--reply-timeout", type=_number(float, least=0, strict=True), default=RunConfig.reply_timeout_s, metavar="SECONDS",
                              help="longest an agent waits for one prediction or learn reply (default: as long as the "
                                   "manager says the compute process is alive)")
-    supervision.add_argument("--heartbeat-timeout", type=float, default=RunConfig.heartbeat_timeout_s,
+    supervision.add_argument("--heartbeat-timeout", type=_number(float, least=0, strict=True), default=RunConfig.heartbeat_timeout_s,
                              help="seconds of silence after which an agent is taken for dead and restarted")
     supervision.add_argument("--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
                              help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")

@@ -51,13 +51,13 @@ def test_a_bad_checkpoint_every_is_a_usage_error(text):
         parse_checkpoint_every(text)
 
 
-def test_a_bad_option_value_is_a_usage_error_that_names_it(capsys):
+def test_options_that_do_not_fit_together_are_a_usage_error_that_names_them(capsys):
     parser = argparse.ArgumentParser(prog="run")
     add_run_options(parser)
-    args = parser.parse_args(["--num-agents", "-1"])
+    args = parser.parse_args(["--stop-eval-return", "475"])
     with pytest.raises(SystemExit):
         run_config_from_args(parser, args, cts=[CTConfig("RL", build)], agent_path="flare2.core.envs:GymAgent")
-    assert "num_agents must be >= 0, got -1" in capsys.readouterr().err
+    assert "stop_eval_return needs evaluation episodes" in capsys.readouterr().err
 
 
 def test_stopping_on_the_evaluation_return_needs_evaluation_episodes():
@@ -69,17 +69,20 @@ def test_stopping_on_the_evaluation_return_needs_evaluation_episodes():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--envs-per-agent", "0"], "envs_per_agent must be >= 1, got 0: each agent process plays at least one env "
-                                    "(--envs-per-agent 1 or more)"),
+        (["--envs-per-agent", "0"], "argument --envs-per-agent: must be >= 1, got 0"),
+        (["--max-wait-ms", "-1"], "argument --max-wait-ms: must be >= 0, got -1"),
+        (["--max-batch", "0"], "argument --max-batch: must be >= 1, got 0"),
+        (["--num-agents", "two"], "argument --num-agents: expected an integer >= 0, got 'two'"),
+        (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: must be > 0, got 0"),
         (["--serial", "--bind", "10.1.2.3", "--insecure"], "--serial runs the whole run in this process, so nothing "
                                                           "listens on --bind 10.1.2.3"),
     ],
 )
-def test_envs_per_agent_and_serial_mistakes_are_usage_errors_that_name_the_option(capsys, options, message):
+def test_option_mistakes_are_usage_errors_that_name_the_option(capsys, options, message):
     parser = argparse.ArgumentParser(prog="run")
     add_run_options(parser)
-    args = parser.parse_args(options)
     with pytest.raises(SystemExit) as exit_info:
+        args = parser.parse_args(options)
         run_config_from_args(parser, args, cts=[CTConfig("RL", build)], agent_path="flare2.core.envs:GymAgent")
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err

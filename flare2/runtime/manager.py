@@ -157,6 +157,12 @@ class Manager:
     def _run(self, control: zmq.Socket) -> int:
         config = self.config
         logger.info("control endpoint %s, log dir %s", self.control_endpoint, self.log_dir)
+        if config.agents.num_agents == 0:
+            keys = " --keys DIR" if config.keys_dir else ""
+            logger.warning(
+                "no local agents (--num-agents 0): the run waits for agents attached from other machines with "
+                "`flare2 attach %s --agent %s%s`", self.control_endpoint, config.agents.path, keys,
+            )
         self._start_compute()
         for slot in range(config.agents.num_agents):
             self.agents.put_local(self._start_agent(slot, incarnation=0))

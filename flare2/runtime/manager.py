@@ -2,9 +2,12 @@
 
 It binds the control endpoint, starts the compute process (spawn start
 method: the manager never forks once torch may be loaded) and the agent
-processes, answers their hellos, keeps the registry of live agents that the
-CDPs batch by, aggregates stats into progress lines and ``progress.csv``,
-writes checkpoints, and stops everything at the budget or on Ctrl+C/SIGTERM.
+processes, supervises them, aggregates stats into progress lines and
+``progress.csv``, asks for checkpoints, and stops everything at the budget or
+on Ctrl+C/SIGTERM. Its parts live next to it: the agents it knows
+(``registry``), what it tells them and hears from them (``agent_desk``), the
+restart policy (``restarts``), the checkpoint schedule (``checkpoints``) and
+the files of the run (``run_files``).
 
 Supervision (DESIGN §7): an agent that dies, raises in its episode code or
 goes silent for ``heartbeat_timeout_s`` is logged with its cause and started
@@ -25,7 +28,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -37,6 +39,8 @@ import zmq
 
 from flare2.errors import ConfigError, DecodeError
 from flare2.runtime import exit_codes
+from flare2.runtime.agent_desk import AgentDesk
+from flare2.runtime.exit_codes import RunFailed
 from flare2.runtime.registry import AgentRecord, AgentRegistry
 from flare2.runtime.restarts import failure_streak, restart_backoff
 from flare2.runtime.run_files import log_resumed_changes, run_logs_and_signals, run_record, write_run_file, write_run_record
@@ -46,33 +50,20 @@ from flare2.runtime.config import RunConfig, is_loopback
 from flare2.runtime.processes import agent_command
 from flare2.runtime.progress import ProgressLog, RunTotals
 from flare2.wire.protocol import (
-    BYE, CHECKPOINT, ERROR, HEARTBEAT, HELLO, LIVE, PROTOCOL_VERSION, STATS, STOP, WELCOME, Message, VersionMismatchError,
-    error_payload, unpack,
+    BYE, CHECKPOINT, ERROR, HELLO, STATS, STOP, Message, VersionMismatchError, error_payload, error_text, unpack,
 )
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient, CurveServer, HandshakeWatch, ephemeral_client, load_server, start_authenticator
 from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_send
 
 logger = logging.getLogger(__name__)
 
-
-# How often agents report to the manager (and notice a STOP or a dead manager).
-AGENT_CONTROL_INTERVAL_S = 0.25
 # The manager wakes at least this often to look at its children.
 _SUPERVISE_INTERVAL_S = 0.2
 # Dropped control messages are logged one by one up to this many, then only counted.
 _LOGGED_DROPS = 20
 _MAX_DRAIN = 1000
-_MAX_REMOTE_AGENTS = 1024
-# Ids `flare2 attach` gives its agents: printable, bounded, and never like a local agent's ("a<slot>.<n>.<hex>").
-_REMOTE_ID = re.compile(r"r-[A-Za-z0-9_.-]{1,100}")
-
-
-class RunFailed(Exception):
-    """The run cannot go on; ``exit_code`` says why."""
-
-    def __init__(self, message: str, exit_code: int = exit_codes.FAILED) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+# How long the last stats and bye of agents that have exited may take to arrive.
+_LAST_WORDS_S = 2.0
 
 
 class Manager:
@@ -86,14 +77,12 @@ class Manager:
         self.control_endpoint = ""
         self._stop_signal: int | None = None
         self.agents = AgentRegistry()
+        self.desk = AgentDesk(config, self.agents, self.totals, self._drop)
         self._curve_server: CurveServer | None = None
         self._handshakes: HandshakeWatch | None = None
         self._local_curve: CurveClient | None = None
         self._compute: multiprocessing.process.BaseProcess | None = None
-        self._compute_hello: dict[str, Any] | None = None
-        self._pending_hellos: list[Message] = []
         self._progress: ProgressLog | None = None
-        self._stopping = False
         self._checkpoint_pending = False
         self._checkpoints = CheckpointSchedule(config)
 
@@ -175,7 +164,7 @@ class Manager:
                     logger.warning("stopping on %s", signal.Signals(self._stop_signal).name)
                     return exit_codes.SIGINT if self._stop_signal == signal.SIGINT else exit_codes.SIGTERM
                 now = time.monotonic()
-                if self._compute_hello is None and now > startup_deadline:
+                if self.desk.served is None and now > startup_deadline:
                     raise RunFailed(
                         f"the compute process did not come up within {config.startup_timeout_s:.0f}s "
                         "(startup_timeout_s): building the Algorithm takes too long or hangs"
@@ -185,7 +174,7 @@ class Manager:
                     self._report_progress()
                 if now >= next_heartbeat:
                     next_heartbeat = now + config.heartbeat_timeout_s / 4
-                    self._send_heartbeats(control)
+                    self.desk.send_heartbeats(control)
                 self._maybe_checkpoint(control, now)
                 timeout_s = min(_SUPERVISE_INTERVAL_S, max(0.0, next_progress - now))
                 if control.poll(poll_timeout_ms(timeout_s)):
@@ -193,7 +182,7 @@ class Manager:
                 if self._handshakes is not None:
                     self._handshakes.check()
                 self._supervise(control)
-                self._supervise_remotes(control)
+                self.desk.supervise_remotes(control)
             logger.info(
                 "budget reached: %d env steps, %d episodes, return_mean %.1f",
                 self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
@@ -286,19 +275,6 @@ class Manager:
                     control, agent, f"silent for {self.config.heartbeat_timeout_s:.0f}s (heartbeat timeout); killed", None
                 )
 
-    def _supervise_remotes(self, control: zmq.Socket) -> None:
-        now = time.monotonic()
-        for agent in list(self.agents.remotes.values()):
-            if now - agent.last_seen > self.config.heartbeat_timeout_s:
-                self._forget_remote(control, agent, f"silent for {self.config.heartbeat_timeout_s:.0f}s (link lost?)")
-
-    def _forget_remote(self, control: zmq.Socket, agent: AgentRecord, why: str) -> None:
-        # Remote agents are not restarted here: their machine's `flare2 attach` owns them, and they may attach again.
-        logger.warning("remote agent %s %s; dropped from the run", agent.agent_id, why)
-        self.totals.remote_dropped += 1
-        self.agents.stop_listening(agent)
-        self._send_live(control)
-
     def _on_agent_death(self, control: zmq.Socket, agent: AgentRecord, cause: str, exit_code: int | None) -> None:
         detail = f"\n{agent.error}" if agent.error else ""
         if exit_code == exit_codes.CONFIG_ERROR:
@@ -306,7 +282,7 @@ class Manager:
         if exit_code == exit_codes.COMPUTE_FAILED:
             # The compute process failed; its own report (with the traceback) ends the run.
             self._drain(control)
-        if exit_code == exit_codes.MANAGER_LOST and self._compute_hello is None:
+        if exit_code == exit_codes.MANAGER_LOST and self.desk.served is None:
             raise RunFailed(f"agent {agent.agent_id} could not register with the manager: {cause}")
         totals = self.totals
         totals.restarts += 1
@@ -324,7 +300,7 @@ class Manager:
         )
         agent.restart_at = now + backoff
         self.agents.stop_listening(agent)
-        self._send_live(control)
+        self.desk.send_live(control)
 
     # ---- messages --------------------------------------------------------------------
 
@@ -350,7 +326,7 @@ class Manager:
                 if identity == COMPUTE_IDENTITY.encode():
                     self._on_compute(control, message)
                 else:
-                    self._on_agent(control, identity, message)
+                    self.desk.on_message(control, identity, message)
             except RunFailed:
                 raise
             except Exception:  # a message nobody foresaw must not take the run down
@@ -375,12 +351,11 @@ class Manager:
         elif message.kind == BYE:
             logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == ERROR:
-            raise RunFailed(f"the compute process failed: {_error_text(message)}", _error_exit_code(message))
+            raise RunFailed(f"the compute process failed: {error_text(message)}", _error_exit_code(message))
         else:
             self._drop(COMPUTE_IDENTITY.encode(), f"unexpected kind {message.kind!r}")
 
     def _on_compute_hello(self, control: zmq.Socket, hello: dict[str, Any]) -> None:
-        self._compute_hello = hello
         write_run_file(self.log_dir / "run.json", self.control_endpoint, hello)
         record = run_record(self.config, hello)
         if self.config.resume_dir:
@@ -398,136 +373,11 @@ class Manager:
             self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(self.config)
         )
         self._checkpoints.start(time.monotonic(), self.totals.env_steps)
-        pending, self._pending_hellos = self._pending_hellos, []
-        for message in pending:
-            self._welcome(control, message)
-
-    def _on_agent(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
-        agent = self.agents.by_id(identity.decode(errors="replace"))
-        if agent is None:
-            if message.kind == HELLO and not self._stopping:
-                self._on_stranger_hello(control, identity, message)
-            else:
-                self._drop(identity, "not an agent of this run (or one that was already restarted)")
-            return
-        agent.last_seen = time.monotonic()
-        if message.kind == HELLO:
-            if self._stopping:
-                # Answer in place of the welcome, so an agent still starting up leaves at once.
-                router_send(control, identity, Message(STOP, {}, seq=message.seq))
-            elif self._compute_hello is None:
-                self._pending_hellos.append(message)
-            else:
-                self._welcome(control, message)
-        elif message.kind == STATS:
-            self._on_agent_stats(agent, identity, message.payload)
-        elif message.kind == BYE:
-            if agent.remote:
-                logger.info("remote agent %s detached", agent.agent_id)
-                self.agents.stop_listening(agent)
-            agent.said_bye = True
-            self._send_live(control)
-        elif message.kind == ERROR and agent.remote:
-            self._forget_remote(control, agent, f"failed: {_error_text(message)}")
-        elif message.kind == ERROR:
-            # The agent exits next; supervision restarts it (or fails the run for a config error).
-            agent.error = _error_text(message)
-            if message.payload.get("code") == "config":
-                raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error}", exit_codes.CONFIG_ERROR)
-        else:
-            self._drop(identity, f"unexpected kind {message.kind!r}")
-
-    def _on_stranger_hello(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
-        """A probe from `flare2 attach`, or a remote agent joining (CURVE already vetted the peer, off loopback)."""
-        role = message.payload.get("role")
-        if role == "probe":
-            served = (self._compute_hello or {}).get("cts", {})
-            reply = {"protocol_version": PROTOCOL_VERSION, "cts": {name: self._endpoints_for(ct, local=False) for name, ct in served.items()}}
-            router_send(control, identity, Message(WELCOME, reply, seq=message.seq))
-            return
-        agent_id = message.agent_id
-        valid = (
-            role == "agent" and message.payload.get("remote") is True and agent_id.encode() == identity
-            and _REMOTE_ID.fullmatch(agent_id) is not None
-        )
-        if not valid or len(self.agents.remotes) >= _MAX_REMOTE_AGENTS:
-            self._drop(identity, "a hello that is neither a probe nor a remote agent's, or too many remote agents")
-            return
-        agent = AgentRecord(-1, 0, agent_id, None, last_seen=time.monotonic())
-        self.agents.add_remote(agent)
-        logger.info("remote agent %s (pid %s on %s) attached", agent_id, message.payload.get("pid"), message.payload.get("host"))
-        if self._compute_hello is None:
-            self._pending_hellos.append(message)
-        else:
-            self._welcome(control, message)
-
-    def _on_agent_stats(self, agent: AgentRecord, identity: bytes, payload: dict[str, Any]) -> None:
-        try:
-            steps, episodes = _counted(payload, "steps", "episodes")
-            eval_steps, eval_episodes = _counted(payload, "eval_steps", "eval_episodes")
-        except (TypeError, ValueError):
-            self._drop(identity, "stats with wrong field types")
-            return
-        self.totals.add_agent_stats(steps, episodes, remote=agent.remote)
-        self.totals.add_eval_stats(eval_steps, eval_episodes)
-        self.totals.round_trips.merge(payload.get("predict_round_trips"))
-
-    def _welcome(self, control: zmq.Socket, hello: Message) -> None:
-        agent = self.agents.by_id(hello.agent_id)
-        if agent is None:
-            return
-        served = self._compute_hello["cts"]
-        wanted = hello.payload.get("cts", [])
-        unknown = sorted(str(ct) for ct in wanted if ct not in served) if isinstance(wanted, list) else [repr(wanted)]
-        if unknown:
-            reason = f"agent asks for CT(s) {unknown}, but this run serves {sorted(served)}"
-            router_send(control, hello.agent_id.encode(), Message(ERROR, error_payload(reason, code="config"), seq=hello.seq))
-            return
-        welcome = {
-            "cts": {name: self._endpoints_for(served[name], local=not agent.remote) for name in wanted},
-            "control_interval_s": AGENT_CONTROL_INTERVAL_S,
-            "heartbeat_timeout_s": self.config.heartbeat_timeout_s,
-            "reply_timeout_s": self.config.reply_timeout_s,
-            "max_message_bytes": self.config.max_message_bytes,
-            "eval_every": self.config.eval_every,
-        }
-        agent.registered = True
-        agent.cts = frozenset(wanted)
-        envs = hello.payload.get("envs", 1)
-        agent.envs = envs if type(envs) is int and envs >= 0 else 0
-        # Its heartbeat clock starts now, not when its hello arrived (it may have waited for the compute process).
-        agent.last_seen = time.monotonic()
-        # The CDPs learn of the agent before it can send its first request.
-        self._send_live(control)
-        router_send(control, hello.agent_id.encode(), Message(WELCOME, welcome, seq=hello.seq))
-
-    def _endpoints_for(self, ct: dict[str, Any], *, local: bool) -> dict[str, Any]:
-        """What an agent needs of a CT: its Unix sockets for an agent of this machine (``local``), else the TCP
-        address agents must use (``advertise``, not the one bound)."""
-        endpoints = {key: ct[key] for key in ("specs", "learn_ahead")}
-        if local and ct.get("local_predict_endpoint"):
-            return {**endpoints, "predict_endpoint": ct["local_predict_endpoint"], "learn_endpoint": ct["local_learn_endpoint"]}
-        for key in ("predict_endpoint", "learn_endpoint"):
-            endpoints[key] = _with_host(ct[key], self.config.advertise) if self.config.advertise else ct[key]
-        return endpoints
-
-    def _send_live(self, control: zmq.Socket) -> None:
-        """Tell the compute process which agents its batches wait for; the one place a LIVE set goes out."""
-        if self._compute_hello is None:
-            # Not up yet: the welcomes that follow its hello send the set then.
-            return
-        agents = self.agents.live()
-        # Each CT's batches wait only for the agents that ask it.
-        cts = {name: sorted(a.agent_id for a in agents if name in a.cts) for name in self._compute_hello["cts"]}
-        router_send(control, COMPUTE_IDENTITY.encode(), Message(LIVE, {"cts": cts}))
-
-    def _send_heartbeats(self, control: zmq.Socket) -> None:
-        for agent in list(self.agents):
-            if agent.live:
-                router_send(control, agent.agent_id.encode(), Message(HEARTBEAT, {}))
+        served = hello.get("cts")
+        self.desk.compute_is_up(control, served if isinstance(served, dict) else {})
 
     def _maybe_checkpoint(self, control: zmq.Socket, now: float) -> None:
-        if self._compute_hello is None or self._checkpoint_pending:
+        if self.desk.served is None or self._checkpoint_pending:
             return
         if not self._checkpoints.take_due(now, self.totals.env_steps):
             return
@@ -539,19 +389,18 @@ class Manager:
     def _shutdown(self, control: zmq.Socket) -> None:
         """Stop agents, then the compute process (which writes the checkpoint); kill what does not leave."""
         timeout_s = self.config.stop_timeout_s
-        self._stopping = True
-        pending, self._pending_hellos = self._pending_hellos, []
-        for hello in pending:
-            router_send(control, hello.agent_id.encode(), Message(STOP, {}, seq=hello.seq))
-        for agent in self.agents.remotes.values():
-            # The run is over for attached agents too; their `flare2 attach` exits when they have.
-            router_send(control, agent.agent_id.encode(), Message(STOP, {}))
+        self.desk.stop_all(control)
         running = [agent for agent in self.agents.slots if agent.restart_at is None and agent.process.poll() is None]
         for agent in running:
             router_send(control, agent.agent_id.encode(), Message(STOP, {}))
         started = time.monotonic()
         deadline = started + timeout_s
         while any(agent.process.poll() is None for agent in running) and time.monotonic() < deadline:
+            self._drain_quietly(control, 0.05)
+        # An agent that stopped cleanly sent its final stats and a bye before it exited; they may still be on
+        # their way. The checkpoint's counters must include them.
+        deadline = max(deadline, time.monotonic() + _LAST_WORDS_S)
+        while any(agent.process.poll() == 0 and not agent.said_bye for agent in running) and time.monotonic() < deadline:
             self._drain_quietly(control, 0.05)
         self._drain_quietly(control, 0.0)
         for agent in running:
@@ -564,7 +413,7 @@ class Manager:
         compute = self._compute
         if compute is not None and compute.exitcode is None:
             wait_s = timeout_s
-            if self._compute_hello is not None:
+            if self.desk.served is not None:
                 router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": self.totals.counters()}))
                 # Saving a checkpoint of a big model takes a while.
                 wait_s = timeout_s * 4
@@ -586,26 +435,6 @@ class Manager:
             self._drain(control)
         except RunFailed as exc:
             logger.error("while stopping: %s", exc)
-
-
-def _counted(payload: dict[str, Any], steps_key: str, episodes_key: str) -> tuple[int, list[tuple[float, int]]]:
-    """A stats message's step count and (return, length) episodes; TypeError/ValueError when malformed."""
-    steps, episodes = payload.get(steps_key, 0), payload.get(episodes_key, [])
-    if type(steps) is not int or steps < 0 or not isinstance(episodes, list):
-        raise ValueError(f"{steps_key}/{episodes_key} have the wrong types")
-    return steps, [(float(ret), int(length)) for ret, length in episodes]
-
-
-def _with_host(endpoint: str, host: str) -> str:
-    port = endpoint.rsplit(":", 1)[1]
-    return f"tcp://{host}:{port}"
-
-
-def _error_text(message: Message) -> str:
-    text = str(message.payload.get("reason", "no reason given"))
-    if message.payload.get("traceback"):
-        text += "\n" + str(message.payload["traceback"]).rstrip()
-    return text
 
 
 def _error_exit_code(message: Message) -> int:

@@ -107,3 +107,11 @@ def unpack(frames: list[bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Messag
 def error_payload(reason: str, *, traceback: str = "", code: str = "bad_request") -> dict[str, str]:
     """The payload of an ERROR reply. ``code`` lets the receiver choose an exception type."""
     return {"code": code, "reason": reason, "traceback": traceback}
+
+
+def error_text(message: Message) -> str:
+    """The reason of an ERROR message, with the traceback it carries (for a log line)."""
+    text = str(message.payload.get("reason", "no reason given"))
+    if message.payload.get("traceback"):
+        text += "\n" + str(message.payload["traceback"]).rstrip()
+    return text

@@ -37,16 +37,16 @@ def remote_hello(agent_id: str) -> Message:
 
 def test_a_remote_agent_dropped_while_the_compute_process_is_still_starting_leaves_the_manager_running(tmp_path, control):
     run = manager(tmp_path)
-    run._on_stranger_hello(control, b"r-late", remote_hello("r-late"))
+    run.desk.on_message(control, b"r-late", remote_hello("r-late"))
     assert "r-late" in run.agents.remotes
     # Silent past the heartbeat timeout before the compute process said hello.
     run.agents.remotes["r-late"].last_seen = time.monotonic() - 10
-    run._supervise_remotes(control)
+    run.desk.supervise_remotes(control)
     assert "r-late" not in run.agents.remotes and run.totals.remote_dropped == 1
 
 
 def test_a_remote_agent_that_says_bye_before_the_compute_process_is_up_leaves_the_manager_running(tmp_path, control):
     run = manager(tmp_path)
-    run._on_stranger_hello(control, b"r-early", remote_hello("r-early"))
-    run._on_agent(control, b"r-early", Message(BYE, {}, "r-early", 2))
+    run.desk.on_message(control, b"r-early", remote_hello("r-early"))
+    run.desk.on_message(control, b"r-early", Message(BYE, {}, "r-early", 2))
     assert "r-early" not in run.agents.remotes

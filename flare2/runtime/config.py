@@ -145,8 +145,8 @@ class RunConfig:
     """Run learn() in a thread of its own so that predictions are served while it runs (False: learn between
     predictions, in the compute loop). Off by default: with small models learn() and predict() are mostly Python,
     so the two threads take turns at the GIL and each waits for the other (2 cores, CPU, one agent of 8 envs:
-    A2C 6.2k -> 8.9k env steps/s, PPO 2.8k -> 4.1k without the thread). It pays where learn() spends its time
-    outside the GIL (large models, work on a GPU)."""
+    PPO 2.8k -> 4.1k env steps/s without the thread; A2C within its run-to-run spread). It pays where learn()
+    spends its time outside the GIL (large models, work on a GPU)."""
     serial: bool = False
     """Run the compute side and one agent in this process, over in-process ports (for debuggers; see
     flare2.runtime.serial)."""

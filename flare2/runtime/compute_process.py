@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -57,6 +55,8 @@ class ComputeSettings:
     max_message_bytes: int
     parent_pid: int
     stats_interval_s: float = 1.0
+    socket_dir: str = ""
+    """Where the CDPs' Unix sockets for local agents go: a private directory the manager made and removes."""
 
 
 def compute_main(settings: ComputeSettings) -> None:
@@ -115,14 +115,12 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             counters = ct.load(resume_checkpoint_path(settings.resume_dir, ct.name))
     fronts: list[SocketFront] = []
     learner: LearnerThread | InlineLearner = InlineLearner()
-    # The Unix sockets of local agents: in a directory of this process only (mode 0700), gone when it ends.
-    local_dir = tempfile.mkdtemp(prefix="flare2-")
     try:
         for index, (ct, config) in enumerate(zip(cts, settings.cts)):
             fronts.append(
                 SocketFront(
                     ct, ctx, host=settings.bind, config=config.batching, max_bytes=settings.max_message_bytes,
-                    curve=settings.curve_server, local_prefix=os.path.join(local_dir, f"ct{index}"),
+                    curve=settings.curve_server, local_prefix=os.path.join(settings.socket_dir, f"ct{index}"),
                 )
             )
         if settings.learner_thread:
@@ -157,7 +155,6 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             learner.close()
         for front in fronts:
             front.close()
-        shutil.rmtree(local_dir, ignore_errors=True)
 
 
 def serve_ready(cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner, now: float) -> None:

@@ -29,8 +29,10 @@ import logging
 import multiprocessing
 import os
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,9 @@ class Manager:
         self.desk = AgentDesk(config, self.agents, self.totals, self._drop)
         self._curve_server: CurveServer | None = None
         self._handshakes: HandshakeWatch | None = None
+        # The Unix sockets local agents reach the CDPs by: mode 0700, removed as the run ends however the
+        # compute process ended.
+        self._socket_dir = ""
         self._local_curve: CurveClient | None = None
         self._compute: multiprocessing.process.BaseProcess | None = None
         self._progress: ProgressLog | None = None
@@ -122,6 +127,8 @@ class Manager:
                         if self._handshakes is not None:
                             self._handshakes.close()
                         control.close(linger=0)
+                        if self._socket_dir:
+                            shutil.rmtree(self._socket_dir, ignore_errors=True)
                 finally:
                     if authenticator is not None:
                         authenticator.stop()
@@ -211,6 +218,7 @@ class Manager:
 
     def _start_compute(self) -> None:
         config = self.config
+        self._socket_dir = tempfile.mkdtemp(prefix="flare2-")
         settings = ComputeSettings(
             control_endpoint=self.control_endpoint,
             cts=config.cts,
@@ -227,6 +235,7 @@ class Manager:
             parent_pid=os.getpid(),
             # At least one compute report per progress row, so each row sees fresh batching figures.
             stats_interval_s=min(1.0, config.progress_interval_s / 2),
+            socket_dir=self._socket_dir,
         )
         process = multiprocessing.get_context("spawn").Process(target=compute_main, args=(settings,), name="flare2-compute")
         process.start()

@@ -82,14 +82,13 @@ def _differences(before: Any, now: Any, prefix: str = "") -> list[tuple[str, Any
 
 
 def write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, Any]) -> None:
-    """run.json: where this run listens, for tools and for agents attached by hand."""
+    """run.json: where this run listens (TCP, and the Unix sockets of local agents), for tools and for agents
+    attached by hand."""
+    keys = ("predict_endpoint", "learn_endpoint", "local_predict_endpoint", "local_learn_endpoint")
     info = {
         "pid": os.getpid(),
         "control_endpoint": control_endpoint,
-        "cts": {
-            name: {"predict_endpoint": ct["predict_endpoint"], "learn_endpoint": ct["learn_endpoint"]}
-            for name, ct in compute_hello.get("cts", {}).items()
-        },
+        "cts": {name: {key: ct.get(key) for key in keys} for name, ct in compute_hello.get("cts", {}).items()},
     }
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, indent=2), encoding="utf-8")

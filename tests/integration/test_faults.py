@@ -87,11 +87,21 @@ def test_a_compute_process_killed_with_sigkill_ends_the_run_saying_so(tmp_path, 
     run = runs(CARTPOLE, "--num-agents", "2", "--envs-per-agent", "1", "--max-steps", "10000000", "--device", "cpu",
                "--heartbeat-timeout", "3", log_dir=tmp_path)
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
+    socket_dirs = {path.parent for path in map(Path, _local_socket_paths(tmp_path))}
+    assert len(socket_dirs) == 1 and all(directory.is_dir() for directory in socket_dirs)
     os.kill(compute_pid(run.process.pid), signal.SIGKILL)
     killed_at = time.monotonic()
     assert run.wait(timeout_s=30) == 1
     assert time.monotonic() - killed_at < 3, "the run outlived its dead compute process by more than the heartbeat timeout"
     assert "the compute process died: it was killed by SIGKILL" in run.text
+    # Its Unix sockets went with the run.
+    assert not any(directory.exists() for directory in socket_dirs)
+
+
+def _local_socket_paths(log_dir: Path) -> list[str]:
+    """The CDPs' Unix socket paths of a run, from its run.json (written once the compute process is up)."""
+    cts = json.loads((log_dir / "run.json").read_text())["cts"].values()
+    return [ct[key].removeprefix("ipc://") for ct in cts for key in ("local_predict_endpoint", "local_learn_endpoint")]
 
 
 def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(tmp_path, runs):

@@ -30,9 +30,18 @@ CONFIG_FILE = "config.json"
 
 
 def _plain(value: Any) -> Any:
-    """A JSON stand-in for what json cannot write: functions by import name, partials with their arguments."""
+    """``value`` as JSON data: settings field by field, functions by import name, partials with their arguments,
+    anything else by its repr (nothing is copied or called, so any build function can be recorded)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {item.name: _plain(getattr(value, item.name)) for item in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
     if isinstance(value, functools.partial):
-        return {"function": _plain(value.func), "args": list(value.args), "keywords": value.keywords}
+        return {"function": _plain(value.func), "args": _plain(value.args), "keywords": _plain(value.keywords)}
     if callable(value):
         return f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
     return repr(value)
@@ -40,7 +49,7 @@ def _plain(value: Any) -> Any:
 
 def run_record(config: RunConfig, compute_hello: dict[str, Any]) -> dict[str, Any]:
     """The run's settings, and each CT's algorithm and specs as the compute process built them."""
-    settings = json.loads(json.dumps(dataclasses.asdict(config), default=_plain))
+    settings = _plain(config)
     cts = {
         name: {"algorithm": ct.get("algorithm"), "specs": ct.get("specs")}
         for name, ct in compute_hello.get("cts", {}).items()

@@ -42,3 +42,23 @@ def test_a_resumed_run_logs_each_setting_it_changes(tmp_path, caplog):
         log_resumed_changes(str(first / "checkpoints"), changed)
     lines = [record.getMessage() for record in caplog.records]
     assert lines == ["resume changes max_steps: 1000 -> 5000", "resume changes seed: 0 -> 3"]
+
+
+class _Builder:
+    """A build callable that holds what cannot be copied or written as JSON."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        raise AssertionError
+
+
+def test_any_build_callable_is_recorded_by_name_without_being_copied(tmp_path):
+    builder = _Builder()
+    record = run_record(config(cts=(CTConfig("RL", functools.partial(builder.__call__)),), log_dir=str(tmp_path)), HELLO)
+    write_run_record(tmp_path, record)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["run"]["cts"][0]["build"]["function"] == f"{__name__}:_Builder.__call__"

@@ -266,6 +266,10 @@ class ComputationTask:
         kind = type(self.algorithm)
         return f"{kind.__module__}.{kind.__qualname__}"
 
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must match: the algorithm's class and the model's specs (as on the wire)."""
+        return {"algorithm": self.algorithm_class, "specs": self.specs.to_wire()}
+
     def _check_same_task(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
         """Refuse a checkpoint of another algorithm or other specs, naming the field (older checkpoints say neither)."""
         fix = "resume with the algorithm and model that wrote it, or start a new run without --resume"

@@ -114,7 +114,6 @@ def attach(config: AttachConfig) -> int:
         return supervisor.run()
     except _Detach as detach:
         logger.info("detaching %d agent(s)", sum(process.poll() is None for process in supervisor.processes))
-        _stop(supervisor.processes, config.stop_timeout_s)
         return exit_codes.OK if detach.signum == signal.SIGINT else 128 + detach.signum
     finally:
         for signum, handler in previous.items():

@@ -54,9 +54,9 @@ class ComputeSettings:
     """learn() in a thread of its own, beside the predictions (see flare2.runtime.learner)."""
     max_message_bytes: int
     parent_pid: int
-    stats_interval_s: float = 1.0
-    socket_dir: str = ""
+    socket_dir: str
     """Where the CDPs' Unix sockets for local agents go: a private directory the manager made and removes."""
+    stats_interval_s: float = 1.0
 
 
 def compute_main(settings: ComputeSettings) -> None:
@@ -134,13 +134,12 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             "counters": counters,
             "cts": {
                 front.cdp.ct.name: {
-                    "specs": front.cdp.ct.specs.to_wire(),
+                    **front.cdp.ct.identity(),
                     "predict_endpoint": front.predict_endpoint,
                     "learn_endpoint": front.learn_endpoint,
                     "local_predict_endpoint": front.local_predict_endpoint,
                     "local_learn_endpoint": front.local_learn_endpoint,
                     "learn_ahead": front.cdp.ct.learn_ahead,
-                    "algorithm": front.cdp.ct.algorithm_class,
                 }
                 for front in fronts
             },

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from flare2.runtime.agent_desk import AgentDesk
 from flare2.runtime.exit_codes import RunFailed
 from flare2.runtime.registry import AgentRecord, AgentRegistry
 from flare2.runtime.restarts import failure_streak, restart_backoff
-from flare2.runtime.run_files import log_resumed_changes, run_logs_and_signals, run_record, write_run_file, write_run_record
+from flare2.runtime.run_files import record_run, run_logs_and_signals, write_run_file
 from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
@@ -82,8 +83,6 @@ class Manager:
         self.desk = AgentDesk(config, self.agents, self.totals, self._drop)
         self._curve_server: CurveServer | None = None
         self._handshakes: HandshakeWatch | None = None
-        # The Unix sockets local agents reach the CDPs by: mode 0700, removed as the run ends however the
-        # compute process ended.
         self._socket_dir = ""
         self._local_curve: CurveClient | None = None
         self._compute: multiprocessing.process.BaseProcess | None = None
@@ -112,26 +111,25 @@ class Manager:
                 for ct in self.config.cts:
                     resume_checkpoint_path(self.config.resume_dir, ct.name)
             self._setup_security()
-            with context() as ctx:
-                authenticator = start_authenticator(ctx, self._curve_server) if self._curve_server else None
+            with context() as ctx, ExitStack() as cleanup:
+                if self._curve_server:
+                    cleanup.callback(start_authenticator(ctx, self._curve_server).stop)
+                control, self.control_endpoint = bind_router(
+                    ctx, self.config.bind, port=self.config.port, max_bytes=self.config.max_message_bytes,
+                    curve=self._curve_server,
+                )
+                cleanup.callback(control.close, linger=0)
+                if self._curve_server:
+                    self._handshakes = HandshakeWatch(control)
+                    cleanup.callback(self._handshakes.close)
+                # The Unix sockets local agents reach the CDPs by: mode 0700, removed as the run ends however
+                # the compute process ended.
+                self._socket_dir = tempfile.mkdtemp(prefix="flare2-")
+                cleanup.callback(shutil.rmtree, self._socket_dir, ignore_errors=True)
                 try:
-                    control, self.control_endpoint = bind_router(
-                        ctx, self.config.bind, port=self.config.port, max_bytes=self.config.max_message_bytes,
-                        curve=self._curve_server,
-                    )
-                    self._handshakes = HandshakeWatch(control) if self._curve_server else None
-                    try:
-                        return self._run(control)
-                    finally:
-                        self._shutdown(control)
-                        if self._handshakes is not None:
-                            self._handshakes.close()
-                        control.close(linger=0)
-                        if self._socket_dir:
-                            shutil.rmtree(self._socket_dir, ignore_errors=True)
+                    return self._run(control)
                 finally:
-                    if authenticator is not None:
-                        authenticator.stop()
+                    self._shutdown(control)
         except ConfigError as exc:
             logger.error("%s", exc)
             return exit_codes.CONFIG_ERROR
@@ -218,7 +216,6 @@ class Manager:
 
     def _start_compute(self) -> None:
         config = self.config
-        self._socket_dir = tempfile.mkdtemp(prefix="flare2-")
         settings = ComputeSettings(
             control_endpoint=self.control_endpoint,
             cts=config.cts,
@@ -366,10 +363,9 @@ class Manager:
 
     def _on_compute_hello(self, control: zmq.Socket, hello: dict[str, Any]) -> None:
         write_run_file(self.log_dir / "run.json", self.control_endpoint, hello)
-        record = run_record(self.config, hello)
-        if self.config.resume_dir:
-            log_resumed_changes(self.config.resume_dir, record)
-        write_run_record(self.log_dir, record)
+        served = hello.get("cts")
+        served = served if isinstance(served, dict) else {}
+        record_run(self.config, served)
         logger.info("compute process is up on %s, CTs %s", hello.get("device"), sorted(hello.get("cts", {})))
         counters = hello.get("counters") or {}
         if counters:
@@ -382,8 +378,7 @@ class Manager:
             self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(self.config)
         )
         self._checkpoints.start(time.monotonic(), self.totals.env_steps)
-        served = hello.get("cts")
-        self.desk.compute_is_up(control, served if isinstance(served, dict) else {})
+        self.desk.compute_is_up(control, served)
 
     def _maybe_checkpoint(self, control: zmq.Socket, now: float) -> None:
         if self.desk.served is None or self._checkpoint_pending:

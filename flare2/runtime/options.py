@@ -31,7 +31,7 @@ def _number(kind: type, *, least: float, strict: bool = False):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} {bound}, got {text!r}") from None
-        if value < least or (strict and value == least):
+        if not value >= least or (strict and value == least):  # "not >=" refuses NaN too
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
@@ -56,10 +56,11 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, env
                           "(reported as eval_return_mean; not learned from; 0: none)")
     run.add_argument("--stop-eval-return", type=float, default=None,
                      help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)")
-    run.add_argument("--device", default="auto", help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")
+    run.add_argument("--device", default=RunConfig.device, help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")
     run.add_argument("--log-dir", default=log_dir, help="where progress.csv, manager.log and checkpoints go")
-    run.add_argument("--seed", type=int, default=0, help="seeds the models and each agent's env")
-    run.add_argument("--progress-interval", type=_number(float, least=0, strict=True), default=5.0, help="seconds between progress lines")
+    run.add_argument("--seed", type=int, default=RunConfig.seed, help="seeds the models and each agent's env")
+    run.add_argument("--progress-interval", type=_number(float, least=0, strict=True), default=RunConfig.progress_interval_s,
+                     help="seconds between progress lines")
     batching = parser.add_argument_group("batching")
     batching.add_argument("--max-batch", type=_number(int, least=1), default=BatchingConfig.max_batch,
                           help="a prediction batch is flushed once it holds this many requests")

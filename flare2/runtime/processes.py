@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import json
 import importlib.util
+import json
 import logging
 import os
 import signal

@@ -47,20 +47,26 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def run_record(config: RunConfig, compute_hello: dict[str, Any]) -> dict[str, Any]:
-    """The run's settings, and each CT's algorithm and specs as the compute process built them."""
-    settings = _plain(config)
-    cts = {
-        name: {"algorithm": ct.get("algorithm"), "specs": ct.get("specs")}
-        for name, ct in compute_hello.get("cts", {}).items()
+def run_record(config: RunConfig, cts: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings, and each CT's algorithm and specs as built (``cts``: name to a dict holding them)."""
+    return {
+        "run": _plain(config),
+        "cts": {name: {"algorithm": ct.get("algorithm"), "specs": ct.get("specs")} for name, ct in cts.items()},
     }
-    return {"run": settings, "cts": cts}
 
 
-def write_run_record(log_dir: Path, record: dict[str, Any]) -> None:
-    path = log_dir / CONFIG_FILE
+def record_run(config: RunConfig, cts: dict[str, Any]) -> None:
+    """Write LOG_DIR/config.json, after logging what a resumed run changes of the settings it resumes."""
+    record = run_record(config, cts)
+    if config.resume_dir:
+        log_resumed_changes(config.resume_dir, record)
+    _write_json(Path(config.log_dir) / CONFIG_FILE, record)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Written whole or not at all: a reader never sees half a file."""
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True), encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -94,14 +100,11 @@ def write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, A
     """run.json: where this run listens (TCP, and the Unix sockets of local agents), for tools and for agents
     attached by hand."""
     keys = ("predict_endpoint", "learn_endpoint", "local_predict_endpoint", "local_learn_endpoint")
-    info = {
+    _write_json(path, {
         "pid": os.getpid(),
         "control_endpoint": control_endpoint,
         "cts": {name: {key: ct.get(key) for key in keys} for name, ct in compute_hello.get("cts", {}).items()},
-    }
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(info, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    })
 
 
 @contextmanager

@@ -31,11 +31,10 @@ from flare2.runtime.agent_process import StopRequested, make_agent, make_envs, p
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.checkpoints import CheckpointSchedule, checkpoint_path, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.config import RunConfig
-from flare2.runtime.learner import InlineLearner
 from flare2.runtime import exit_codes
-from flare2.runtime.run_files import log_resumed_changes, run_record, write_run_record
-from flare2.runtime.run_files import run_logs_and_signals
+from flare2.runtime.learner import InlineLearner
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
+from flare2.runtime.run_files import record_run, run_logs_and_signals
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, Message
 from flare2.wire.sockets import raise_for_error
 
@@ -226,12 +225,7 @@ class SerialRun:
             if config.resume_dir:
                 counters = ct.load(resume_checkpoint_path(config.resume_dir, ct.name))
             self.cdps.append(ComputationDataProcessor(ct, config=ct_config.batching, reply=lambda *_: None))
-        built = {"cts": {cdp.ct.name: {"algorithm": cdp.ct.algorithm_class, "specs": cdp.ct.specs.to_wire()}
-                         for cdp in self.cdps}}
-        record = run_record(config, built)
-        if config.resume_dir:
-            log_resumed_changes(config.resume_dir, record)
-        write_run_record(self.log_dir, record)
+        record_run(config, {cdp.ct.name: cdp.ct.identity() for cdp in self.cdps})
         if counters:
             self.totals.resume_from(counters)
         self._progress = ProgressLog(

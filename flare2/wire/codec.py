@@ -38,6 +38,7 @@ _CODE_OF_DTYPE = {dtype: code for code, dtype in enumerate(_WIRE_DTYPES)}
 _NATIVE_IS_LITTLE = sys.byteorder == "little"
 _LITTLE_DTYPES = tuple(dtype.newbyteorder("<") for dtype in _WIRE_DTYPES)
 _SHAPE_FORMATS = tuple(f"<{ndim}I" for ndim in range(MAX_NDIM + 1))
+_HEAD_FORMATS = tuple(f"<BB{ndim}I" for ndim in range(MAX_NDIM + 1))
 WIRE_DTYPE_NAMES = tuple(dtype.name for dtype in _WIRE_DTYPES)
 
 
@@ -56,7 +57,7 @@ def _array_to_ext(array: np.ndarray) -> msgpack.ExtType:
     if array.ndim > MAX_NDIM:
         raise EncodeError(f"cannot send an array with {array.ndim} dimensions (at most {MAX_NDIM})")
     try:
-        head = struct.pack(f"<BB{array.ndim}I", code, array.ndim, *array.shape)
+        head = struct.pack(_HEAD_FORMATS[array.ndim], code, array.ndim, *array.shape)
     except struct.error:
         raise EncodeError(f"cannot send an array of shape {array.shape}: each dimension must be below 2**32") from None
     # tobytes() writes C order whatever the layout.

@@ -125,7 +125,9 @@ def ephemeral_client(server: CurveServer) -> tuple[CurveClient, CurveServer]:
     )
 
 
-_LOGGED_REFUSALS = 20
+def _worth_logging(count: int) -> bool:
+    """Refusals are logged one by one at first, then only every 100th, so a flood cannot fill the log."""
+    return count <= 20 or count % 100 == 0
 
 
 class AllowList:
@@ -147,9 +149,10 @@ class AllowList:
         if self._folder is None:
             return None
         try:
-            return tuple(sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns) for entry in os.scandir(self._folder)))
+            entries = [(entry.name, entry.stat()) for entry in os.scandir(self._folder)]
         except OSError:
             return None
+        return tuple(sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in entries))
 
     def _reload_if_changed(self) -> None:
         stamp = self._stamp()
@@ -173,7 +176,7 @@ class AllowList:
         if self.allows(client_key.decode(errors="replace")):
             return True
         self.refused += 1
-        if self.refused <= _LOGGED_REFUSALS or self.refused % 100 == 0:
+        if _worth_logging(self.refused):
             logger.warning(
                 "refused a peer whose CURVE key %s is not in the allow-list (refusal %d)",
                 client_key.decode(errors="replace"), self.refused,
@@ -217,7 +220,7 @@ class HandshakeWatch:
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
             self.failed += 1
-            if self.failed <= _LOGGED_REFUSALS or self.failed % 100 == 0:
+            if _worth_logging(self.failed):
                 logger.warning(
                     "a peer failed the CURVE handshake on %s (failure %d): it has a wrong server key or no CURVE; "
                     "give that machine this run's server.key and a client pair from `flare2 keys`",

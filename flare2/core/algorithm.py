@@ -64,10 +64,11 @@ class Algorithm:
     ``predict`` runs with every nn.Module attribute in eval mode, ``learn``
     with ``model`` in train mode. Each ``learn`` makes the next version of the
     weights (``Experience.policy_lag`` says how far behind the acting policy
-    was). With ``--learner-thread``, ``learn`` runs in a thread of its own
-    while ``predict`` keeps serving from a copy of every nn.Module attribute
-    that is refreshed as each ``learn`` ends; other attributes are shared by
-    both, so a counter ``predict`` keeps is seen by ``learn``.
+    was). ``learn`` may run elsewhere while ``predict`` keeps serving from a
+    copy of every nn.Module attribute that each ``learn`` refreshes as it
+    ends: in a learner process where ``may_learn_in_own_process`` allows it,
+    else in a thread with ``--learner thread`` (where other attributes are
+    shared by both, so a counter ``predict`` keeps is seen by ``learn``).
     ``learn_ahead`` says how many learn requests an agent may send before it
     waits for the reply to the oldest.
     """
@@ -76,6 +77,11 @@ class Algorithm:
     """Learn requests an agent may have on their way before it waits for a reply: 0 makes every agent wait for
     each learn() before it plays on (strictly on-policy); 1 lets it play the next steps while learn() runs, so
     they come from weights about one update old (``Experience.policy_lag``)."""
+
+    may_learn_in_own_process: bool = False
+    """True when ``predict`` and ``learn`` share nothing but the parameters and buffers of the nn.Module attributes
+    (no counter or schedule that one changes and the other reads): then ``learn`` may run in a learner process of its
+    own, which holds the optimizer and writes the checkpoints, and ``predict`` sees only the weights it sends back."""
 
     def __init__(self, model: Model, *, max_grad_norm: float | None = None) -> None:
         if not isinstance(model, Model):

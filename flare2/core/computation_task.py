@@ -235,6 +235,23 @@ class ComputationTask:
                     target.copy_(source)
             self.version += next_version
 
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """Every parameter and buffer of the algorithm's nn.Module attributes, in one fixed order."""
+        return [
+            tensor
+            for value in vars(self.algorithm).values() if isinstance(value, nn.Module)
+            for tensor in value.state_dict(keep_vars=True).values()
+        ]
+
+    def adopt_weights(self, source: list[torch.Tensor], *, learn_calls: int) -> None:
+        """Take the weights a learn() elsewhere made (a learner process), as the next version; ``source`` is in
+        ``weight_tensors`` order."""
+        with self._weights_lock, torch.no_grad():
+            for target, tensor in zip(self.weight_tensors(), source):
+                target.copy_(tensor)
+            self.version += 1
+            self.learn_calls = learn_calls
+
     def save(self, path: str | os.PathLike, counters: dict[str, int]) -> None:
         """Write model, optimizer and counters atomically: a crash mid-save never leaves a torn file at ``path``."""
         with self._learn_lock:

@@ -165,11 +165,15 @@ class LearnBatch:
     experience: dict[str, Any]
 
     def run(self) -> tuple[dict[str, float], int, int]:
-        """``learn()`` on it (in whatever thread the learner uses); returns the costs and the summed policy lag."""
-        ct = self.cdp.ct
-        versions = self.experience["policy_version"]
-        lag_sum = ct.version * versions.size - int(versions.sum())
-        return ct.learn(self.experience), lag_sum, versions.size
+        """``learn()`` on it (in whatever thread the learner uses); see ``learn_with_lag``."""
+        return learn_with_lag(self.cdp.ct, self.experience)
+
+
+def learn_with_lag(ct: ComputationTask, experience: dict[str, Any]) -> tuple[dict[str, float], int, int]:
+    """``ct.learn(experience)``; returns its costs, the policy lag summed over the steps, and the number of steps."""
+    versions = experience["policy_version"]
+    lag_sum = ct.version * versions.size - int(versions.sum())
+    return ct.learn(experience), lag_sum, versions.size
 
 
 class ComputationDataProcessor:

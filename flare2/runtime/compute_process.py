@@ -2,9 +2,10 @@
 
 A single loop polls the control socket and every CDP socket; its poll timeout
 is the nearest batch deadline, so a batch waits at most ``max_wait`` plus one
-wake-up. Ready learn batches are learned in the loop, between predictions,
-or with ``learner_thread`` in a thread while the loop keeps serving
-predictions from the acting copy of the weights.
+wake-up. Ready learn batches go to the learner the run chose (``learner``):
+a learner process (:mod:`flare2.runtime.learner_process`) or a thread
+(:mod:`flare2.runtime.learner`) while the loop keeps serving predictions, or
+the loop itself, between predictions.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 
 import zmq
 
-from flare2.errors import DecodeError, FlareError
+from flare2.errors import ConfigError, DecodeError, FlareError
 from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.cdp_sockets import SocketFront
-from flare2.runtime.learner import InlineLearner, LearnerThread
+from flare2.runtime.learner import InlineLearner, Learner, LearnerThread
+from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
@@ -50,8 +52,8 @@ class ComputeSettings:
     checkpoint_dir: str
     resume_dir: str | None
     torch_threads: int
-    learner_thread: bool
-    """learn() in a thread of its own, beside the predictions (see flare2.runtime.learner)."""
+    learner: str
+    """Where learn() runs: auto, process, thread or inline (see RunConfig.learner)."""
     max_message_bytes: int
     parent_pid: int
     socket_dir: str
@@ -92,29 +94,44 @@ def _report_failure(control: zmq.Socket, payload: dict[str, str]) -> None:
     raise SystemExit(1)
 
 
-def _build(settings: ComputeSettings) -> list[Any]:
+def build_cts(configs: tuple[CTConfig, ...], *, device: str, seed: int, torch_threads: int) -> list[Any]:
+    """The ComputationTasks of a run, built in order after seeding torch (the learner process builds the same)."""
     import torch
 
     from flare2.core.computation_task import ComputationTask, resolve_device
 
-    torch.set_num_threads(settings.torch_threads)
-    torch.manual_seed(settings.seed)
-    device = resolve_device(settings.device)
-    cts = []
-    for config in settings.cts:
-        ct = ComputationTask(config.name, config.build(), device=device)
-        cts.append(ct)
-    return cts
+    torch.set_num_threads(torch_threads)
+    torch.manual_seed(seed)
+    resolved = resolve_device(device)
+    return [ComputationTask(config.name, config.build(), device=resolved) for config in configs]
+
+
+def choose_learner(name: str, cts: list[Any]) -> str:
+    """``process``, ``thread`` or ``inline`` for ``--learner NAME``; ``auto`` picks a process where every CT's
+    algorithm allows one and there is a core for it."""
+    refusing = [ct for ct in cts if not ct.algorithm.may_learn_in_own_process]
+    if name == "auto":
+        return "process" if not refusing and (os.cpu_count() or 1) > 1 else "inline"
+    if name == "process" and refusing:
+        ct = refusing[0]
+        kind = type(ct.algorithm).__name__
+        raise ConfigError(
+            f"--learner process: the algorithm of CT {ct.name!r} ({kind}) keeps state outside its networks that "
+            f"predict() and learn() both use ({kind}.may_learn_in_own_process is False): use --learner thread or inline"
+        )
+    return name
 
 
 def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> None:
-    cts = _build(settings)
+    cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
     counters: dict[str, Any] = {}
+    resume_paths = None
     if settings.resume_dir:
-        for ct in cts:
-            counters = ct.load(resume_checkpoint_path(settings.resume_dir, ct.name))
+        resume_paths = tuple(resume_checkpoint_path(settings.resume_dir, ct.name) for ct in cts)
+        for ct, path in zip(cts, resume_paths):
+            counters = ct.load(path)
     fronts: list[SocketFront] = []
-    learner: LearnerThread | InlineLearner = InlineLearner()
+    learner: Learner = InlineLearner()
     try:
         for index, (ct, config) in enumerate(zip(cts, settings.cts)):
             fronts.append(
@@ -123,14 +140,21 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     curve=settings.curve_server, local_prefix=os.path.join(settings.socket_dir, f"ct{index}"),
                 )
             )
-        if settings.learner_thread:
+        kind = choose_learner(settings.learner, cts)
+        if kind == "thread":
             for ct in cts:
                 ct.act_beside_learning()
             learner = LearnerThread(ctx)
+        elif kind == "process":
+            learner = LearnerProcess(cts, LearnerSettings(
+                cts=settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads,
+                resume_paths=resume_paths, parent_pid=os.getpid(),
+            ))
         hello = {
             "role": "compute",
             "pid": os.getpid(),
             "device": str(cts[0].device),
+            "learner": kind,
             "counters": counters,
             "cts": {
                 front.cdp.ct.name: {
@@ -150,13 +174,12 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
         _send_stats(control, cdps)
         _loop(control, fronts, learner, settings)
     finally:
-        if isinstance(learner, LearnerThread):
-            learner.close()
+        learner.close()
         for front in fronts:
             front.close()
 
 
-def serve_ready(cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner, now: float) -> None:
+def serve_ready(cdps: list[ComputationDataProcessor], learner: Learner, now: float) -> None:
     """Serve the ready prediction batches, and hand ready learn batches to the learner while it is idle."""
     for cdp in cdps:
         cdp.serve_predictions(now)
@@ -165,7 +188,7 @@ def serve_ready(cdps: list[ComputationDataProcessor], learner: LearnerThread | I
             learner.submit(batch)
 
 
-def finish_learning(cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner) -> None:
+def finish_learning(cdps: list[ComputationDataProcessor], learner: Learner) -> None:
     """Learn every batch still waiting, as a run stops: no experience that reached the CDPs is lost."""
     now = time.monotonic()
     for cdp in cdps:
@@ -179,12 +202,12 @@ def finish_learning(cdps: list[ComputationDataProcessor], learner: LearnerThread
 
 
 def _loop(
-    control: zmq.Socket, fronts: list[SocketFront], learner: LearnerThread | InlineLearner, settings: ComputeSettings
+    control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings
 ) -> None:
     cdps = [front.cdp for front in fronts]
     poller = zmq.Poller()
     poller.register(control, zmq.POLLIN)
-    wake = learner.wake_socket if isinstance(learner, LearnerThread) else None
+    wake = learner.wake_socket
     if wake is not None:
         poller.register(wake, zmq.POLLIN)
     owner: dict[zmq.Socket, SocketFront] = {}
@@ -224,15 +247,15 @@ def _send_stats(control: zmq.Socket, cdps: list[ComputationDataProcessor]) -> No
     control.send_multipart(pack(Message(STATS, report)))
 
 
-def _save_checkpoints(cdps: list[ComputationDataProcessor], settings: ComputeSettings, counters: Any) -> None:
+def _save_checkpoints(
+    cdps: list[ComputationDataProcessor], learner: Learner, settings: ComputeSettings, counters: Any
+) -> None:
     counters = counters if isinstance(counters, dict) else {}
-    for cdp in cdps:
-        cdp.ct.save(checkpoint_path(settings.checkpoint_dir, cdp.ct.name), counters)
+    learner.save([(cdp.ct, str(checkpoint_path(settings.checkpoint_dir, cdp.ct.name))) for cdp in cdps], counters)
 
 
 def _handle_control(
-    control: zmq.Socket, cdps: list[ComputationDataProcessor], learner: LearnerThread | InlineLearner,
-    settings: ComputeSettings,
+    control: zmq.Socket, cdps: list[ComputationDataProcessor], learner: Learner, settings: ComputeSettings,
 ) -> bool:
     """Apply one manager message; True when the process must stop."""
     try:
@@ -247,12 +270,12 @@ def _handle_control(
             cdp.live = frozenset(a for a in agents if isinstance(a, str))
         return False
     if message.kind == CHECKPOINT:
-        _save_checkpoints(cdps, settings, message.payload.get("counters"))
+        _save_checkpoints(cdps, learner, settings, message.payload.get("counters"))
         control.send_multipart(pack(Message(CHECKPOINT, {"checkpoint_dir": settings.checkpoint_dir}, seq=message.seq)))
         return False
     if message.kind == STOP:
         finish_learning(cdps, learner)
-        _save_checkpoints(cdps, settings, message.payload.get("counters"))
+        _save_checkpoints(cdps, learner, settings, message.payload.get("counters"))
         _send_stats(control, cdps)
         control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
         return True

@@ -11,6 +11,8 @@ from typing import Any
 from flare2.errors import ConfigError
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 
+LEARNERS = ("auto", "process", "thread", "inline")
+
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -141,12 +143,12 @@ class RunConfig:
     """Threads torch uses in the compute process, set once as it starts: with small models a second thread
     costs more in handing work over than it saves (a 64-64 MLP at batch 64 is 25 % slower with 2), and the
     cores are better spent on the agent processes."""
-    learner_thread: bool = False
-    """Run learn() in a thread of its own so that predictions are served while it runs (False: learn between
-    predictions, in the compute loop). Off by default: with small models learn() and predict() are mostly Python,
-    so the two threads take turns at the GIL and each waits for the other (2 cores, CPU, one agent of 8 envs:
-    PPO 2.8k -> 4.1k env steps/s without the thread; A2C within its run-to-run spread). It pays where learn()
-    spends its time outside the GIL (large models, work on a GPU)."""
+    learner: str = "auto"
+    """Where learn() runs. ``process``: a learner process of its own, beside the compute process that keeps serving
+    predictions (the algorithm must allow it: ``Algorithm.may_learn_in_own_process``); ``thread``: a thread of the
+    compute process, which pays only where learn() spends its time outside Python (large models, a GPU), since with
+    small models the two threads take turns at the GIL; ``inline``: between predictions, in the compute loop.
+    ``auto``: a process where every CT's algorithm allows one and the machine has a second core, else inline."""
     serial: bool = False
     """Run the compute side and one agent in this process, over in-process ports (for debuggers; see
     flare2.runtime.serial)."""
@@ -203,6 +205,13 @@ class RunConfig:
             raise ConfigError(
                 f"binding {self.bind} lets other machines reach the run: make keys with `flare2 keys DIR` and pass "
                 "--keys DIR (agents attach with the same keys), or pass --insecure to run without authentication"
+            )
+        if self.learner not in LEARNERS:
+            raise ConfigError(f"learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
+        if self.serial and self.learner in ("process", "thread"):
+            raise ConfigError(
+                f"--serial runs learn() in this process, between predictions: drop --learner {self.learner} "
+                "(or drop --serial)"
             )
         if self.serial and not is_loopback(self.bind):
             raise ConfigError(

@@ -12,6 +12,9 @@ calls must never update them at once. torch releases the GIL inside its
 operators, so the two threads overlap even in one process. The loop hands
 over the next batch only when the thread is idle: batches wait in the CDP's
 queues meanwhile (and grow), never in an unbounded queue here.
+
+A learner process (:mod:`flare2.runtime.learner_process`) is the third kind,
+and where an algorithm allows one, the fastest on a CPU.
 """
 
 from __future__ import annotations
@@ -19,17 +22,48 @@ from __future__ import annotations
 import queue
 import threading
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
 from flare2.runtime.cdp import LearnBatch
+
+if TYPE_CHECKING:
+    from flare2.core.computation_task import ComputationTask
+
+
+class Learner(Protocol):
+    """Where the compute loop's learn batches go (an inline call, a thread or a process)."""
+
+    wake_socket: Any
+    """What the loop polls for answers to ``deliver`` (None: answers come within ``submit``)."""
+
+    @property
+    def idle(self) -> bool: ...
+
+    def submit(self, batch: LearnBatch) -> None: ...
+
+    def deliver(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def save(self, targets: list[tuple[ComputationTask, str]], counters: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def save_here(targets: list[tuple[ComputationTask, str]], counters: dict[str, Any]) -> None:
+    """Checkpoint CTs whose learn() runs in this process."""
+    for ct, path in targets:
+        ct.save(path, counters)
 
 
 class InlineLearner:
     """Runs ``learn()`` at once in the calling thread."""
 
     idle = True
+    wake_socket = None
+    save = staticmethod(save_here)
 
     def submit(self, batch: LearnBatch) -> None:
         try:
@@ -38,12 +72,20 @@ class InlineLearner:
             batch.cdp.learn_failed(batch, traceback.format_exc())
         batch.cdp.learned(batch, costs, lag_sum, lag_steps)
 
+    def deliver(self) -> None:
+        """Nothing is ever waiting."""
+
     def finish(self) -> None:
         """Nothing is ever left running."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
 
 class LearnerThread:
     """Runs ``learn()`` in a thread; ``wake_socket`` becomes readable when a result is ready for ``deliver``."""
+
+    save = staticmethod(save_here)  # ComputationTask.save waits for the learn() under way
 
     def __init__(self, ctx: zmq.Context) -> None:
         endpoint = f"inproc://flare2-learner-{id(self)}"

@@ -227,7 +227,7 @@ class Manager:
             checkpoint_dir=str(self.checkpoint_dir),
             resume_dir=config.resume_dir,
             torch_threads=config.torch_threads,
-            learner_thread=config.learner_thread,
+            learner=config.learner,
             max_message_bytes=config.max_message_bytes,
             parent_pid=os.getpid(),
             # At least one compute report per progress row, so each row sees fresh batching figures.
@@ -366,7 +366,10 @@ class Manager:
         served = hello.get("cts")
         served = served if isinstance(served, dict) else {}
         record_run(self.config, served)
-        logger.info("compute process is up on %s, CTs %s", hello.get("device"), sorted(hello.get("cts", {})))
+        logger.info(
+            "compute process is up on %s, CTs %s, learn() %s", hello.get("device"), sorted(hello.get("cts", {})),
+            {"process": "in a learner process", "thread": "in a learner thread"}.get(hello.get("learner"), "between predictions"),
+        )
         counters = hello.get("counters") or {}
         if counters:
             self.totals.resume_from(counters)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 
 from flare2.errors import ConfigError
-from flare2.runtime.config import AgentConfig, BatchingConfig, CTConfig, RunConfig
+from flare2.runtime.config import LEARNERS, AgentConfig, BatchingConfig, CTConfig, RunConfig
 
 
 def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
@@ -39,7 +39,7 @@ def _number(kind: type, *, least: float, strict: bool = False):
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, envs_per_agent: int = 8,
-                    max_steps: int | None = 500_000, log_dir: str = "runs/latest") -> None:
+                    max_steps: int | None = 500_000, log_dir: str = "runs/latest", learner: str = RunConfig.learner) -> None:
     """Add the options of a run (budget, agents, device, batching, supervision, checkpoints) to ``parser``."""
     run = parser.add_argument_group("run")
     run.add_argument("--num-agents", type=_number(int, least=0), default=num_agents, help="agent processes on this machine")
@@ -69,9 +69,10 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, env
                                "(0: serve what is waiting each time the compute loop is free)")
     batching.add_argument("--learn-max-wait-ms", type=_number(float, least=0), default=BatchingConfig.learn_max_wait_ms,
                           help="a learn batch waits at most this long for the learn requests of the other live agents")
-    batching.add_argument("--learner-thread", action="store_true",
-                          help="learn() in a thread beside the predictions instead of between them in the compute loop "
-                               "(pays where learn() runs mostly outside Python: large models, GPU)")
+    batching.add_argument("--learner", choices=LEARNERS, default=learner,
+                          help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
+                               "learn() runs mostly outside Python: large models, GPU), or inline between predictions; "
+                               "auto: a process where the algorithm allows one and there are 2 cores or more")
     supervision = parser.add_argument_group("supervision and checkpoints")
     supervision.add_argument("--max-restarts", type=_number(int, least=0), default=RunConfig.max_restarts,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
@@ -135,6 +136,6 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         checkpoint_every_s=every_s,
         checkpoint_every_steps=every_steps,
         resume_dir=args.resume,
-        learner_thread=args.learner_thread,
+        learner=args.learner,
         serial=args.serial,
     )

@@ -48,6 +48,8 @@ class A2CConfig:
 
 
 class A2C(Algorithm):
+    may_learn_in_own_process = True
+
     def __init__(self, model: MLPActorCritic, config: A2CConfig = A2CConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config

@@ -103,6 +103,8 @@ class PPOActorCritic(MLPActorCritic):
 
 
 class PPO(Algorithm):
+    may_learn_in_own_process = True
+
     def __init__(self, model: PPOActorCritic, config: PPOConfig = PPOConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config

@@ -41,6 +41,8 @@ class RecurrentPPOConfig(ClippedObjectiveConfig):
 
 
 class RecurrentPPO(Algorithm):
+    may_learn_in_own_process = True
+
     def __init__(self, model: GRUActorCritic, config: RecurrentPPOConfig = RecurrentPPOConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         if not isinstance(model, GRUActorCritic):

@@ -43,6 +43,8 @@ class SARSAConfig:
 
 
 class SARSA(Algorithm):
+    may_learn_in_own_process = True
+
     def __init__(self, model: QNetwork, config: SARSAConfig = SARSAConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config

@@ -1,0 +1,221 @@
+"""The learner process: ``learn()`` on a core of its own while the compute process keeps predicting.
+
+On a CPU with small models both ``learn()`` and ``predict()`` are mostly
+Python, so a learner thread takes turns with the predictions at the GIL (see
+:mod:`flare2.runtime.learner`); a process does not. The compute process starts
+it when every CT's Algorithm allows it (``Algorithm.may_learn_in_own_process``):
+
+- it builds the same CTs from the same configs (CTs that share modules share
+  them here too), loads the same checkpoint on ``--resume``, and starts from
+  the compute process's weights, which it finds in shared memory;
+- for each learn batch the compute process sends the experience down a pipe,
+  encoded with flare2's array codec; the learner runs ``learn()``, writes every
+  parameter and buffer of the algorithm's networks into that shared memory and
+  answers with the costs;
+- the compute process copies those weights into its acting networks as it
+  reads the answer, which makes them the next version. One batch is on its way
+  at a time, so the learner never writes while the other side reads;
+- it holds the optimizer and every counter ``learn()`` keeps, so it writes the
+  checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+
+from flare2.core.computation_task import ComputationTask
+from flare2.runtime.cdp import LearnBatch, learn_with_lag
+from flare2.runtime.config import CTConfig
+from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
+from flare2.wire.codec import decode, encode
+
+logger = logging.getLogger(__name__)
+
+_PIPE_MAX_BYTES = 1 << 40
+"""The pipe joins two processes of one run; a learn batch is as large as the batching makes it."""
+_STARTUP_POLL_S = 1.0
+_STOP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    cts: tuple[CTConfig, ...]
+    device: str
+    seed: int
+    torch_threads: int
+    resume_paths: tuple[str, ...] | None
+    parent_pid: int
+
+
+class LearnerDiedError(RuntimeError):
+    """The learner process ended without being asked to."""
+
+
+def shared_weights(ct: ComputationTask) -> list[torch.Tensor]:
+    """A copy of the CT's weights in shared memory (host memory, whatever the device)."""
+    return [tensor.detach().to("cpu", copy=True).share_memory_() for tensor in ct.weight_tensors()]
+
+
+@torch.no_grad()
+def _copy_weights(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
+    for target, source in zip(targets, sources):
+        target.copy_(source)
+
+
+class LearnerProcess:
+    """The compute process's end: hands learn batches over, one at a time, and adopts the weights they make.
+
+    ``wake_socket`` (the pipe's file descriptor) becomes readable when an answer is ready for ``deliver``.
+    """
+
+    def __init__(self, cts: list[ComputationTask], settings: LearnerSettings) -> None:
+        self._cts = cts
+        self._weights = [shared_weights(ct) for ct in cts]
+        spawn = multiprocessing.get_context("spawn")
+        self._pipe, child_end = spawn.Pipe()
+        self.wake_socket = self._pipe.fileno()
+        # Daemonic: multiprocessing ends it with this process even when the loop leaves by an exception.
+        self._process = spawn.Process(
+            target=learner_main, args=(settings, child_end, self._weights), name="flare2-learner", daemon=True
+        )
+        self._process.start()
+        child_end.close()
+        self._in_flight: LearnBatch | None = None
+        self._await("ready")
+        logger.info("learner process started (pid %d)", self._process.pid)
+
+    @property
+    def idle(self) -> bool:
+        return self._in_flight is None
+
+    def submit(self, batch: LearnBatch) -> None:
+        index = self._cts.index(batch.cdp.ct)
+        self._send({"kind": "learn", "ct": index, "experience": batch.experience})
+        self._in_flight = batch
+
+    def deliver(self) -> None:
+        """Reply for the batch that was learned; raises UserCodeError if learn() raised."""
+        while self._pipe.poll(0):
+            self._on_answer(self._receive())
+
+    def finish(self) -> None:
+        """Wait for the batch being learned and reply for it, so none is lost at a stop."""
+        while self._in_flight is not None:
+            self._on_answer(self._receive())
+
+    def save(self, targets: list[tuple[ComputationTask, str]], counters: dict[str, Any]) -> None:
+        """Checkpoint each CT to its file: the learner holds the optimizers and the counters learn() keeps."""
+        paths = {ct.name: path for ct, path in targets}
+        predict_calls = {ct.name: ct.predict_calls for ct in self._cts}
+        self._send({"kind": "save", "paths": paths, "counters": counters, "predict_calls": predict_calls})
+        self._await("saved")
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            try:
+                self._send({"kind": "stop"})
+            except OSError:
+                pass
+            self._process.join(_STOP_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._pipe.close()
+
+    # ---- the pipe ------------------------------------------------------------------------
+
+    def _send(self, request: dict[str, Any]) -> None:
+        self._pipe.send_bytes(encode(request))
+
+    def _receive(self) -> dict[str, Any]:
+        while not self._pipe.poll(_STARTUP_POLL_S):
+            if not self._process.is_alive():
+                break
+        try:
+            return decode(self._pipe.recv_bytes(), max_bytes=_PIPE_MAX_BYTES)
+        except (EOFError, OSError):
+            self._process.join(_STOP_TIMEOUT_S)
+            code = self._process.exitcode
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            raise LearnerDiedError(f"the learner process died ({how})") from None
+
+    def _await(self, kind: str) -> None:
+        """Read answers until one of ``kind``, serving learn answers that come first."""
+        while True:
+            answer = self._receive()
+            if answer["kind"] == kind:
+                return
+            if answer["kind"] == "failed" and self._in_flight is None:
+                raise LearnerDiedError(f"the learner process failed:\n{answer['traceback']}")
+            self._on_answer(answer)
+
+    def _on_answer(self, answer: dict[str, Any]) -> None:
+        batch, self._in_flight = self._in_flight, None
+        if batch is None:
+            raise LearnerDiedError(f"the learner process answered {answer['kind']!r} to no request")
+        if answer["kind"] == "failed":
+            batch.cdp.learn_failed(batch, answer["traceback"])
+        ct = batch.cdp.ct
+        ct.adopt_weights(self._weights[self._cts.index(ct)], learn_calls=answer["learn_calls"])
+        batch.cdp.learned(batch, answer["costs"], answer["lag_sum"], answer["lag_steps"])
+
+
+def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list[torch.Tensor]]) -> None:
+    """Entry point of the learner process (started with the spawn method by the compute process)."""
+    die_with_parent(settings.parent_pid)
+    ignore_interrupts()
+    configure_child_logging()
+    try:
+        cts = _build(settings, weights)
+    except Exception:
+        pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
+        return
+    pipe.send_bytes(encode({"kind": "ready"}))
+    while True:
+        request = decode(pipe.recv_bytes(), max_bytes=_PIPE_MAX_BYTES)
+        kind = request["kind"]
+        if kind == "stop":
+            return
+        if kind == "save":
+            for ct in cts:
+                if ct.name in request["paths"]:
+                    ct.predict_calls = request["predict_calls"][ct.name]
+                    ct.save(request["paths"][ct.name], request["counters"])
+            pipe.send_bytes(encode({"kind": "saved"}))
+            continue
+        index = request["ct"]
+        ct = cts[index]
+        # Decoded arrays are views of the message: learn() gets writable copies of its own.
+        experience = {
+            key: {name: np.array(array) for name, array in value.items()} if isinstance(value, dict) else np.array(value)
+            for key, value in request["experience"].items()
+        }
+        try:
+            costs, lag_sum, lag_steps = learn_with_lag(ct, experience)
+        except Exception:
+            pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
+            continue
+        _copy_weights(weights[index], ct.weight_tensors())
+        pipe.send_bytes(encode({
+            "kind": "learned", "costs": costs, "lag_sum": lag_sum, "lag_steps": lag_steps, "learn_calls": ct.learn_calls,
+        }))
+
+
+def _build(settings: LearnerSettings, weights: list[list[torch.Tensor]]) -> list[ComputationTask]:
+    from flare2.runtime.compute_process import build_cts
+
+    cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
+    for index, ct in enumerate(cts):
+        if settings.resume_paths:
+            ct.load(settings.resume_paths[index])
+        _copy_weights(ct.weight_tensors(), weights[index])
+    return cts

@@ -73,6 +73,9 @@ def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, env
                           help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
                                "learn() runs mostly outside Python: large models, GPU), or inline between predictions; "
                                "auto: a process where the algorithm allows one and there are 2 cores or more")
+    batching.add_argument("--max-message-bytes", type=_number(int, least=1024), default=RunConfig.max_message_bytes,
+                          help="largest message any socket of the run accepts (observations and learn requests "
+                               "must fit; larger ones are refused with an error)")
     supervision = parser.add_argument_group("supervision and checkpoints")
     supervision.add_argument("--max-restarts", type=_number(int, least=0), default=RunConfig.max_restarts,
                              help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
@@ -137,5 +140,6 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         checkpoint_every_steps=every_steps,
         resume_dir=args.resume,
         learner=args.learner,
+        max_message_bytes=args.max_message_bytes,
         serial=args.serial,
     )

@@ -159,8 +159,16 @@ class Requester:
 
     def send(self, kind: str, payload: dict, *, ct: str = "") -> int:
         """Send a message that expects no reply; returns its seq."""
+        frames = pack(Message(kind, payload, self.identity, self._seq + 1, ct))
+        if len(frames[-1]) > self._max_bytes:
+            # The receiver's ZeroMQ would close the connection without a word, and the reply would never come.
+            raise ConfigError(
+                f"a {kind} message to {self.endpoint} holds {len(frames[-1])} bytes, more than the run's "
+                f"max_message_bytes ({self._max_bytes}): send fewer or smaller arrays per message (fewer steps per "
+                "learn request, fewer envs per agent) or raise --max-message-bytes"
+            )
         self._seq += 1
-        self._sock.send_multipart(pack(Message(kind, payload, self.identity, self._seq, ct)))
+        self._sock.send_multipart(frames)
         return self._seq
 
     def send_request(self, kind: str, payload: dict, *, ct: str = "") -> int:

@@ -6,6 +6,8 @@ import csv
 import subprocess
 import sys
 
+import pytest
+
 from runs import REPO, read_csv
 
 
@@ -88,7 +90,14 @@ def test_the_sarsa_example_learns_a_q_table_and_plays_greedy_evaluation_episodes
                 "--progress-interval", "0.5", log_dir=tmp_path)
     final = read_csv(tmp_path / "progress.csv")[-1]
     assert final["env_steps"] >= 1500 and final["learn_steps"] >= 1
-    assert final["eval_episodes"] >= 1 and final["eval_return_mean"] <= -13  # no path is shorter than 13 steps
+    episodes = read_csv(tmp_path / "episodes.csv")
+    evaluations = [row for row in episodes if row["eval"]]
+    assert len(evaluations) == final["eval_episodes"] >= 1
+    assert final["eval_return_mean"] == pytest.approx(sum(row["return"] for row in evaluations[-20:]) / len(evaluations[-20:]), abs=1e-3)
+    for row in episodes:
+        # CliffWalking pays -1 a step and -100 for a step into the cliff (back to the start): a return and a length
+        # recorded from the same episode differ by a multiple of 99, and no way to the goal is shorter than 13 steps.
+        assert (-row["return"] - row["length"]) % 99 == 0 and row["length"] >= 13, row
     assert "td_loss" in (tmp_path / "learn.csv").read_text()
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 
-from flare2.errors import ReplyTimeoutError, SpecError
-from flare2.wire.protocol import ERROR, HELLO, PROTOCOL_VERSION, Message, VersionMismatchError, error_payload, pack, unpack
+from flare2.errors import ConfigError, ReplyTimeoutError, SpecError
+from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, VersionMismatchError, error_payload, pack, unpack
 from flare2.wire.sockets import Requester, bind_router
 
 
@@ -71,3 +72,17 @@ def test_without_a_limit_a_wait_outlasts_any_fixed_guess_while_on_idle_vouches_f
 
     reply = requester.wait_reply(seq, timeout_s=None, what="hello", idle_every_s=0.01, on_idle=on_idle)
     assert reply.payload == {"late": True} and len(idle_calls) >= 20
+
+
+def test_a_message_over_the_size_limit_is_refused_before_it_goes_out_naming_the_limit_and_the_fix(server):
+    ctx, sock, endpoint = server
+    requester = Requester(ctx, endpoint, identity="a", max_bytes=2048)
+    big = {"inputs": {"obs": np.zeros(1024, np.float32)}}
+    with pytest.raises(ConfigError, match=r"a predict message to .* holds \d+ bytes, more than the run's "
+                                          r"max_message_bytes \(2048\).*raise --max-message-bytes"):
+        requester.send(PREDICT, big)
+    # Nothing went out, and the next message keeps the sequence numbers in order.
+    assert not sock.poll(100)
+    seq = requester.send(PREDICT, {"inputs": {"obs": np.zeros(4, np.float32)}})
+    answer(sock, lambda request: pack(Message(HELLO, {"seq_seen": request.seq}, seq=request.seq)))
+    assert requester.wait_reply(seq, timeout_s=5, what="predict").payload == {"seq_seen": 1}

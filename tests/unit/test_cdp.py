@@ -1,0 +1,129 @@
+"""The CDP without sockets: what it refuses, what it drops when an agent leaves, and how a failing predict() ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flare2.core.algorithm import Algorithm
+from flare2.core.computation_task import ComputationTask
+from flare2.core.model import Model
+from flare2.core.specs import Spec
+from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.config import BatchingConfig
+from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
+
+
+class Scale(Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def input_specs(self):
+        return {"x": Spec((2,), "float32")}
+
+    def action_specs(self):
+        return {"y": Spec((2,), "float32")}
+
+
+class Scaler(Algorithm):
+    """Scales its input; a row of 13s makes predict() raise, a row of 7s makes it return the wrong shape."""
+
+    def predict(self, inputs, states):
+        x = inputs["x"]
+        if (x == 13).any():
+            raise ValueError("thirteen brings bad luck")
+        if (x == 7).any():
+            return {"y": x[:, :1]}, {}
+        return {"y": x * self.model.scale}, {}
+
+    def learn(self, experience):
+        return {"sequences": experience.inputs["x"].shape[0]}
+
+
+class Served:
+    def __init__(self, **batching) -> None:
+        self.ct = ComputationTask("RL", Scaler(Scale()), device="cpu")
+        self.replies: list[tuple[str, bool, Message]] = []
+        self.cdp = ComputationDataProcessor(
+            self.ct, config=BatchingConfig(**batching), reply=lambda to, learn, message: self.replies.append((to, learn, message))
+        )
+        self.seq = 0
+
+    def predict(self, agent: str, x) -> None:
+        self.seq += 1
+        payload = {"inputs": {"x": np.asarray(x, np.float32)}, "states": {}}
+        self.cdp.accept(Message(PREDICT, payload, agent, self.seq, "RL"), agent, 0.0, learn=False)
+
+    def learn(self, agent: str, fill: float = 0.0) -> None:
+        self.seq += 1
+        lead = (2, 3)
+        payload = {
+            "inputs": {"x": np.full((*lead, 2), fill, np.float32)},
+            "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
+            "actions": {"y": np.zeros((*lead, 2), np.float32)},
+            "rewards": {"reward": np.zeros(lead, np.float32)},
+            "states": {},
+            "terminated": np.zeros(lead, bool),
+            "truncated": np.zeros(lead, bool),
+            "policy_version": np.zeros(lead, np.int64),
+        }
+        self.cdp.accept(Message(LEARN, payload, agent, self.seq, "RL"), agent, 0.0, learn=True)
+
+    def replies_to(self, agent: str) -> list[Message]:
+        return [message for to, _, message in self.replies if to == agent]
+
+
+def test_a_learn_request_holding_nan_or_infinity_is_refused_naming_the_array():
+    served = Served()
+    served.cdp.live = frozenset({"a"})
+    served.learn("a", fill=np.nan)
+    served.learn("a", fill=np.inf)
+    [nan_reply, inf_reply] = served.replies_to("a")
+    for reply in (nan_reply, inf_reply):
+        assert reply.kind == ERROR and reply.payload["code"] == "spec"
+        assert "inputs['x'] holds NaN or infinity" in reply.payload["reason"]
+    assert served.cdp.stats.rejected == 2 and served.cdp.stats.learn_requests == 0
+    assert served.cdp.take_learn_batch(1e9, flush=True) is None
+
+
+def test_the_queued_requests_of_an_agent_that_left_are_discarded_never_served_or_learned():
+    served = Served(max_batch=8, max_wait_ms=60_000, learn_max_wait_ms=60_000)
+    served.cdp.live = frozenset({"a", "b", "c"})
+    served.predict("a", [[1, 1]])
+    served.predict("b", [[2, 2]])
+    served.learn("b")
+    served.learn("a")
+    served.cdp.live = frozenset({"a", "c"})  # b died: the manager's next LIVE set leaves it out
+    assert served.cdp.stats.discarded == 2
+
+    served.cdp.serve_predictions(1e9)
+    batch = served.cdp.take_learn_batch(1e9, flush=True)
+    assert [request.agent_id for request in batch.requests] == ["a"]
+    assert batch.experience["inputs"]["x"].shape == (2, 3, 2)
+    [reply] = served.replies_to("a")
+    assert reply.kind == PREDICTION and reply.payload["actions"]["y"].tolist() == [[2.0, 2.0]]
+    assert served.replies_to("b") == []
+
+
+def test_a_predict_that_raises_answers_every_requester_of_the_batch_and_stops_the_run():
+    served = Served(max_batch=8, max_wait_ms=0)
+    served.cdp.live = frozenset({"a", "b"})
+    served.predict("a", [[1, 1]])
+    served.predict("b", [[13, 13]])
+    with pytest.raises(UserCodeError, match="thirteen brings bad luck"):
+        served.cdp.serve_predictions(0.0)
+    for agent in ("a", "b"):
+        [reply] = served.replies_to(agent)
+        assert reply.kind == ERROR and reply.payload["code"] == "user_code"
+        assert "predict of CT 'RL' raised in the compute process" in reply.payload["reason"]
+        assert "ValueError: thirteen brings bad luck" in reply.payload["traceback"]
+
+
+def test_a_predict_that_returns_the_wrong_shape_is_named_with_the_spec():
+    served = Served(max_batch=8, max_wait_ms=0)
+    served.cdp.live = frozenset({"a"})
+    served.predict("a", [[7, 7]])
+    with pytest.raises(UserCodeError, match=r"Scaler.predict returned actions\['y'\] with shape \(1, 1\).*shape \(1, 2\)"):
+        served.cdp.serve_predictions(0.0)

@@ -24,7 +24,6 @@ from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.cdp_sockets import SocketFront
 from flare2.runtime.learner import InlineLearner, Learner, LearnerThread
-from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
@@ -146,6 +145,9 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                 ct.act_beside_learning()
             learner = LearnerThread(ctx)
         elif kind == "process":
+            # Imported here: the manager imports this module and must not load torch.
+            from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
+
             learner = LearnerProcess(cts, LearnerSettings(
                 cts=settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads,
                 resume_paths=resume_paths, parent_pid=os.getpid(),

@@ -1,4 +1,5 @@
-"""Agent processes stay small: what they import must not pull in torch (DESIGN §10: about 140 MB each)."""
+"""Agent processes and the manager stay small: what they import must not pull in torch (DESIGN §10: about 140 MB
+each); only the compute process (and its learner process) loads it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ CHECK = """
 import sys
 import flare2
 import flare2.runtime.agent_process
+import flare2.runtime.manager
+import flare2.runtime.attach
+import flare2.runtime.options
 import flare2.core.envs
 import flare2.core.helpers
 # The lazy package exports that agents use must not pull torch in either.
@@ -19,6 +23,6 @@ sys.exit(1 if loaded else 0)
 """
 
 
-def test_importing_the_agent_side_of_flare2_does_not_import_torch():
+def test_importing_the_agent_side_and_the_manager_of_flare2_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, f"torch modules imported: {result.stdout.strip()}\n{result.stderr}"

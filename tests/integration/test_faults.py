@@ -83,9 +83,11 @@ def test_a_learn_that_sleeps_past_any_fixed_reply_limit_is_waited_out_without_a_
     assert len(stalled) >= 60 and all(row["agents"] == 2 for row in stalled)
 
 
-def test_a_compute_process_killed_with_sigkill_ends_the_run_saying_so(tmp_path, runs):
+@pytest.mark.parametrize("learner", ["inline", "process"])
+def test_a_compute_process_killed_with_sigkill_ends_the_run_saying_so(tmp_path, runs, learner):
+    # With a learner process, it dies with the compute process (the fixture checks that no process is left).
     run = runs(CARTPOLE, "--num-agents", "2", "--envs-per-agent", "1", "--max-steps", "10000000", "--device", "cpu",
-               "--heartbeat-timeout", "3", log_dir=tmp_path)
+               "--heartbeat-timeout", "3", "--learner", learner, log_dir=tmp_path)
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     socket_dirs = {path.parent for path in map(Path, _local_socket_paths(tmp_path))}
     assert len(socket_dirs) == 1 and all(directory.is_dir() for directory in socket_dirs)
@@ -149,10 +151,11 @@ def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(tmp_
 
 
 def test_killing_the_manager_takes_every_process_of_the_run_with_it(tmp_path, runs):
-    run = runs(CARTPOLE, "--num-agents", "4", "--max-steps", "10000000", "--device", "cpu", log_dir=tmp_path)
+    run = runs(CARTPOLE, "--num-agents", "4", "--max-steps", "10000000", "--device", "cpu", "--learner", "process",
+               log_dir=tmp_path)
     run.wait_for_line(UP, timeout_s=120)
     children = [pid for pid in processes_started_here() if pid != run.process.pid]
-    assert len(children) >= 5  # the compute process and four agents
+    assert len(children) >= 6  # the compute process, its learner process and four agents
     run.process.kill()
     run.process.wait()
     assert wait_until_gone(children, timeout_s=10) == []
@@ -160,7 +163,8 @@ def test_killing_the_manager_takes_every_process_of_the_run_with_it(tmp_path, ru
 
 def test_a_resumed_run_continues_the_counters_and_the_learning(tmp_path, runs):
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
-    common = ("--num-agents", "4", "--progress-interval", "1", "--device", "cpu", "--seed", "3")
+    # The learner process loads the checkpoint and holds the optimizer: the resume path with the most parts.
+    common = ("--num-agents", "4", "--progress-interval", "1", "--device", "cpu", "--seed", "3", "--learner", "process")
     first = runs(CARTPOLE, *common, "--max-steps", "20000", log_dir=first_dir)
     assert first.wait(timeout_s=300) == 0, first.text[-4000:]
     second = runs(CARTPOLE, *common, "--max-steps", "40000", "--resume", str(first_dir), log_dir=second_dir)

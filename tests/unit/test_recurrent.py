@@ -206,3 +206,47 @@ def test_the_env_module_does_not_import_torch():
     # Agent processes import it (through gymnasium's "module:id" form) and must stay small.
     check = "import sys, flare2.zoo.envs; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", check], timeout=60).returncode == 0
+
+
+def test_sequences_replayed_from_a_buffer_unroll_to_the_states_the_agent_carried_while_acting():
+    # A recurrent learner from replay starts each sampled sequence from its stored first state and resets at the
+    # episode ends inside it; the states after each step must then be those the agent carried into the next one.
+    from flare2.core.helpers import ExpReplayHelper
+    from flare2.core.specs import CTSpecs
+
+    torch.manual_seed(0)
+    space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    model = GRUActorCritic(space, gym.spaces.Discrete(2), hidden_size=4, head=())
+    specs = CTSpecs(inputs=model.input_specs(), actions=model.action_specs(), states=model.state_specs(),
+                    rewards=model.reward_specs())
+
+    class Port:
+        def learn(self, payload):
+            raise AssertionError("no learn request expected: the sample interval is never reached")
+
+    replay = ExpReplayHelper(capacity=200, warmup=10, sample_interval=10**9, batch_size=8, sequence_length=6, seed=0)
+    replay.attach("RL", specs, Port(), num_envs=2)
+    rng = np.random.default_rng(0)
+    hidden = np.zeros((2, 8), np.float32)
+    with torch.no_grad():
+        for t in range(60):
+            obs = rng.uniform(-1, 1, (2, 3)).astype(np.float32)
+            _, _, next_hidden = model.step(torch.from_numpy(obs), torch.from_numpy(hidden))
+            ended = np.array([t % 7 == 6, t % 11 == 10])
+            replay.store({
+                "inputs": {"obs": obs}, "next_inputs": {"obs": obs},
+                "actions": {"action": np.zeros(2, np.int64), "log_prob": np.zeros(2, np.float32)},
+                "rewards": {"reward": np.zeros(2, np.float32)}, "states": {"hidden": hidden},
+                "terminated": ended & (np.arange(2) == 0), "truncated": ended & (np.arange(2) == 1),
+                "policy_version": np.zeros(2, np.int64),
+            })
+            hidden = np.where(ended[:, None], 0.0, next_hidden.numpy()).astype(np.float32)
+
+        sample = replay.sample(32)
+        ends = torch.from_numpy(sample["terminated"] | sample["truncated"])
+        assert ends[:, :-1].any(), "the samples should cross episode ends"
+        stored = torch.from_numpy(sample["states"]["hidden"])
+        _, _, after = model.sequence(torch.from_numpy(sample["inputs"]["obs"]), stored[:, 0], ends)
+    # The state after step t is the stored state of step t + 1, except after an episode end (then the agent reset).
+    carried = torch.where(ends[:, :-1, None], torch.zeros_like(after[:, :-1]), after[:, :-1])
+    torch.testing.assert_close(carried, stored[:, 1:], atol=1e-5, rtol=1e-5)

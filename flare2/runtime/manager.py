@@ -5,17 +5,14 @@ method: the manager never forks once torch may be loaded) and the agent
 processes, supervises them, aggregates stats into progress lines and
 ``progress.csv``, asks for checkpoints, and stops everything at the budget or
 on Ctrl+C/SIGTERM. Its parts live next to it: the agents it knows
-(``registry``), what it tells them and hears from them (``agent_desk``), the
-restart policy (``restarts``), the checkpoint schedule (``checkpoints``) and
-the files of the run (``run_files``).
+(``registry``), what it tells them and hears from them (``agent_desk``), how
+local agents are started and restarted (``supervisor`` with the policy of
+``restarts``), the checkpoint schedule (``checkpoints``) and the files of the
+run (``run_files``).
 
-Supervision (DESIGN §7): an agent that dies, raises in its episode code or
-goes silent for ``heartbeat_timeout_s`` is logged with its cause and started
-again as a new incarnation (a new agent id, so nothing meant for its
-predecessor reaches it), after a backoff that doubles per restart of that
-slot, up to ``max_restarts`` for the run. A failure in the compute process
-(user code in an Algorithm or Model included) stops the run with its
-traceback.
+Supervision (DESIGN §7): the local agents' restarts are the supervisor's
+(``supervisor``); a failure in the compute process (user code in an Algorithm
+or Model included) stops the run with its traceback.
 
 Stopping is ordered so that no data in flight is lost: agents are stopped
 first (each sends its final stats and a bye), then the compute process, which
@@ -28,10 +25,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import secrets
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
@@ -44,18 +39,17 @@ from flare2.errors import ConfigError, DecodeError
 from flare2.runtime import exit_codes
 from flare2.runtime.agent_desk import AgentDesk
 from flare2.runtime.exit_codes import RunFailed
-from flare2.runtime.registry import AgentRecord, AgentRegistry
-from flare2.runtime.restarts import failure_streak, restart_backoff
+from flare2.runtime.registry import AgentRegistry
+from flare2.runtime.supervisor import AgentSupervisor
 from flare2.runtime.run_files import record_run, run_logs_and_signals, write_run_file
 from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
-from flare2.runtime.processes import agent_command
 from flare2.runtime.progress import ProgressLog, RunTotals
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HELLO, STATS, STOP, Message, VersionMismatchError, error_payload, error_text, unpack,
 )
-from flare2.wire.security import AGENT_CURVE_ENV, CurveClient, CurveServer, HandshakeWatch, ephemeral_client, load_server, start_authenticator
+from flare2.wire.security import CurveClient, CurveServer, HandshakeWatch, ephemeral_client, load_server, start_authenticator
 from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_send
 
 logger = logging.getLogger(__name__)
@@ -81,6 +75,7 @@ class Manager:
         self._stop_signal: int | None = None
         self.agents = AgentRegistry()
         self.desk = AgentDesk(config, self.agents, self.totals, self._drop)
+        self.supervisor = AgentSupervisor(config, self.agents, self.totals)
         self._curve_server: CurveServer | None = None
         self._handshakes: HandshakeWatch | None = None
         self._socket_dir = ""
@@ -158,8 +153,7 @@ class Manager:
                 "`flare2 attach %s --agent %s%s`", self.control_endpoint, config.agents.path, keys,
             )
         self._start_compute()
-        for slot in range(config.agents.num_agents):
-            self.agents.put_local(self._start_agent(slot, incarnation=0))
+        self.supervisor.start_all(self.control_endpoint, self._local_curve)
         startup_deadline = time.monotonic() + config.startup_timeout_s
         next_progress = time.monotonic() + config.progress_interval_s
         next_heartbeat = time.monotonic()
@@ -239,74 +233,16 @@ class Manager:
         self._compute = process
         logger.info("compute process started (pid %d)", process.pid)
 
-    def _start_agent(self, slot: int, incarnation: int) -> AgentRecord:
-        config = self.config
-        # Each start is a new incarnation with its own id, so it is a new peer for the CDPs; the random
-        # part keeps another peer from taking the id (ZeroMQ refuses a second connection with it).
-        agent_id = f"a{slot}.{incarnation}.{secrets.token_hex(4)}"
-        command = agent_command(
-            control_endpoint=self.control_endpoint, agent_id=agent_id, agent_path=config.agents.path,
-            agent_kwargs=config.agents.kwargs, seed=config.seed, slot=slot, incarnation=incarnation,
-            envs_per_agent=config.agents.envs_per_agent, extra=("--hello-timeout", str(config.startup_timeout_s)),
-        )
-        env = dict(os.environ)
-        if self._local_curve is not None:
-            env[AGENT_CURVE_ENV] = self._local_curve.to_env()
-        # A file.py:Class agent path is resolved against the manager's working directory.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH", "")]))
-        # A session of its own keeps the terminal's Ctrl+C away from the agent: the manager stops it with STOP.
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        now = time.monotonic()
-        return AgentRecord(slot, incarnation, agent_id, process, last_seen=now, started_at=now)
-
     def _supervise(self, control: zmq.Socket) -> None:
         compute = self._compute
         if compute is not None and compute.exitcode is not None:
             raise RunFailed(f"the compute process died: it {exit_codes.describe(compute.exitcode)} (see its log above)")
-        now = time.monotonic()
-        for agent in list(self.agents.slots):
-            if agent.restart_at is not None:
-                if now >= agent.restart_at:
-                    successor = self._start_agent(agent.slot, agent.incarnation + 1)
-                    successor.failure_streak = agent.failure_streak
-                    self.agents.put_local(successor)
-                continue
-            code = agent.process.poll()
-            if code is not None and not agent.said_bye:
-                self._on_agent_death(control, agent, exit_codes.describe(code), code)
-            elif agent.registered and now - agent.last_seen > self.config.heartbeat_timeout_s:
-                agent.process.kill()
-                agent.process.wait()
-                self._on_agent_death(
-                    control, agent, f"silent for {self.config.heartbeat_timeout_s:.0f}s (heartbeat timeout); killed", None
-                )
-
-    def _on_agent_death(self, control: zmq.Socket, agent: AgentRecord, cause: str, exit_code: int | None) -> None:
-        detail = f"\n{agent.error}" if agent.error else ""
-        if exit_code == exit_codes.CONFIG_ERROR:
-            raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error or cause}", exit_codes.CONFIG_ERROR)
-        if exit_code == exit_codes.COMPUTE_FAILED:
-            # The compute process failed; its own report (with the traceback) ends the run.
-            self._drain(control)
-        if exit_code == exit_codes.MANAGER_LOST and self.desk.served is None:
-            raise RunFailed(f"agent {agent.agent_id} could not register with the manager: {cause}")
-        totals = self.totals
-        totals.restarts += 1
-        if totals.restarts > self.config.max_restarts:
-            raise RunFailed(
-                f"agent {agent.agent_id} {cause}; that is {totals.restarts} agent failures, more than "
-                f"max_restarts={self.config.max_restarts}: fix the cause above or raise --max-restarts{detail}"
-            )
-        now = time.monotonic()
-        agent.failure_streak = failure_streak(agent.failure_streak, now - agent.started_at)
-        backoff = restart_backoff(self.config.restart_backoff_s, agent.failure_streak)
-        logger.warning(
-            "agent %s %s; restarting it in %.1fs (restart %d of at most %d)%s",
-            agent.agent_id, cause, backoff, totals.restarts, self.config.max_restarts, detail,
-        )
-        agent.restart_at = now + backoff
-        self.agents.stop_listening(agent)
-        self.desk.send_live(control)
+        for agent, cause, exit_code in self.supervisor.failures(time.monotonic()):
+            if exit_code == exit_codes.COMPUTE_FAILED:
+                # The compute process failed; its own report (with the traceback) ends the run.
+                self._drain(control)
+            self.supervisor.restart_later(agent, cause, exit_code, compute_up=self.desk.served is not None)
+            self.desk.send_live(control)
 
     # ---- messages --------------------------------------------------------------------
 

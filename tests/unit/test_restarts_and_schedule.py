@@ -1,13 +1,22 @@
-"""The restart policy shared by the manager and ``flare2 attach``, and the ``--checkpoint-every`` schedule."""
+"""The restart policy shared by the manager and ``flare2 attach``, the supervisor that applies it to local agents, and the
+``--checkpoint-every`` schedule."""
 
 from __future__ import annotations
+
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from flare2.errors import ConfigError
+from flare2.runtime import exit_codes
 from flare2.runtime.checkpoints import CheckpointSchedule
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.runtime.exit_codes import RunFailed
+from flare2.runtime.progress import RunTotals
+from flare2.runtime.registry import AgentRecord, AgentRegistry
 from flare2.runtime.restarts import HEALTHY_LIFE_S, MAX_RESTART_BACKOFF_S, failure_streak, restart_backoff
+from flare2.runtime.supervisor import AgentSupervisor
 
 
 def build():
@@ -66,3 +75,42 @@ def test_without_checkpoint_every_no_periodic_checkpoint_is_ever_due():
 def test_a_period_of_zero_or_less_is_refused_naming_the_field(field):
     with pytest.raises(ConfigError, match=f"{field} must be > 0"):
         run_config(**{field: 0})
+
+
+def failed_agent(registry, *, lived_s: float = 1.0):
+    agent = AgentRecord(0, 0, "a0.0.x", SimpleNamespace(), last_seen=0.0, started_at=time.monotonic() - lived_s)
+    registry.put_local(agent)
+    return agent
+
+
+def supervisor(**overrides):
+    registry = AgentRegistry()
+    return AgentSupervisor(run_config(**overrides), registry, RunTotals()), registry
+
+
+def test_a_failed_agent_is_restarted_after_the_backoff_and_no_longer_listened_to():
+    sup, registry = supervisor(restart_backoff_s=0.5)
+    agent = failed_agent(registry)
+    sup.restart_later(agent, "exited with code 1", 1, compute_up=True)
+    assert sup.totals.restarts == 1 and agent.restart_at is not None and agent.failure_streak == 1
+    assert registry.by_id(agent.agent_id) is None and not agent.live
+
+
+def test_failures_no_restart_can_cure_end_the_run_with_their_own_exit_code():
+    sup, registry = supervisor()
+    agent = failed_agent(registry)
+    agent.error = "unknown env 'CartPol-v1'"
+    with pytest.raises(RunFailed, match="cannot run: unknown env") as caught:
+        sup.restart_later(agent, "exited with code 2", exit_codes.CONFIG_ERROR, compute_up=True)
+    assert caught.value.exit_code == exit_codes.CONFIG_ERROR
+    with pytest.raises(RunFailed, match="could not register with the manager"):
+        sup.restart_later(agent, "exited with code 3", exit_codes.MANAGER_LOST, compute_up=False)
+    assert sup.totals.restarts == 0
+
+
+def test_one_failure_past_max_restarts_ends_the_run_naming_the_option():
+    sup, registry = supervisor(max_restarts=2)
+    for _ in range(2):
+        sup.restart_later(failed_agent(registry), "exited with code 1", 1, compute_up=True)
+    with pytest.raises(RunFailed, match="3 agent failures, more than max_restarts=2.*--max-restarts"):
+        sup.restart_later(failed_agent(registry), "exited with code 1", 1, compute_up=True)

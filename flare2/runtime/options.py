@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from flare2.errors import ConfigError
 from flare2.runtime.config import LEARNERS, AgentConfig, BatchingConfig, CTConfig, RunConfig
@@ -38,69 +39,117 @@ def _number(kind: type, *, least: float, strict: bool = False):
     return parse
 
 
-def add_run_options(parser: argparse.ArgumentParser, *, num_agents: int = 1, envs_per_agent: int = 8,
-                    max_steps: int | None = 500_000, log_dir: str = "runs/latest", learner: str = RunConfig.learner) -> None:
-    """Add the options of a run (budget, agents, device, batching, supervision, checkpoints) to ``parser``."""
-    run = parser.add_argument_group("run")
-    run.add_argument("--num-agents", type=_number(int, least=0), default=num_agents, help="agent processes on this machine")
-    run.add_argument("--envs-per-agent", type=_number(int, least=1), default=envs_per_agent,
-                     help="environments each agent process plays, asked for in one request per step")
-    run.add_argument("--serial", action="store_true",
-                     help="run everything in this one process (one agent with all the envs): for debuggers")
-    run.add_argument("--max-steps", type=_number(int, least=1), default=max_steps, help="stop after this many env steps in total")
-    run.add_argument("--max-episodes", type=_number(int, least=1), default=None, help="stop after this many episodes in total")
-    run.add_argument("--stop-return", type=float, default=None,
-                     help="also stop once the mean return of the last 100 episodes reaches this")
-    run.add_argument("--eval-every", type=_number(int, least=0), default=0, metavar="N",
-                     help="each agent plays a greedy evaluation episode after every N training episodes "
-                          "(reported as eval_return_mean; not learned from; 0: none)")
-    run.add_argument("--stop-eval-return", type=float, default=None,
-                     help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)")
-    run.add_argument("--device", default=RunConfig.device, help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")
-    run.add_argument("--log-dir", default=log_dir, help="where progress.csv, manager.log and checkpoints go")
-    run.add_argument("--seed", type=int, default=RunConfig.seed, help="seeds the models and each agent's env")
-    run.add_argument("--progress-interval", type=_number(float, least=0, strict=True), default=RunConfig.progress_interval_s,
-                     help="seconds between progress lines")
-    batching = parser.add_argument_group("batching")
-    batching.add_argument("--max-batch", type=_number(int, least=1), default=BatchingConfig.max_batch,
-                          help="a prediction batch is flushed once it holds this many requests")
-    batching.add_argument("--max-wait-ms", type=_number(float, least=0), default=BatchingConfig.max_wait_ms,
-                          help="... or once its oldest request has waited this long, or every live agent waits "
-                               "(0: serve what is waiting each time the compute loop is free)")
-    batching.add_argument("--learn-max-wait-ms", type=_number(float, least=0), default=BatchingConfig.learn_max_wait_ms,
-                          help="a learn batch waits at most this long for the learn requests of the other live agents")
-    batching.add_argument("--learner", choices=LEARNERS, default=learner,
-                          help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
-                               "learn() runs mostly outside Python: large models, GPU), or inline between predictions; "
-                               "auto: a process where the algorithm allows one and there are 2 cores or more")
-    batching.add_argument("--max-message-bytes", type=_number(int, least=1024), default=RunConfig.max_message_bytes,
-                          help="largest message any socket of the run accepts (observations and learn requests "
-                               "must fit; larger ones are refused with an error)")
-    supervision = parser.add_argument_group("supervision and checkpoints")
-    supervision.add_argument("--max-restarts", type=_number(int, least=0), default=RunConfig.max_restarts,
-                             help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")
-    supervision.add_argument("--reply-timeout", type=_number(float, least=0, strict=True), default=RunConfig.reply_timeout_s, metavar="SECONDS",
-                             help="longest an agent waits for one prediction or learn reply (default: as long as the "
-                                  "manager says the compute process is alive)")
-    supervision.add_argument("--heartbeat-timeout", type=_number(float, least=0, strict=True), default=RunConfig.heartbeat_timeout_s,
-                             help="seconds of silence after which an agent is taken for dead and restarted")
-    supervision.add_argument("--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
-                             help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
-    supervision.add_argument("--resume", default=None, metavar="DIR",
-                             help="continue the learning and counters of the run whose log dir is DIR")
-    network = parser.add_argument_group("network (agents on other machines join with `flare2 attach`)")
-    network.add_argument("--bind", default="127.0.0.1", help="address the manager and the CDPs listen on")
-    network.add_argument("--port", type=int, default=0, help="port of the manager's control endpoint (0: any free one)")
-    network.add_argument("--advertise", default=None, metavar="ADDRESS",
-                         help="address agents are told to connect to, when it differs from --bind (NAT, several NICs)")
-    network.add_argument("--keys", default=None, metavar="DIR",
-                         help="CurveZMQ keys made by `flare2 keys DIR`: only clients in DIR/allowed get in")
-    network.add_argument("--insecure", action="store_true",
-                         help="allow a non-loopback --bind without keys (anyone who reaches the port can join)")
+_RUN, _AGENTS, _BATCHING = RunConfig, AgentConfig, BatchingConfig
+_POSITIVE = _number(float, least=0, strict=True)
+
+OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
+    # (group, flag, config class, field, argparse settings): each run option once; its default is the field's.
+    ("run", "--num-agents", _AGENTS, "num_agents", dict(type=_number(int, least=0), help="agent processes on this machine")),
+    ("run", "--envs-per-agent", _AGENTS, "envs_per_agent", dict(
+        type=_number(int, least=1), help="environments each agent process plays, asked for in one request per step")),
+    ("run", "--serial", _RUN, "serial", dict(
+        action="store_true", help="run everything in this one process (one agent with all the envs): for debuggers")),
+    ("run", "--max-steps", _RUN, "max_steps", dict(type=_number(int, least=1), help="stop after this many env steps in total")),
+    ("run", "--max-episodes", _RUN, "max_episodes", dict(type=_number(int, least=1), help="stop after this many episodes in total")),
+    ("run", "--stop-return", _RUN, "stop_return", dict(
+        type=float, help="also stop once the mean return of the last 100 episodes reaches this")),
+    ("run", "--eval-every", _RUN, "eval_every", dict(
+        type=_number(int, least=0), metavar="N", help="each agent plays a greedy evaluation episode after every N "
+        "training episodes (reported as eval_return_mean; not learned from; 0: none)")),
+    ("run", "--stop-eval-return", _RUN, "stop_eval_return", dict(
+        type=float, help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)")),
+    ("run", "--device", _RUN, "device", dict(help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")),
+    ("run", "--torch-threads", _RUN, "torch_threads", dict(
+        type=_number(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
+    ("run", "--log-dir", _RUN, "log_dir", dict(help="where progress.csv, manager.log and checkpoints go")),
+    ("run", "--seed", _RUN, "seed", dict(type=int, help="seeds the models and each agent's env")),
+    ("run", "--progress-interval", _RUN, "progress_interval_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="seconds between progress lines")),
+    ("batching", "--max-batch", _BATCHING, "max_batch", dict(
+        type=_number(int, least=1), help="a prediction batch is flushed once it holds this many requests")),
+    ("batching", "--max-wait-ms", _BATCHING, "max_wait_ms", dict(
+        type=_number(float, least=0), help="... or once its oldest request has waited this long, or every live agent "
+        "waits (0: serve what is waiting each time the compute loop is free)")),
+    ("batching", "--learn-max-batch", _BATCHING, "learn_max_batch", dict(
+        type=_number(int, least=1), help="a learn batch is flushed once it holds this many learn requests")),
+    ("batching", "--learn-max-wait-ms", _BATCHING, "learn_max_wait_ms", dict(
+        type=_number(float, least=0), help="... or once its oldest has waited this long for those of the other live agents")),
+    ("batching", "--learner", _RUN, "learner", dict(
+        choices=LEARNERS, help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
+        "learn() runs mostly outside Python: large models, GPU), or inline between predictions; auto: a process where "
+        "the algorithm allows one and there are 2 cores or more")),
+    ("batching", "--max-message-bytes", _RUN, "max_message_bytes", dict(
+        type=_number(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
+        "requests must fit; larger ones are refused with an error)")),
+    ("supervision and checkpoints", "--max-restarts", _RUN, "max_restarts", dict(
+        type=_number(int, least=0), help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")),
+    ("supervision and checkpoints", "--restart-backoff", _RUN, "restart_backoff_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="wait before restarting an agent, doubled for each failure in a row (up to 30 s)")),
+    ("supervision and checkpoints", "--reply-timeout", _RUN, "reply_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="longest an agent waits for one prediction or learn reply (default: as "
+        "long as the manager says the compute process is alive)")),
+    ("supervision and checkpoints", "--heartbeat-timeout", _RUN, "heartbeat_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="seconds of silence after which an agent is taken for dead and restarted")),
+    ("supervision and checkpoints", "--startup-timeout", _RUN, "startup_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="how long the compute process (building the models) and the agents may "
+        "take to come up")),
+    ("supervision and checkpoints", "--stop-timeout", _RUN, "stop_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="how long children get to exit when asked before they are killed")),
+    ("supervision and checkpoints", "--resume", _RUN, "resume_dir", dict(
+        metavar="DIR", help="continue the learning and counters of the run whose log dir is DIR")),
+    ("network (agents on other machines join with `flare2 attach`)", "--bind", _RUN, "bind", dict(
+        help="address the manager and the CDPs listen on")),
+    ("network (agents on other machines join with `flare2 attach`)", "--port", _RUN, "port", dict(
+        type=int, help="port of the manager's control endpoint (0: any free one)")),
+    ("network (agents on other machines join with `flare2 attach`)", "--advertise", _RUN, "advertise", dict(
+        metavar="ADDRESS", help="address agents are told to connect to, when it differs from --bind (NAT, several NICs)")),
+    ("network (agents on other machines join with `flare2 attach`)", "--keys", _RUN, "keys_dir", dict(
+        metavar="DIR", help="CurveZMQ keys made by `flare2 keys DIR`: only clients in DIR/allowed get in")),
+    ("network (agents on other machines join with `flare2 attach`)", "--insecure", _RUN, "insecure", dict(
+        action="store_true", help="allow a non-loopback --bind without keys (anyone who reaches the port can join)")),
+)
+"""Every run option: the command line is derived from this table, and the config from what it parsed."""
+
+
+COMMAND_LINE_DEFAULTS = {"num_agents": 1, "envs_per_agent": 8, "max_steps": 500_000}
+"""Where the command line starts unlike a RunConfig written in code: one agent process of 8 envs (two busy processes
+for two cores), and a budget, which a RunConfig must be given."""
+
+
+def _field_default(owner: type, name: str) -> Any:
+    return owner.__dataclass_fields__[name].default
+
+
+def add_run_options(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Add the options of a run (budget, agents, device, batching, supervision, checkpoints) to ``parser``.
+
+    ``defaults`` replaces the default of an option by its field name (``num_agents=1, envs_per_agent=8``): a
+    manager script's own starting point.
+    """
+    unknown = set(defaults) - {name for *_, name, _ in OPTIONS}
+    if unknown:
+        raise TypeError(f"add_run_options got defaults for no run option: {sorted(unknown)}")
+    groups: dict[str, Any] = {}
+    checkpoints_added = False
+    for group, flag, owner, name, settings in OPTIONS:
+        if group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        default = defaults.get(name, COMMAND_LINE_DEFAULTS.get(name, _field_default(owner, name)))
+        groups[group].add_argument(flag, dest=name, default=default, **settings)
+        if name == "max_restarts" and not checkpoints_added:
+            # One option for the two fields checkpoint_every_s and checkpoint_every_steps.
+            groups[group].add_argument(
+                "--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
+                help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
+            checkpoints_added = True
+
+
+def _parsed(args: argparse.Namespace, owner: type) -> dict[str, Any]:
+    return {name: getattr(args, name) for _, _, kind, name, _ in OPTIONS if kind is owner}
 
 
 def batching_from_args(args: argparse.Namespace) -> BatchingConfig:
-    return BatchingConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, learn_max_wait_ms=args.learn_max_wait_ms)
+    return BatchingConfig(**_parsed(args, BatchingConfig))
 
 
 def run_config_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace, *, cts: Sequence[CTConfig],
@@ -116,30 +165,8 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
     every_s, every_steps = args.checkpoint_every
     return RunConfig(
         cts=tuple(cts),
-        agents=AgentConfig(
-            path=agent_path, kwargs=agent_kwargs or {}, num_agents=args.num_agents, envs_per_agent=args.envs_per_agent
-        ),
-        log_dir=args.log_dir,
-        max_steps=args.max_steps,
-        max_episodes=args.max_episodes,
-        stop_return=args.stop_return,
-        eval_every=args.eval_every,
-        stop_eval_return=args.stop_eval_return,
-        device=args.device,
-        seed=args.seed,
-        bind=args.bind,
-        port=args.port,
-        advertise=args.advertise,
-        keys_dir=args.keys,
-        insecure=args.insecure,
-        progress_interval_s=args.progress_interval,
-        max_restarts=args.max_restarts,
-        heartbeat_timeout_s=args.heartbeat_timeout,
-        reply_timeout_s=args.reply_timeout,
+        agents=AgentConfig(path=agent_path, kwargs=agent_kwargs or {}, **_parsed(args, AgentConfig)),
         checkpoint_every_s=every_s,
         checkpoint_every_steps=every_steps,
-        resume_dir=args.resume,
-        learner=args.learner,
-        max_message_bytes=args.max_message_bytes,
-        serial=args.serial,
+        **_parsed(args, RunConfig),
     )

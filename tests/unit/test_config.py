@@ -97,3 +97,31 @@ def test_local_agents_get_the_cts_unix_sockets_and_remote_ones_the_advertised_tc
     assert (local["predict_endpoint"], local["learn_endpoint"]) == (served["local_predict_endpoint"], served["local_learn_endpoint"])
     assert (remote["predict_endpoint"], remote["learn_endpoint"]) == ("tcp://10.1.2.3:5001", "tcp://10.1.2.3:5002")
     assert "local_predict_endpoint" not in remote and local["learn_ahead"] == remote["learn_ahead"] == 1
+
+
+def test_every_setting_of_a_run_has_one_option_and_the_option_defaults_are_the_config_defaults():
+    from dataclasses import fields
+
+    from flare2.runtime.config import BatchingConfig
+    from flare2.runtime.options import COMMAND_LINE_DEFAULTS, OPTIONS, batching_from_args
+
+    # What the command line cannot express (code, structure) or sets through another option (--checkpoint-every).
+    not_options = {"cts", "agents", "path", "kwargs", "checkpoint_every_s", "checkpoint_every_steps"}
+    settings = {field.name for kind in (RunConfig, AgentConfig, BatchingConfig) for field in fields(kind)} - not_options
+    optioned = [name for *_, name, _ in OPTIONS]
+    assert sorted(optioned) == sorted(settings)
+
+    parser = argparse.ArgumentParser(prog="run")
+    add_run_options(parser)
+    config = run_config_from_args(parser, parser.parse_args([]), cts=[CTConfig("RL", build)],
+                                  agent_path="flare2.core.envs:GymAgent")
+    assert config.max_steps == COMMAND_LINE_DEFAULTS["max_steps"]
+    assert config.agents.envs_per_agent == COMMAND_LINE_DEFAULTS["envs_per_agent"]
+    for name in ("heartbeat_timeout_s", "learner", "torch_threads", "restart_backoff_s", "stop_timeout_s", "device"):
+        assert getattr(config, name) == getattr(RunConfig, name)
+    assert batching_from_args(parser.parse_args([])) == BatchingConfig()
+
+
+def test_a_default_for_no_option_is_refused():
+    with pytest.raises(TypeError, match="no run option: \\['num_envs'\\]"):
+        add_run_options(argparse.ArgumentParser(), num_envs=4)

@@ -23,7 +23,7 @@ from flare2.errors import ConfigError, DecodeError, FlareError
 from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.cdp_sockets import SocketFront
-from flare2.runtime.learner import InlineLearner, Learner, LearnerThread
+from flare2.runtime.learner import InlineLearner, Learner, LearnerDiedError, LearnerThread
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
@@ -75,6 +75,8 @@ def compute_main(settings: ComputeSettings) -> None:
             _serve(ctx, control, settings)
         except UserCodeError as exc:
             _report_failure(control, error_payload(str(exc).splitlines()[0], traceback=exc.remote_traceback, code="user_code"))
+        except LearnerDiedError as exc:
+            _report_failure(control, error_payload(str(exc), traceback=exc.remote_traceback, code="crash"))
         except FlareError as exc:
             _report_failure(control, error_payload(str(exc), code="config"))
         except Exception as exc:

@@ -35,6 +35,7 @@ import torch
 from flare2.core.computation_task import ComputationTask
 from flare2.runtime.cdp import LearnBatch, learn_with_lag
 from flare2.runtime.config import CTConfig
+from flare2.runtime.learner import LearnerDiedError
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.codec import decode, encode
 
@@ -54,10 +55,6 @@ class LearnerSettings:
     torch_threads: int
     resume_paths: tuple[str, ...] | None
     parent_pid: int
-
-
-class LearnerDiedError(RuntimeError):
-    """The learner process ended without being asked to."""
 
 
 def shared_weights(ct: ComputationTask) -> list[torch.Tensor]:
@@ -90,7 +87,8 @@ class LearnerProcess:
         self._process.start()
         child_end.close()
         self._in_flight: LearnBatch | None = None
-        self._await("ready")
+        # Not waited for: predictions are served while it imports torch and builds the CTs, and the first learn
+        # batch waits in the pipe meanwhile.
         logger.info("learner process started (pid %d)", self._process.pid)
 
     @property
@@ -134,7 +132,10 @@ class LearnerProcess:
     # ---- the pipe ------------------------------------------------------------------------
 
     def _send(self, request: dict[str, Any]) -> None:
-        self._pipe.send_bytes(encode(request))
+        try:
+            self._pipe.send_bytes(encode(request))
+        except OSError:
+            raise self._died() from None
 
     def _receive(self) -> dict[str, Any]:
         while not self._pipe.poll(_STARTUP_POLL_S):
@@ -143,22 +144,25 @@ class LearnerProcess:
         try:
             return decode(self._pipe.recv_bytes(), max_bytes=_PIPE_MAX_BYTES)
         except (EOFError, OSError):
-            self._process.join(_STOP_TIMEOUT_S)
-            code = self._process.exitcode
-            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            raise LearnerDiedError(f"the learner process died ({how})") from None
+            raise self._died() from None
+
+    def _died(self) -> LearnerDiedError:
+        self._process.join(_STOP_TIMEOUT_S)
+        code = self._process.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return LearnerDiedError(f"the learner process died ({how})")
 
     def _await(self, kind: str) -> None:
-        """Read answers until one of ``kind``, serving learn answers that come first."""
-        while True:
-            answer = self._receive()
-            if answer["kind"] == kind:
-                return
-            if answer["kind"] == "failed" and self._in_flight is None:
-                raise LearnerDiedError(f"the learner process failed:\n{answer['traceback']}")
+        """Read answers until one of ``kind``, serving the others that come first."""
+        while (answer := self._receive())["kind"] != kind:
             self._on_answer(answer)
 
     def _on_answer(self, answer: dict[str, Any]) -> None:
+        if answer["kind"] == "ready":
+            logger.info("learner process ready")
+            return
+        if answer["kind"] == "build_failed":
+            raise LearnerDiedError("the learner process could not build the CTs", answer["traceback"])
         batch, self._in_flight = self._in_flight, None
         if batch is None:
             raise LearnerDiedError(f"the learner process answered {answer['kind']!r} to no request")
@@ -177,7 +181,7 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
     try:
         cts = _build(settings, weights)
     except Exception:
-        pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
+        pipe.send_bytes(encode({"kind": "build_failed", "traceback": traceback.format_exc()}))
         return
     pipe.send_bytes(encode({"kind": "ready"}))
     while True:

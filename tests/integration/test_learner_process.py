@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 from multiprocessing import resource_tracker
@@ -18,7 +19,8 @@ from flare2.errors import ConfigError
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.compute_process import build_cts, choose_learner
 from flare2.runtime.config import BatchingConfig, CTConfig
-from flare2.runtime.learner_process import LearnerDiedError, LearnerProcess, LearnerSettings
+from flare2.runtime.learner import LearnerDiedError
+from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
 from flare2.wire.protocol import LEARN, LEARNED, Message
 
 
@@ -66,6 +68,12 @@ class KeepsACounter(AddsOneEachLearn):
 
 def build(kind: type = AddsOneEachLearn) -> Algorithm:
     return kind(Scale())
+
+
+def build_fails_in_the_learner() -> Algorithm:
+    if multiprocessing.current_process().name == "flare2-learner":
+        raise RuntimeError("no model file on this side")
+    return build()
 
 
 def learn_message(agent: str, seq: int, fill: float = 1.0, version: int = 0) -> Message:
@@ -188,3 +196,18 @@ def test_the_learner_process_starts_from_the_compute_sides_weights():
     finally:
         learner.close()
     assert ct.algorithm.model.scale.item() == 6.0
+
+
+def test_a_learner_process_that_cannot_build_ends_the_run_with_its_traceback():
+    configs = (CTConfig(name="RL", build=build_fails_in_the_learner),)
+    [ct] = build_cts(configs, device="cpu", seed=0, torch_threads=1)
+    cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: None)
+    cdp.live = frozenset({"a"})
+    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_paths=None, parent_pid=os.getpid())
+    learner = LearnerProcess([ct], settings)
+    try:
+        with pytest.raises(LearnerDiedError, match="the learner process could not build the CTs") as caught:
+            learn_once(cdp, learner, learn_message("a", 1))
+        assert 'raise RuntimeError("no model file on this side")' in caught.value.remote_traceback
+    finally:
+        learner.close()

@@ -470,7 +470,8 @@ def run_rollout(procs: int, envs: int, log_dir: str, seconds: float, double_buff
         agents=AgentConfig(path="tools/bench_agents.py:RolloutAgent",
                            kwargs={"env_id": ENV_ID, "double_buffer": double_buffer},
                            num_agents=procs, envs_per_agent=envs),
-        log_dir=log_dir, max_steps=10**12, device="cpu", progress_interval_s=1.0,
+        # Nothing is learned: a learner process would only add its memory to the figures.
+        log_dir=log_dir, max_steps=10**12, device="cpu", progress_interval_s=1.0, learner="inline",
     )
     watcher = _StopAfter(Path(log_dir), procs, seconds)
     watcher.start()

@@ -301,6 +301,12 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         )
         if welcome.kind == STOP:
             return exit_codes.OK
+        # The manager's settings, never restated here: a welcome without one comes from another flare2.
+        interval_s, manager_timeout_s, max_bytes, eval_every = (
+            _welcome_number(welcome.payload, key, kind) for key, kind in (
+                ("control_interval_s", float), ("heartbeat_timeout_s", float), ("max_message_bytes", int), ("eval_every", int),
+            )
+        )
     except ReplyTimeoutError:
         logger.error(
             "cannot reach the manager at %s within %.0fs: check the address, that the run is up, and the keys",
@@ -313,13 +319,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         return exit_codes.CONFIG_ERROR
 
     welcome = welcome.payload
-    control = _Control(
-        requester,
-        settings,
-        interval_s=float(welcome.get("control_interval_s", 0.25)),
-        manager_timeout_s=float(welcome.get("heartbeat_timeout_s", 10.0)),
-    )
-    max_bytes = int(welcome.get("max_message_bytes", 1 << 24))
+    control = _Control(requester, settings, interval_s=interval_s, manager_timeout_s=manager_timeout_s)
     ports: dict[str, _Port] = {}
     try:
         cts = welcome["cts"]
@@ -329,7 +329,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
                 settings.curve,
             )
         specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
-        control.stats = make_envs(agent, int(welcome.get("eval_every", 0)))
+        control.stats = make_envs(agent, eval_every)
         agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
         play(agent, control.maybe_service)
     except StopRequested:
@@ -365,6 +365,15 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
     finally:
         for port in ports.values():
             port.close()
+
+
+def _welcome_number(welcome: dict[str, Any], key: str, kind: type) -> float | int:
+    value = welcome.get(key)
+    if type(value) not in (int, kind) or value < 0:
+        raise ConfigError(
+            f"the manager's welcome has no valid {key!r} (got {value!r}): run the same flare2 version on both sides"
+        )
+    return kind(value)
 
 
 def _reply_timeout(welcome: dict[str, Any]) -> float | None:

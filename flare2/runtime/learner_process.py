@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 _PIPE_MAX_BYTES = 1 << 40
 """The pipe joins two processes of one run; a learn batch is as large as the batching makes it."""
-_STARTUP_POLL_S = 1.0
+_ALIVE_CHECK_S = 1.0
+"""While waiting for an answer, how often to look whether the learner process is still there."""
 _STOP_TIMEOUT_S = 5.0
 
 
@@ -121,8 +122,8 @@ class LearnerProcess:
         if self._process.is_alive():
             try:
                 self._send({"kind": "stop"})
-            except OSError:
-                pass
+            except LearnerDiedError:
+                pass  # it went meanwhile: nothing left to stop
             self._process.join(_STOP_TIMEOUT_S)
         if self._process.is_alive():
             self._process.kill()
@@ -138,7 +139,7 @@ class LearnerProcess:
             raise self._died() from None
 
     def _receive(self) -> dict[str, Any]:
-        while not self._pipe.poll(_STARTUP_POLL_S):
+        while not self._pipe.poll(_ALIVE_CHECK_S):
             if not self._process.is_alive():
                 break
         try:
@@ -185,7 +186,10 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
         return
     pipe.send_bytes(encode({"kind": "ready"}))
     while True:
-        request = decode(pipe.recv_bytes(), max_bytes=_PIPE_MAX_BYTES)
+        try:
+            request = decode(pipe.recv_bytes(), max_bytes=_PIPE_MAX_BYTES)
+        except EOFError:
+            return  # the compute process is gone (the kernel ends this process with it too)
         kind = request["kind"]
         if kind == "stop":
             return

@@ -56,15 +56,16 @@ class AgentDesk:
         for message in pending:
             self._welcome(control, message)
 
-    def stop_all(self, control: zmq.Socket) -> None:
-        """The run is over: agents still waiting for their welcome and attached agents are told to stop."""
+    def stop_all(self, control: zmq.Socket, *, compute_gone: bool = False) -> None:
+        """The run is over: agents still waiting for their welcome and attached agents are told to stop (and, with
+        ``compute_gone``, not to wait for replies to their learn requests)."""
         self.stopping = True
         pending, self.pending_hellos = self.pending_hellos, []
         for hello in pending:
             router_send(control, hello.agent_id.encode(), Message(STOP, {}, seq=hello.seq))
         for agent in self.agents.remotes.values():
             # The run is over for attached agents too; their `flare2 attach` exits when they have.
-            router_send(control, agent.agent_id.encode(), Message(STOP, {}))
+            router_send(control, agent.agent_id.encode(), Message(STOP, {"compute_gone": compute_gone}))
 
     def on_message(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
         """One message from an agent's (or a stranger's) identity on the control socket."""

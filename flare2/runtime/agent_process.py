@@ -66,7 +66,15 @@ class AgentSettings:
 
 
 class StopRequested(Exception):
-    """The manager (or SIGTERM) asked this agent to stop; unwinds the episode in progress."""
+    """The manager (or SIGTERM) asked this agent to stop; unwinds the episode in progress.
+
+    ``learn_replies`` is False when the manager says the compute process is gone: then no reply to a learn request
+    on its way will come, and the agent does not wait for one.
+    """
+
+    def __init__(self, *, learn_replies: bool = True) -> None:
+        super().__init__()
+        self.learn_replies = learn_replies
 
 
 _terminate_requested = False
@@ -155,7 +163,7 @@ class _Control:
                 continue
             self._last_heard = now
             if message.kind == STOP:
-                raise StopRequested()
+                raise StopRequested(learn_replies=message.payload.get("compute_gone") is not True)
         if now - self._last_heard > self.manager_timeout_s:
             raise PeerDiedError(f"no word from the manager for {self.manager_timeout_s:.0f}s")
 
@@ -332,9 +340,10 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         control.stats = make_envs(agent, eval_every)
         agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
         play(agent, control.maybe_service)
-    except StopRequested:
-        for port in ports.values():
-            port.finish_learning(timeout_s=_FINISH_LEARNING_S)
+    except StopRequested as stop:
+        if stop.learn_replies:
+            for port in ports.values():
+                port.finish_learning(timeout_s=_FINISH_LEARNING_S)
         control.send_stats()
         requester.send(BYE, {"reason": "stopped"})
         requester.socket.setsockopt(zmq.LINGER, 2000)

@@ -73,14 +73,12 @@ def compute_main(settings: ComputeSettings) -> None:
         )
         try:
             _serve(ctx, control, settings)
-        except UserCodeError as exc:
-            _report_failure(control, error_payload(str(exc).splitlines()[0], traceback=exc.remote_traceback, code="user_code"))
-        except LearnerDiedError as exc:
-            _report_failure(control, error_payload(str(exc), traceback=exc.remote_traceback, code="crash"))
-        except FlareError as exc:
-            _report_failure(control, error_payload(str(exc), code="config"))
         except Exception as exc:
-            _report_failure(control, error_payload(f"the compute process crashed: {exc!r}", traceback=traceback.format_exc(), code="crash"))
+            if not isinstance(exc, _Reported):
+                _report_failure(control, exc)
+            # A lingering close lets ZeroMQ deliver the error before the context ends.
+            control.close(linger=_ERROR_LINGER_MS)
+            raise SystemExit(1) from None
         else:
             control.close(linger=0)
         finally:
@@ -88,11 +86,21 @@ def compute_main(settings: ComputeSettings) -> None:
                 authenticator.stop()
 
 
-def _report_failure(control: zmq.Socket, payload: dict[str, str]) -> None:
+class _Reported(Exception):
+    """A failure the manager has already been told of."""
+
+
+def _report_failure(control: zmq.Socket, exc: Exception) -> None:
+    """Tell the manager why this process fails (call it in the ``except`` block that caught ``exc``)."""
+    if isinstance(exc, UserCodeError):
+        payload = error_payload(str(exc).splitlines()[0], traceback=exc.remote_traceback, code="user_code")
+    elif isinstance(exc, LearnerDiedError):
+        payload = error_payload(str(exc), traceback=exc.remote_traceback, code="crash")
+    elif isinstance(exc, FlareError):
+        payload = error_payload(str(exc), code="config")
+    else:
+        payload = error_payload(f"the compute process crashed: {exc!r}", traceback=traceback.format_exc(), code="crash")
     control.send_multipart(pack(Message(ERROR, payload)))
-    # A lingering close lets ZeroMQ deliver the error before the context ends.
-    control.close(linger=_ERROR_LINGER_MS)
-    raise SystemExit(1)
 
 
 def build_cts(configs: tuple[CTConfig, ...], *, device: str, seed: int, torch_threads: int) -> list[Any]:
@@ -177,6 +185,10 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
         # The counters a resumed run continues reach the manager before its first progress row.
         _send_stats(control, cdps)
         _loop(control, fronts, learner, settings)
+    except Exception as exc:
+        # The manager hears of it now, not after the learner process and the sockets are taken down.
+        _report_failure(control, exc)
+        raise _Reported() from exc
     finally:
         learner.close()
         for front in fronts:

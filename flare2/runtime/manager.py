@@ -83,6 +83,7 @@ class Manager:
         self._compute: multiprocessing.process.BaseProcess | None = None
         self._progress: ProgressLog | None = None
         self._checkpoint_pending = False
+        self._compute_failed = False
         self._checkpoints = CheckpointSchedule(config)
 
     # ---- public ----------------------------------------------------------------------
@@ -293,6 +294,7 @@ class Manager:
         elif message.kind == BYE:
             logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == ERROR:
+            self._compute_failed = True
             raise RunFailed(f"the compute process failed: {error_text(message)}", _error_exit_code(message))
         else:
             self._drop(COMPUTE_IDENTITY.encode(), f"unexpected kind {message.kind!r}")
@@ -332,10 +334,13 @@ class Manager:
     def _shutdown(self, control: zmq.Socket) -> None:
         """Stop agents, then the compute process (which writes the checkpoint); kill what does not leave."""
         timeout_s = self.config.stop_timeout_s
-        self.desk.stop_all(control)
+        compute = self._compute
+        # A failed or dead compute process answers no learn request: agents need not wait for those on their way.
+        compute_gone = self._compute_failed or (compute is not None and compute.exitcode is not None)
+        self.desk.stop_all(control, compute_gone=compute_gone)
         running = [agent for agent in self.agents.slots if agent.restart_at is None and agent.process.poll() is None]
         for agent in running:
-            router_send(control, agent.agent_id.encode(), Message(STOP, {}))
+            router_send(control, agent.agent_id.encode(), Message(STOP, {"compute_gone": compute_gone}))
         started = time.monotonic()
         deadline = started + timeout_s
         while any(agent.process.poll() is None for agent in running) and time.monotonic() < deadline:
@@ -353,7 +358,6 @@ class Manager:
             agent.process.wait()
         if running:
             logger.info("agents stopped in %.2fs", time.monotonic() - started)
-        compute = self._compute
         if compute is not None and compute.exitcode is None:
             wait_s = timeout_s
             if self.desk.served is not None:

@@ -23,7 +23,6 @@ import socket
 import sys
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +35,9 @@ from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, R
 from flare2.runtime import exit_codes
 from flare2.runtime.episodes import EpisodeRecorder, EpisodeStats, is_evaluation_episode
 from flare2.runtime.progress import LatencyHistogram
+from flare2.runtime.socket_port import SocketPort
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
-from flare2.wire.protocol import BYE, ERROR, EVALUATING, HELLO, LEARN, PREDICT, STATS, STOP, error_payload, unpack
+from flare2.wire.protocol import BYE, ERROR, HELLO, STATS, STOP, error_payload, unpack
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
 from flare2.wire.sockets import Requester, context
 
@@ -173,88 +173,6 @@ class _Control:
             self.requester.send(STATS, report)
 
 
-class _Port:
-    """One CT as the agent sees it: a predict and a learn requester.
-
-    Learn requests go out without waiting for their reply while fewer than
-    the CT's ``learn_ahead`` are on their way, so the agent plays on while
-    ``learn()`` runs; each wait services the manager link, so a STOP or a dead
-    manager is noticed even while a CDP is busy.
-    """
-
-    def __init__(
-        self,
-        ctx: zmq.Context,
-        ct: str,
-        info: dict[str, Any],
-        agent_id: str,
-        control: _Control,
-        reply_timeout_s: float | None,
-        max_bytes: int,
-        curve: CurveClient | None,
-    ) -> None:
-        self.ct = ct
-        self.control = control
-        self.reply_timeout_s = reply_timeout_s
-        learn_ahead = info.get("learn_ahead", 0)
-        self.learn_ahead = learn_ahead if type(learn_ahead) is int and learn_ahead >= 0 else 0
-        self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
-        self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
-        self._learns_in_flight: deque[int] = deque()
-        self._sent_at: dict[int, float] = {}
-
-    def _wait(self, requester: Requester, seq: int, what: str) -> dict[str, Any]:
-        reply = requester.wait_reply(
-            seq,
-            timeout_s=self.reply_timeout_s,
-            what=what,
-            idle_every_s=self.control.interval_s,
-            on_idle=self.control.service,
-        )
-        return reply.payload
-
-    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self.wait_predict(self.send_predict(payload))
-
-    def send_predict(self, payload: dict[str, Any]) -> int:
-        seq = self.predictor.send_request(PREDICT, payload, ct=self.ct)
-        self._sent_at[seq] = time.perf_counter()
-        return seq
-
-    def wait_predict(self, seq: int) -> dict[str, Any]:
-        reply = self._wait(self.predictor, seq, f"predict on CT {self.ct!r}")
-        self.control.round_trips.add(time.perf_counter() - self._sent_at.pop(seq))
-        self.control.maybe_service()
-        return reply
-
-    def learn(self, payload: dict[str, Any]) -> None:
-        self._learns_in_flight.append(self.learner.send_request(LEARN, payload, ct=self.ct))
-        while len(self._learns_in_flight) > self.learn_ahead:
-            self._wait(self.learner, self._learns_in_flight.popleft(), f"learn on CT {self.ct!r}")
-        self.control.maybe_service()
-
-    def set_evaluating(self, evaluating: bool) -> None:
-        self.learner.send(EVALUATING, {"evaluating": evaluating}, ct=self.ct)
-
-    def finish_learning(self, timeout_s: float) -> None:
-        """Wait (at most ``timeout_s``) until the learn requests on their way are learned, so none is lost at a stop."""
-        deadline = time.monotonic() + timeout_s
-        while self._learns_in_flight:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            try:
-                self.learner.wait_reply(self._learns_in_flight.popleft(), timeout_s=remaining, what=f"learn on CT {self.ct!r}")
-            except FlareError as exc:
-                # The agent is stopping anyway: a learn that failed or came too late must not turn the stop into a crash.
-                logger.info("agent stops without the reply to a learn request: %s", str(exc).splitlines()[0])
-                return
-
-    def close(self) -> None:
-        self.predictor.close()
-        self.learner.close()
-
-
 def run_agent(settings: AgentSettings) -> int:
     """Run one agent until the manager stops it; returns the process exit code."""
     if settings.parent_pid:
@@ -328,11 +246,11 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
 
     welcome = welcome.payload
     control = _Control(requester, settings, interval_s=interval_s, manager_timeout_s=manager_timeout_s)
-    ports: dict[str, _Port] = {}
+    ports: dict[str, SocketPort] = {}
     try:
         cts = welcome["cts"]
         for name in helpers:
-            ports[name] = _Port(
+            ports[name] = SocketPort(
                 ctx, name, cts[name], settings.agent_id, control, _reply_timeout(welcome), max_bytes,
                 settings.curve,
             )

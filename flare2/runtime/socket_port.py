@@ -1,0 +1,111 @@
+"""An agent process's CTPort over the sockets of one CT's CDP (the serial runner's port is in-process)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import zmq
+
+from flare2.errors import FlareError
+from flare2.runtime.progress import LatencyHistogram
+from flare2.wire.protocol import EVALUATING, LEARN, PREDICT
+from flare2.wire.security import CurveClient
+from flare2.wire.sockets import Requester
+
+logger = logging.getLogger(__name__)
+
+
+class ControlLink(Protocol):
+    """What a port needs of the agent's link to the manager: its pace, its service (stats, STOP, liveness), and
+    where round trips are counted."""
+
+    interval_s: float
+    round_trips: LatencyHistogram
+    service: Callable[[], None]
+    maybe_service: Callable[[], None]
+
+
+class SocketPort:
+    """One CT as the agent sees it: a predict and a learn requester.
+
+    Learn requests go out without waiting for their reply while fewer than
+    the CT's ``learn_ahead`` are on their way, so the agent plays on while
+    ``learn()`` runs; each wait services the manager link, so a STOP or a dead
+    manager is noticed even while a CDP is busy.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        ct: str,
+        info: dict[str, Any],
+        agent_id: str,
+        control: ControlLink,
+        reply_timeout_s: float | None,
+        max_bytes: int,
+        curve: CurveClient | None,
+    ) -> None:
+        self.ct = ct
+        self.control = control
+        self.reply_timeout_s = reply_timeout_s
+        learn_ahead = info.get("learn_ahead", 0)
+        self.learn_ahead = learn_ahead if type(learn_ahead) is int and learn_ahead >= 0 else 0
+        self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
+        self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
+        self._learns_in_flight: deque[int] = deque()
+        self._sent_at: dict[int, float] = {}
+
+    def _wait(self, requester: Requester, seq: int, what: str) -> dict[str, Any]:
+        reply = requester.wait_reply(
+            seq,
+            timeout_s=self.reply_timeout_s,
+            what=what,
+            idle_every_s=self.control.interval_s,
+            on_idle=self.control.service,
+        )
+        return reply.payload
+
+    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self.wait_predict(self.send_predict(payload))
+
+    def send_predict(self, payload: dict[str, Any]) -> int:
+        seq = self.predictor.send_request(PREDICT, payload, ct=self.ct)
+        self._sent_at[seq] = time.perf_counter()
+        return seq
+
+    def wait_predict(self, seq: int) -> dict[str, Any]:
+        reply = self._wait(self.predictor, seq, f"predict on CT {self.ct!r}")
+        self.control.round_trips.add(time.perf_counter() - self._sent_at.pop(seq))
+        self.control.maybe_service()
+        return reply
+
+    def learn(self, payload: dict[str, Any]) -> None:
+        self._learns_in_flight.append(self.learner.send_request(LEARN, payload, ct=self.ct))
+        while len(self._learns_in_flight) > self.learn_ahead:
+            self._wait(self.learner, self._learns_in_flight.popleft(), f"learn on CT {self.ct!r}")
+        self.control.maybe_service()
+
+    def set_evaluating(self, evaluating: bool) -> None:
+        self.learner.send(EVALUATING, {"evaluating": evaluating}, ct=self.ct)
+
+    def finish_learning(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the learn requests on their way are learned, so none is lost at a stop."""
+        deadline = time.monotonic() + timeout_s
+        while self._learns_in_flight:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                self.learner.wait_reply(self._learns_in_flight.popleft(), timeout_s=remaining, what=f"learn on CT {self.ct!r}")
+            except FlareError as exc:
+                # The agent is stopping anyway: a learn that failed or came too late must not turn the stop into a crash.
+                logger.info("agent stops without the reply to a learn request: %s", str(exc).splitlines()[0])
+                return
+
+    def close(self) -> None:
+        self.predictor.close()
+        self.learner.close()

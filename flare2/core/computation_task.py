@@ -39,6 +39,18 @@ def _modules(attributes: dict[str, Any]) -> list[nn.Module]:
     return [value for value in attributes.values() if isinstance(value, nn.Module)]
 
 
+def _state_tensors(modules: list[nn.Module]) -> list[torch.Tensor]:
+    """Every parameter and buffer of ``modules``, in order."""
+    return [tensor for module in modules for tensor in module.state_dict(keep_vars=True).values()]
+
+
+@torch.no_grad()
+def copy_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Copy each source tensor into the target at its place (across devices where they differ)."""
+    for target, source in zip(targets, sources):
+        target.copy_(source)
+
+
 class _ActingView:
     """The Algorithm as ``predict`` sees it while ``learn`` runs in another thread.
 
@@ -228,27 +240,21 @@ class ComputationTask:
 
     def _publish(self, *, next_version: bool) -> None:
         """The learning weights become the acting ones (the next version after a learn()), for the predictions from now on."""
-        with self._weights_lock, torch.no_grad():
-            for name, acting in self._acting_modules.items():
-                learning = getattr(self.algorithm, name).state_dict(keep_vars=True).values()
-                for target, source in zip(acting.state_dict(keep_vars=True).values(), learning):
-                    target.copy_(source)
+        with self._weights_lock:
+            if self._acting_modules:
+                # The acting copies were made from the same attributes in the same order.
+                copy_tensors(_state_tensors(list(self._acting_modules.values())), self.weight_tensors())
             self.version += next_version
 
     def weight_tensors(self) -> list[torch.Tensor]:
         """Every parameter and buffer of the algorithm's nn.Module attributes, in one fixed order."""
-        return [
-            tensor
-            for value in vars(self.algorithm).values() if isinstance(value, nn.Module)
-            for tensor in value.state_dict(keep_vars=True).values()
-        ]
+        return _state_tensors(_modules(vars(self.algorithm)))
 
     def adopt_weights(self, source: list[torch.Tensor], *, learn_calls: int) -> None:
         """Take the weights a learn() elsewhere made (a learner process), as the next version; ``source`` is in
         ``weight_tensors`` order."""
-        with self._weights_lock, torch.no_grad():
-            for target, tensor in zip(self.weight_tensors(), source):
-                target.copy_(tensor)
+        with self._weights_lock:
+            copy_tensors(self.weight_tensors(), source)
             self.version += 1
             self.learn_calls = learn_calls
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flare2.core.computation_task import ComputationTask
+from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.runtime.cdp import LearnBatch, learn_with_lag
 from flare2.runtime.config import CTConfig
 from flare2.runtime.learner import LearnerDiedError
@@ -61,12 +60,6 @@ class LearnerSettings:
 def shared_weights(ct: ComputationTask) -> list[torch.Tensor]:
     """A copy of the CT's weights in shared memory (host memory, whatever the device)."""
     return [tensor.detach().to("cpu", copy=True).share_memory_() for tensor in ct.weight_tensors()]
-
-
-@torch.no_grad()
-def _copy_weights(targets: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> None:
-    for target, source in zip(targets, sources):
-        target.copy_(source)
 
 
 class LearnerProcess:
@@ -212,7 +205,7 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
         except Exception:
             pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
             continue
-        _copy_weights(weights[index], ct.weight_tensors())
+        copy_tensors(weights[index], ct.weight_tensors())
         pipe.send_bytes(encode({
             "kind": "learned", "costs": costs, "lag_sum": lag_sum, "lag_steps": lag_steps, "learn_calls": ct.learn_calls,
         }))
@@ -225,5 +218,5 @@ def _build(settings: LearnerSettings, weights: list[list[torch.Tensor]]) -> list
     for index, ct in enumerate(cts):
         if settings.resume_paths:
             ct.load(settings.resume_paths[index])
-        _copy_weights(ct.weight_tensors(), weights[index])
+        copy_tensors(ct.weight_tensors(), weights[index])
     return cts

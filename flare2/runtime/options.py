@@ -41,6 +41,8 @@ def _number(kind: type, *, least: float, strict: bool = False):
 
 _RUN, _AGENTS, _BATCHING = RunConfig, AgentConfig, BatchingConfig
 _POSITIVE = _number(float, least=0, strict=True)
+_SUPERVISION = "supervision and checkpoints"
+_NETWORK = "network (agents on other machines join with `flare2 attach`)"
 
 OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     # (group, flag, config class, field, argparse settings): each run option once; its default is the field's.
@@ -81,31 +83,31 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     ("batching", "--max-message-bytes", _RUN, "max_message_bytes", dict(
         type=_number(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
         "requests must fit; larger ones are refused with an error)")),
-    ("supervision and checkpoints", "--max-restarts", _RUN, "max_restarts", dict(
+    (_SUPERVISION, "--max-restarts", _RUN, "max_restarts", dict(
         type=_number(int, least=0), help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")),
-    ("supervision and checkpoints", "--restart-backoff", _RUN, "restart_backoff_s", dict(
+    (_SUPERVISION, "--restart-backoff", _RUN, "restart_backoff_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="wait before restarting an agent, doubled for each failure in a row (up to 30 s)")),
-    ("supervision and checkpoints", "--reply-timeout", _RUN, "reply_timeout_s", dict(
+    (_SUPERVISION, "--reply-timeout", _RUN, "reply_timeout_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="longest an agent waits for one prediction or learn reply (default: as "
         "long as the manager says the compute process is alive)")),
-    ("supervision and checkpoints", "--heartbeat-timeout", _RUN, "heartbeat_timeout_s", dict(
+    (_SUPERVISION, "--heartbeat-timeout", _RUN, "heartbeat_timeout_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="seconds of silence after which an agent is taken for dead and restarted")),
-    ("supervision and checkpoints", "--startup-timeout", _RUN, "startup_timeout_s", dict(
+    (_SUPERVISION, "--startup-timeout", _RUN, "startup_timeout_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="how long the compute process (building the models) and the agents may "
         "take to come up")),
-    ("supervision and checkpoints", "--stop-timeout", _RUN, "stop_timeout_s", dict(
+    (_SUPERVISION, "--stop-timeout", _RUN, "stop_timeout_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="how long children get to exit when asked before they are killed")),
-    ("supervision and checkpoints", "--resume", _RUN, "resume_dir", dict(
+    (_SUPERVISION, "--resume", _RUN, "resume_dir", dict(
         metavar="DIR", help="continue the learning and counters of the run whose log dir is DIR")),
-    ("network (agents on other machines join with `flare2 attach`)", "--bind", _RUN, "bind", dict(
+    (_NETWORK, "--bind", _RUN, "bind", dict(
         help="address the manager and the CDPs listen on")),
-    ("network (agents on other machines join with `flare2 attach`)", "--port", _RUN, "port", dict(
+    (_NETWORK, "--port", _RUN, "port", dict(
         type=int, help="port of the manager's control endpoint (0: any free one)")),
-    ("network (agents on other machines join with `flare2 attach`)", "--advertise", _RUN, "advertise", dict(
+    (_NETWORK, "--advertise", _RUN, "advertise", dict(
         metavar="ADDRESS", help="address agents are told to connect to, when it differs from --bind (NAT, several NICs)")),
-    ("network (agents on other machines join with `flare2 attach`)", "--keys", _RUN, "keys_dir", dict(
+    (_NETWORK, "--keys", _RUN, "keys_dir", dict(
         metavar="DIR", help="CurveZMQ keys made by `flare2 keys DIR`: only clients in DIR/allowed get in")),
-    ("network (agents on other machines join with `flare2 attach`)", "--insecure", _RUN, "insecure", dict(
+    (_NETWORK, "--insecure", _RUN, "insecure", dict(
         action="store_true", help="allow a non-loopback --bind without keys (anyone who reaches the port can join)")),
 )
 """Every run option: the command line is derived from this table, and the config from what it parsed."""
@@ -130,18 +132,15 @@ def add_run_options(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     if unknown:
         raise TypeError(f"add_run_options got defaults for no run option: {sorted(unknown)}")
     groups: dict[str, Any] = {}
-    checkpoints_added = False
     for group, flag, owner, name, settings in OPTIONS:
         if group not in groups:
             groups[group] = parser.add_argument_group(group)
         default = defaults.get(name, COMMAND_LINE_DEFAULTS.get(name, _field_default(owner, name)))
         groups[group].add_argument(flag, dest=name, default=default, **settings)
-        if name == "max_restarts" and not checkpoints_added:
-            # One option for the two fields checkpoint_every_s and checkpoint_every_steps.
-            groups[group].add_argument(
-                "--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
-                help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
-            checkpoints_added = True
+    # One option for the two fields checkpoint_every_s and checkpoint_every_steps.
+    groups[_SUPERVISION].add_argument(
+        "--checkpoint-every", type=parse_checkpoint_every, default=(None, None),
+        help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end")
 
 
 def _parsed(args: argparse.Namespace, owner: type) -> dict[str, Any]:

@@ -13,8 +13,6 @@ import torch
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.core.model import Model
-from flare2.core.specs import Spec
 from flare2.errors import ConfigError
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.compute_process import build_cts, choose_learner
@@ -23,18 +21,7 @@ from flare2.runtime.learner import LearnerDiedError
 from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
 from flare2.wire.protocol import LEARN, LEARNED, Message
 
-
-class Scale(Model):
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = torch.nn.Parameter(torch.tensor(2.0))
-        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
-
-    def input_specs(self):
-        return {"x": Spec((2,), "float32")}
-
-    def action_specs(self):
-        return {"y": Spec((2,), "float32")}
+from doubles import Scale, learn_payload
 
 
 class AddsOneEachLearn(Algorithm):
@@ -77,17 +64,7 @@ def build_fails_in_the_learner() -> Algorithm:
 
 
 def learn_message(agent: str, seq: int, fill: float = 1.0, version: int = 0) -> Message:
-    lead = (3, 2)
-    payload = {
-        "inputs": {"x": np.full((*lead, 2), fill, np.float32)},
-        "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
-        "actions": {"y": np.zeros((*lead, 2), np.float32)},
-        "rewards": {"reward": np.zeros(lead, np.float32)},
-        "states": {},
-        "terminated": np.zeros(lead, bool),
-        "truncated": np.zeros(lead, bool),
-        "policy_version": np.full(lead, version, np.int64),
-    }
+    payload = learn_payload(3, 2, fill=fill, version=version)
     return Message(LEARN, payload, agent, seq, "RL")
 
 

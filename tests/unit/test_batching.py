@@ -11,13 +11,10 @@ import time
 
 import numpy as np
 import pytest
-import torch
 import zmq
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.core.model import Model
-from flare2.core.specs import Spec
 from flare2.runtime.cdp_sockets import SocketFront
 from flare2.runtime.compute_process import serve_ready
 from flare2.runtime.learner import InlineLearner, LearnerThread
@@ -25,17 +22,7 @@ from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.sockets import connect_dealer, poll_timeout_ms
 
-
-class Doubler(Model):
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = torch.nn.Parameter(torch.tensor(2.0))
-
-    def input_specs(self):
-        return {"x": Spec((2,), "float32")}
-
-    def action_specs(self):
-        return {"y": Spec((2,), "float32")}
+from doubles import Scale, learn_payload
 
 
 class DoublerAlgorithm(Algorithm):
@@ -59,7 +46,7 @@ def ctx():
 
 
 def make_cdp(ctx, **batching) -> SocketFront:
-    ct = ComputationTask("RL", DoublerAlgorithm(Doubler()), device="cpu")
+    ct = ComputationTask("RL", DoublerAlgorithm(Scale()), device="cpu")
     return SocketFront(ct, ctx, config=BatchingConfig(**batching))
 
 
@@ -85,17 +72,7 @@ class Agents:
 
     def send_learn(self, name: str, steps: int, sequences: int = 1) -> None:
         self._seq += 1
-        lead = (sequences, steps)
-        payload = {
-            "inputs": {"x": np.zeros((*lead, 2), np.float32)},
-            "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
-            "actions": {"y": np.zeros((*lead, 2), np.float32)},
-            "rewards": {"reward": np.zeros(lead, np.float32)},
-            "states": {},
-            "terminated": np.zeros(lead, bool),
-            "truncated": np.zeros(lead, bool),
-            "policy_version": np.zeros(lead, np.int64),
-        }
+        payload = learn_payload(sequences, steps)
         self.learn[name].send_multipart(pack(Message(LEARN, payload, name, self._seq, "RL")))
 
     def serve(self, until, timeout_s: float, learner=None) -> bool:
@@ -145,7 +122,7 @@ def test_a_batch_is_flushed_when_it_holds_max_batch_requests(ctx):
 
 
 def test_local_agents_reach_the_cdp_through_its_unix_sockets_and_share_batches_with_tcp_agents(ctx, tmp_path):
-    ct = ComputationTask("RL", DoublerAlgorithm(Doubler()), device="cpu")
+    ct = ComputationTask("RL", DoublerAlgorithm(Scale()), device="cpu")
     front = SocketFront(ct, ctx, config=BatchingConfig(max_wait_ms=60_000), local_prefix=str(tmp_path / "ct0"))
     try:
         assert front.local_predict_endpoint == f"ipc://{tmp_path / 'ct0'}-predict"
@@ -294,7 +271,7 @@ def test_predictions_are_served_while_learn_runs_in_the_learner_thread(ctx):
             # Returns as soon as a prediction was served meanwhile, or gives up after 10 s.
             return {"served_meanwhile": float(served.wait(timeout=10))}
 
-    ct = ComputationTask("RL", SlowLearn(Doubler()), device="cpu")
+    ct = ComputationTask("RL", SlowLearn(Scale()), device="cpu")
     ct.act_beside_learning()
     front = SocketFront(ct, ctx, config=BatchingConfig(max_wait_ms=1, learn_max_wait_ms=1))
     front.cdp.live = frozenset({"a"})

@@ -4,27 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.core.model import Model
-from flare2.core.specs import Spec
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
 
-
-class Scale(Model):
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = torch.nn.Parameter(torch.tensor(2.0))
-
-    def input_specs(self):
-        return {"x": Spec((2,), "float32")}
-
-    def action_specs(self):
-        return {"y": Spec((2,), "float32")}
+from doubles import Scale, learn_payload
 
 
 class Scaler(Algorithm):
@@ -58,17 +45,7 @@ class Served:
 
     def learn(self, agent: str, fill: float = 0.0) -> None:
         self.seq += 1
-        lead = (2, 3)
-        payload = {
-            "inputs": {"x": np.full((*lead, 2), fill, np.float32)},
-            "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
-            "actions": {"y": np.zeros((*lead, 2), np.float32)},
-            "rewards": {"reward": np.zeros(lead, np.float32)},
-            "states": {},
-            "terminated": np.zeros(lead, bool),
-            "truncated": np.zeros(lead, bool),
-            "policy_version": np.zeros(lead, np.int64),
-        }
+        payload = learn_payload(2, 3, fill=fill)
         self.cdp.accept(Message(LEARN, payload, agent, self.seq, "RL"), agent, 0.0, learn=True)
 
     def replies_to(self, agent: str) -> list[Message]:

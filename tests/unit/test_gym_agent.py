@@ -10,6 +10,8 @@ from flare2.core.envs import GymAgent
 from flare2.core.specs import CTSpecs, Spec
 from flare2.runtime.agent_process import StopRequested, make_envs
 
+from doubles import KeepingHelper
+
 SPECS = CTSpecs(inputs={"obs": Spec((3,), "float32")}, actions={"action": Spec((2,), "float32")}, states={},
                 rewards={"reward": Spec((), "float32")})
 
@@ -48,17 +50,6 @@ class OutOfBoundsPort:
             raise StopRequested()
         rows = len(self.sent[ticket - 1]["inputs"]["obs"])
         return {"actions": {"action": np.tile(np.array([5.0, -5.0], np.float32), (rows, 1))}, "states": {}, "version": 0}
-
-
-class KeepingHelper:
-    def __init__(self) -> None:
-        self.steps: list[dict] = []
-
-    def attach(self, ct, specs, port, *, num_envs=1):
-        pass
-
-    def store(self, step):
-        self.steps.append(step)
 
 
 def test_observations_and_rewards_take_the_spec_dtypes_and_actions_are_clipped_for_the_env_only():

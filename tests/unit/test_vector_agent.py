@@ -13,6 +13,8 @@ from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 from flare2.runtime.agent_process import StopRequested, check_envs_per_agent, make_envs
 
+from doubles import KeepingHelper
+
 SPECS = CTSpecs(inputs={"obs": Spec((1,), "float32")}, actions={"action": Spec((), "int64")}, states={},
                 rewards={"reward": Spec((), "float32")})
 
@@ -66,17 +68,6 @@ class ScriptedPort:
 
     def predict(self, payload):
         return self.wait_predict(self.send_predict(payload))
-
-
-class KeepingHelper:
-    def __init__(self) -> None:
-        self.steps: list[dict] = []
-
-    def attach(self, ct, specs, port, *, num_envs=1):
-        self.num_envs = num_envs
-
-    def store(self, step):
-        self.steps.append(step)
 
 
 def play_countdowns(

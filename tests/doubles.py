@@ -1,0 +1,54 @@
+"""Test doubles shared by several test files: a one-parameter model over ``x -> y`` and its learn requests, and a
+helper that keeps what an agent stores."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from flare2.core.model import Model
+from flare2.core.specs import Spec
+
+
+class Scale(Model):
+    """Input ``x`` and action ``y``, both ``(2,)`` float32; one parameter ``scale`` (2.0) and one buffer ``seen``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(2.0))
+        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+
+    def input_specs(self):
+        return {"x": Spec((2,), "float32")}
+
+    def action_specs(self):
+        return {"y": Spec((2,), "float32")}
+
+
+def learn_payload(sequences: int, steps: int, *, fill: float = 0.0, version: int = 0) -> dict:
+    """A learn request of ``Scale``'s CT: inputs full of ``fill``, every step acted by weights ``version``."""
+    lead = (sequences, steps)
+    return {
+        "inputs": {"x": np.full((*lead, 2), fill, np.float32)},
+        "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
+        "actions": {"y": np.zeros((*lead, 2), np.float32)},
+        "rewards": {"reward": np.zeros(lead, np.float32)},
+        "states": {},
+        "terminated": np.zeros(lead, bool),
+        "truncated": np.zeros(lead, bool),
+        "policy_version": np.full(lead, version, np.int64),
+    }
+
+
+class KeepingHelper:
+    """An AgentHelper that keeps every step it is given."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict] = []
+        self.num_envs = 0
+
+    def attach(self, ct, specs, port, *, num_envs=1):
+        self.num_envs = num_envs
+
+    def store(self, step):
+        self.steps.append(step)

@@ -172,7 +172,8 @@ class AgentDesk:
         address agents must use (``advertise``, not the one bound)."""
         endpoints = {key: ct[key] for key in ("specs", "learn_ahead")}
         if local and ct.get("local_predict_endpoint"):
-            return {**endpoints, "predict_endpoint": ct["local_predict_endpoint"], "learn_endpoint": ct["local_learn_endpoint"]}
+            return {**endpoints, "predict_endpoint": ct["local_predict_endpoint"], "learn_endpoint": ct["local_learn_endpoint"],
+                    "busy_wait_us": ct["busy_wait_us"]}
         for key in ("predict_endpoint", "learn_endpoint"):
             endpoints[key] = _with_host(ct[key], self.config.advertise) if self.config.advertise else ct[key]
         return endpoints

@@ -24,7 +24,7 @@ from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
 from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.cdp_sockets import SocketFront
 from flare2.runtime.learner import InlineLearner, Learner, LearnerDiedError, LearnerThread
-from flare2.runtime.config import CTConfig
+from flare2.runtime.config import CTConfig, busy_wait_us
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
 from flare2.wire.security import CurveClient, CurveServer, start_authenticator
@@ -53,6 +53,9 @@ class ComputeSettings:
     torch_threads: int
     learner: str
     """Where learn() runs: auto, process, thread or inline (see RunConfig.learner)."""
+    busy_wait_us: int | None
+    """RunConfig.busy_wait_us, resolved here once the learner is chosen."""
+    local_agents: int
     max_message_bytes: int
     parent_pid: int
     socket_dir: str
@@ -162,6 +165,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                 cts=settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads,
                 resume_paths=resume_paths, parent_pid=os.getpid(),
             ))
+        busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + (kind == "process"))
         hello = {
             "role": "compute",
             "pid": os.getpid(),
@@ -176,6 +180,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     "local_predict_endpoint": front.local_predict_endpoint,
                     "local_learn_endpoint": front.local_learn_endpoint,
                     "learn_ahead": front.cdp.ct.learn_ahead,
+                    "busy_wait_us": busy_wait,
                 }
                 for front in fronts
             },
@@ -184,7 +189,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
         cdps = [front.cdp for front in fronts]
         # The counters a resumed run continues reach the manager before its first progress row.
         _send_stats(control, cdps)
-        _loop(control, fronts, learner, settings)
+        _loop(control, fronts, learner, settings, busy_wait / 1e6)
     except Exception as exc:
         # The manager hears of it now, not after the learner process and the sockets are taken down.
         _report_failure(control, exc)
@@ -218,7 +223,7 @@ def finish_learning(cdps: list[ComputationDataProcessor], learner: Learner) -> N
 
 
 def _loop(
-    control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings
+    control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings, busy_wait_s: float
 ) -> None:
     cdps = [front.cdp for front in fronts]
     poller = zmq.Poller()
@@ -226,18 +231,26 @@ def _loop(
     wake = learner.wake_socket
     if wake is not None:
         poller.register(wake, zmq.POLLIN)
-    owner: dict[zmq.Socket, SocketFront] = {}
+    # What zmq.Poller reports for each source (a stream server comes back as its file descriptor).
+    sources: dict[Any, tuple[SocketFront, Any]] = {}
     for front in fronts:
-        for sock in (front.predict_socket, front.learn_socket):
-            poller.register(sock, zmq.POLLIN)
-            owner[sock] = front
+        for source in front.sources:
+            poller.register(source, zmq.POLLIN)
+            sources[source if isinstance(source, zmq.Socket) else source.fileno()] = (front, source)
     next_stats = time.monotonic() + settings.stats_interval_s
     while True:
         now = time.monotonic()
         # While the learner is busy, learn batches wait for it, not for their deadline.
         deadlines = [d for d in (cdp.next_deadline(learning=learner.idle) for cdp in cdps) if d is not None]
         wake_at = min([next_stats, *deadlines])
-        events = poller.poll(poll_timeout_ms(min(wake_at - now, _IDLE_POLL_S)))
+        events = poller.poll(0) if busy_wait_s else []
+        if not events:
+            # The next request is usually a few dozen µs away: checking for it beats waking up for it (RunConfig.busy_wait_us).
+            check_until = now + min(busy_wait_s, wake_at - now)
+            while not events and time.monotonic() < check_until:
+                events = poller.poll(0)
+        if not events:
+            events = poller.poll(poll_timeout_ms(min(wake_at - time.monotonic(), _IDLE_POLL_S)))
         now = time.monotonic()
         ready = {sock for sock, _ in events}
         # Control first: a LIVE update must reach the CDPs before the requests of the agents it names.
@@ -247,8 +260,9 @@ def _loop(
                     return
         if wake in ready:
             learner.deliver()
-        for sock in ready - {control, wake}:
-            owner[sock].drain(sock, now)
+        for key in ready - {control, wake}:
+            front, source = sources[key]
+            front.drain(source, now)
         serve_ready(cdps, learner, time.monotonic())
         if now >= next_stats:
             next_stats = now + settings.stats_interval_s

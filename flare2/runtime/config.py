@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,16 @@ from flare2.errors import ConfigError
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 
 LEARNERS = ("auto", "process", "thread", "inline")
+# What RunConfig.busy_wait_us None means while every busy process has a core of its own: longer than an env step
+# and the bookkeeping around it, so that the reply is there before the waiting process would have slept.
+AUTO_BUSY_WAIT_US = 200
+
+
+def busy_wait_us(setting: int | None, busy_processes: int) -> int:
+    """RunConfig.busy_wait_us resolved for a run of ``busy_processes`` on the cores this process may use."""
+    if setting is not None:
+        return setting
+    return AUTO_BUSY_WAIT_US if busy_processes <= len(os.sched_getaffinity(0)) else 0
 
 
 def is_loopback(host: str) -> bool:
@@ -143,6 +154,12 @@ class RunConfig:
     """Threads torch uses in the compute process, set once as it starts: with small models a second thread
     costs more in handing work over than it saves (a 64-64 MLP at batch 64 is 25 % slower with 2), and the
     cores are better spent on the agent processes."""
+    busy_wait_us: int | None = None
+    """Microseconds a process waiting for a message keeps checking for it before it sleeps (the compute process, and
+    agents on the manager's machine). Waking a sleeping core costs tens of µs, and a prediction round trip wakes two;
+    checking pays while every busy process of the run has a core of its own, and takes cores from the others when
+    they do not. None: ``AUTO_BUSY_WAIT_US`` when the local agents, the compute process and its learner process fit
+    the machine's cores, else 0."""
     learner: str = "auto"
     """Where learn() runs. ``process``: a learner process of its own, beside the compute process that keeps serving
     predictions (the algorithm must allow it: ``Algorithm.may_learn_in_own_process``); ``thread``: a thread of the
@@ -195,6 +212,8 @@ class RunConfig:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.busy_wait_us is not None and self.busy_wait_us < 0:
+            raise ConfigError(f"busy_wait_us must be >= 0 (0: sleep at once), got {self.busy_wait_us}")
         for name in ("restart_backoff_s", "heartbeat_timeout_s", "reply_timeout_s", "checkpoint_every_s", "checkpoint_every_steps"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -223,6 +223,8 @@ class Manager:
             resume_dir=config.resume_dir,
             torch_threads=config.torch_threads,
             learner=config.learner,
+            busy_wait_us=config.busy_wait_us,
+            local_agents=config.agents.num_agents,
             max_message_bytes=config.max_message_bytes,
             parent_pid=os.getpid(),
             # At least one compute report per progress row, so each row sees fresh batching figures.

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flare2.errors import ConfigError
-from flare2.runtime.config import LEARNERS, AgentConfig, BatchingConfig, CTConfig, RunConfig
+from flare2.runtime.config import AUTO_BUSY_WAIT_US, LEARNERS, AgentConfig, BatchingConfig, CTConfig, RunConfig
 
 
 def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
@@ -63,6 +63,10 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     ("run", "--device", _RUN, "device", dict(help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")),
     ("run", "--torch-threads", _RUN, "torch_threads", dict(
         type=_number(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
+    ("run", "--busy-wait-us", _RUN, "busy_wait_us", dict(
+        type=_number(int, least=0), metavar="US", help="microseconds a waiting process keeps checking for its message "
+        "before it sleeps (waking a core is slow); default: %d while the run's busy processes fit the cores, else 0"
+        % AUTO_BUSY_WAIT_US)),
     ("run", "--log-dir", _RUN, "log_dir", dict(help="where progress.csv, manager.log and checkpoints go")),
     ("run", "--seed", _RUN, "seed", dict(type=int, help="seeds the models and each agent's env")),
     ("run", "--progress-interval", _RUN, "progress_interval_s", dict(

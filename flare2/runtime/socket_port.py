@@ -18,6 +18,9 @@ from flare2.wire.sockets import Requester
 
 logger = logging.getLogger(__name__)
 
+# A welcome's busy wait above this is not one a manager of this version sends.
+_MOST_BUSY_WAIT_US = 1_000_000
+
 
 class ControlLink(Protocol):
     """What a port needs of the agent's link to the manager: its pace, its service (stats, STOP, liveness), and
@@ -54,8 +57,15 @@ class SocketPort:
         self.reply_timeout_s = reply_timeout_s
         learn_ahead = info.get("learn_ahead", 0)
         self.learn_ahead = learn_ahead if type(learn_ahead) is int and learn_ahead >= 0 else 0
-        self.predictor = Requester(ctx, info["predict_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
-        self.learner = Requester(ctx, info["learn_endpoint"], identity=agent_id, max_bytes=max_bytes, curve=curve)
+        # Streams to the compute process of this machine come with how long to check for a reply before sleeping.
+        busy_wait_us = info.get("busy_wait_us", 0)
+        busy_wait_s = busy_wait_us / 1e6 if type(busy_wait_us) is int and 0 <= busy_wait_us <= _MOST_BUSY_WAIT_US else 0.0
+        # A send that waits for room in a stream services the manager link meanwhile, like a wait for a reply.
+        self.predictor, self.learner = (
+            Requester(ctx, info[key], identity=agent_id, max_bytes=max_bytes, curve=curve,
+                      on_blocked=control.service, blocked_every_s=control.interval_s, busy_wait_s=busy_wait_s)
+            for key in ("predict_endpoint", "learn_endpoint")
+        )
         self._learns_in_flight: deque[int] = deque()
         self._sent_at: dict[int, float] = {}
 

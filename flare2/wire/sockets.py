@@ -14,6 +14,8 @@ from flare2.errors import ConfigError, DecodeError, RemoteError, ReplyTimeoutErr
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import ERROR, Message, VersionMismatchError, pack, unpack
 from flare2.wire.security import CurveClient, CurveServer, make_client_socket, make_server_socket
+from flare2.wire.streams import SCHEME as STREAM_SCHEME
+from flare2.wire.streams import StreamClient
 
 logger = logging.getLogger(__name__)
 
@@ -50,20 +52,6 @@ def bind_router(
             f"cannot bind tcp://{host}:{port or '*'} ({exc}): pick a free port or an address of this machine"
         ) from None
     return sock, f"tcp://{host}:{port}"
-
-
-def bind_local(sock: zmq.Socket, path: str) -> str:
-    """Bind ``sock`` also to a Unix socket at ``path``; returns its ipc:// endpoint.
-
-    Agents on this machine talk through it: a Unix socket costs the kernel less
-    per message than TCP over loopback. It keeps the socket's CURVE settings.
-    """
-    endpoint = f"ipc://{path}"
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError as exc:
-        raise ConfigError(f"cannot bind {endpoint} ({exc}): the directory must exist and be writable") from None
-    return endpoint
 
 
 def connect_dealer(
@@ -128,12 +116,15 @@ def raise_for_error(message: Message, what: str) -> None:
 
 
 class Requester:
-    """One DEALER that sends requests and waits for the reply with the same ``seq``.
+    """Sends requests and waits for the reply with the same ``seq``, over a ZeroMQ DEALER (``tcp://``) or, for an
+    agent of the compute process's own machine, a Unix stream (``unix://``, see ``flare2.wire.streams``).
 
     Several requests may be on their way at once; a reply that arrives while
     another is waited for is kept until its own turn. Replies to requests that
     timed out are dropped, so a late answer is never taken for the answer to a
-    newer question.
+    newer question. On a stream, ``on_blocked`` runs every ``blocked_every_s``
+    while a send waits for room, and a wait for a reply checks for it for
+    ``busy_wait_s`` before it sleeps (RunConfig.busy_wait_us).
     """
 
     def __init__(
@@ -144,32 +135,51 @@ class Requester:
         identity: str,
         max_bytes: int = DEFAULT_MAX_BYTES,
         curve: CurveClient | None = None,
+        on_blocked: Callable[[], None] | None = None,
+        blocked_every_s: float = 0.25,
+        busy_wait_s: float = 0.0,
     ) -> None:
         self.endpoint = endpoint
         self.identity = identity
         self._max_bytes = max_bytes
-        self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes, curve=curve)
+        self._sock: zmq.Socket | None = None
+        self._stream: StreamClient | None = None
+        if endpoint.startswith(STREAM_SCHEME):
+            self._stream = StreamClient(endpoint, max_bytes=max_bytes, on_blocked=on_blocked, blocked_every_s=blocked_every_s,
+                                        busy_wait_s=busy_wait_s)
+        else:
+            self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes, curve=curve)
         self._seq = 0
         self._awaited: set[int] = set()
         self._early: dict[int, Message] = {}
 
     @property
     def socket(self) -> zmq.Socket:
+        if self._sock is None:
+            raise TypeError(f"{self.endpoint} is a stream, not a ZeroMQ socket")
         return self._sock
 
     def send(self, kind: str, payload: dict, *, ct: str = "") -> int:
         """Send a message that expects no reply; returns its seq."""
         frames = pack(Message(kind, payload, self.identity, self._seq + 1, ct))
         if len(frames[-1]) > self._max_bytes:
-            # The receiver's ZeroMQ would close the connection without a word, and the reply would never come.
+            # The receiver would close the connection without a word, and the reply would never come.
             raise ConfigError(
                 f"a {kind} message to {self.endpoint} holds {len(frames[-1])} bytes, more than the run's "
                 f"max_message_bytes ({self._max_bytes}): send fewer or smaller arrays per message (fewer steps per "
                 "learn request, fewer envs per agent) or raise --max-message-bytes"
             )
         self._seq += 1
-        self._sock.send_multipart(frames)
+        if self._stream is not None:
+            self._stream.send(frames)
+        else:
+            self.socket.send_multipart(frames)
         return self._seq
+
+    def _receive(self, timeout_s: float) -> list[bytes] | None:
+        if self._stream is not None:
+            return self._stream.receive(timeout_s)
+        return recv_frames(self.socket, timeout_s)
 
     def send_request(self, kind: str, payload: dict, *, ct: str = "") -> int:
         """Send a request whose reply ``wait_reply`` will be asked for; returns its seq."""
@@ -206,7 +216,7 @@ class Requester:
                 self._awaited.discard(seq)
                 raise ReplyTimeoutError(f"no reply to {what} from {self.endpoint} within {timeout_s:.1f}s")
             wait = remaining if idle_every_s is None else min(remaining, idle_every_s)
-            frames = recv_frames(self._sock, min(wait, _LONGEST_POLL_S))
+            frames = self._receive(min(wait, _LONGEST_POLL_S))
             if frames is None:
                 if on_idle is not None:
                     on_idle()
@@ -227,8 +237,11 @@ class Requester:
             return reply
 
     def close(self) -> None:
-        # Keeps the socket's own LINGER: 0 unless a final message must still go out.
-        self._sock.close()
+        if self._stream is not None:
+            self._stream.close()
+        else:
+            # Keeps the socket's own LINGER: 0 unless a final message must still go out.
+            self.socket.close()
 
 
 @contextmanager

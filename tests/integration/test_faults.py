@@ -103,7 +103,7 @@ def test_a_compute_process_killed_with_sigkill_ends_the_run_saying_so(tmp_path, 
 def _local_socket_paths(log_dir: Path) -> list[str]:
     """The CDPs' Unix socket paths of a run, from its run.json (written once the compute process is up)."""
     cts = json.loads((log_dir / "run.json").read_text())["cts"].values()
-    return [ct[key].removeprefix("ipc://") for ct in cts for key in ("local_predict_endpoint", "local_learn_endpoint")]
+    return [ct[key].removeprefix("unix://") for ct in cts for key in ("local_predict_endpoint", "local_learn_endpoint")]
 
 
 def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(tmp_path, runs):

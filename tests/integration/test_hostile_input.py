@@ -1,4 +1,4 @@
-"""Hostile input (DESIGN §4, §8): thousands of random and mutated messages at a running run's sockets.
+"""Hostile input (DESIGN §4, §8): thousands of random and mutated messages at a running run's sockets and streams.
 
 The generator is seeded; a failure names its seed, and FLARE2_FUZZ_SEED=<seed> replays it.
 """
@@ -8,6 +8,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import signal
+import socket
+import struct
 
 import msgpack
 import numpy as np
@@ -15,9 +19,11 @@ import zmq
 
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import HELLO, LEARN, PREDICT, PROTOCOL_VERSION, STATS, Message, pack
+from flare2.wire.streams import stream_chunks
 from runs import CARTPOLE, RunProcess, read_csv
 
 MESSAGES = 10_000
+STREAM_MESSAGES = 3_000
 FLOOD = 3_000
 BUDGET_STEPS = 8_000
 SEED = int(os.environ.get("FLARE2_FUZZ_SEED", "20261123"))
@@ -156,4 +162,79 @@ def test_ten_thousand_hostile_messages_neither_crash_nor_skew_a_run(tmp_path):
     assert final["restarts"] == 0, f"seed {SEED}"
     assert final["rejected_requests"] > 1_000, f"seed {SEED}"
     assert final["dropped_messages"] > 100, f"seed {SEED}"
+    assert "Traceback" not in run.text, f"seed {SEED}:\n{run.text[-4000:]}"
+
+
+class StreamPeer:
+    """A hostile process of the same user on a CDP's Unix stream: reconnects whenever the server closes on it."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.path = endpoint.removeprefix("unix://")
+        self.sock: socket.socket | None = None
+        self.closed_on_it = 0
+
+    def send(self, data: bytes) -> bool:
+        if self.sock is None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(self.path)
+        try:
+            self.sock.settimeout(10)
+            self.sock.sendall(data)
+            return True
+        except (BrokenPipeError, ConnectionResetError):
+            self._reconnect()
+            return False
+
+    def read(self) -> None:
+        """Take what came back, as a peer would (and notice a close)."""
+        while self.sock is not None:
+            self.sock.setblocking(False)
+            try:
+                if not self.sock.recv(1 << 16):
+                    self._reconnect()
+            except BlockingIOError:
+                return
+            except ConnectionResetError:
+                self._reconnect()
+
+    def _reconnect(self) -> None:
+        self.closed_on_it += 1
+        self.sock.close()
+        self.sock = None
+
+
+def test_hostile_bytes_on_the_local_streams_close_only_their_own_connections(tmp_path):
+    rng = random.Random(SEED)
+    run = RunProcess(CARTPOLE, "--num-agents", "2", "--envs-per-agent", "1", "--max-steps", str(10**9),
+                     "--progress-interval", "0.5", "--device", "cpu", log_dir=tmp_path)
+    try:
+        run.wait_for_line(r"compute process is up", timeout_s=120)
+        ct = json.loads((tmp_path / "run.json").read_text())["cts"]["RL"]
+        peers = {PREDICT: StreamPeer(ct["local_predict_endpoint"]), LEARN: StreamPeer(ct["local_learn_endpoint"])}
+        sent = 0
+        for _ in range(STREAM_MESSAGES):
+            kind = rng.choice([PREDICT, LEARN])
+            frames = valid_frames(rng, kind, f"fuzz-stream-{kind}")
+            frames = mutate(rng, frames) if rng.random() < 0.9 else frames
+            if len(frames) == 2 and rng.random() < 0.9:
+                data = b"".join(stream_chunks(frames))
+            else:  # lengths that lie, most of them past any limit
+                data = struct.pack("<II", rng.randrange(1 << 32), rng.randrange(1 << 32)) + b"".join(frames)
+            sent += peers[kind].send(data)
+            peers[kind].read()
+        assert sent >= STREAM_MESSAGES * 0.8, f"seed {SEED}: only {sent} stream messages went out"
+        assert sum(peer.closed_on_it for peer in peers.values()) > 10, f"seed {SEED}: lying lengths closed no stream"
+
+        # The run plays on: its agents' own streams were untouched.
+        steps = [int(re.search(r"steps (\d+)", run.wait_for_line(r"progress INFO: steps", timeout_s=30)).group(1))
+                 for _ in range(3)]
+        assert steps[2] > steps[1], f"seed {SEED}: the run stopped playing after the fuzz: {steps}"
+        run.process.send_signal(signal.SIGINT)
+        assert run.wait(timeout_s=60) == 130, f"seed {SEED}:\n{run.text[-4000:]}"
+    finally:
+        run.stop()
+
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["restarts"] == 0, f"seed {SEED}"
+    assert final["rejected_requests"] > 100, f"seed {SEED}"
     assert "Traceback" not in run.text, f"seed {SEED}:\n{run.text[-4000:]}"

@@ -20,7 +20,9 @@ from flare2.runtime.compute_process import serve_ready
 from flare2.runtime.learner import InlineLearner, LearnerThread
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
+from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.sockets import connect_dealer, poll_timeout_ms
+from flare2.wire.streams import StreamClient
 
 from doubles import Scale, learn_payload
 
@@ -80,8 +82,10 @@ class Agents:
         learner = learner or InlineLearner()
         poller = zmq.Poller()
         front = self.front
-        for sock in (front.predict_socket, front.learn_socket, *self.predict.values(), *self.learn.values()):
-            poller.register(sock, zmq.POLLIN)
+        # Stream servers come back from the poller as their file descriptors.
+        sources = {source if isinstance(source, zmq.Socket) else source.fileno(): source for source in front.sources}
+        for source in (*front.sources, *self.predict.values(), *self.learn.values()):
+            poller.register(source, zmq.POLLIN)
         learned = getattr(learner, "wake_socket", None)
         if learned is not None:
             poller.register(learned, zmq.POLLIN)
@@ -95,8 +99,8 @@ class Agents:
             for sock, _ in poller.poll(poll_timeout_ms(wake - now)):
                 if sock is learned:
                     learner.deliver()
-                elif sock in (front.predict_socket, front.learn_socket):
-                    front.drain(sock, time.monotonic())
+                elif sock in sources:
+                    front.drain(sources[sock], time.monotonic())
                 else:
                     name = sock.getsockopt(zmq.IDENTITY).decode()
                     self.replies[name] = unpack(sock.recv_multipart())
@@ -121,22 +125,63 @@ def test_a_batch_is_flushed_when_it_holds_max_batch_requests(ctx):
     np.testing.assert_array_equal(agents.replies["b"].payload["actions"]["y"], np.full((1, 2), 6, np.float32))
 
 
-def test_local_agents_reach_the_cdp_through_its_unix_sockets_and_share_batches_with_tcp_agents(ctx, tmp_path):
+def test_local_agents_reach_the_cdp_through_its_unix_streams_and_share_batches_with_tcp_agents(ctx, tmp_path):
     ct = ComputationTask("RL", DoublerAlgorithm(Scale()), device="cpu")
     front = SocketFront(ct, ctx, config=BatchingConfig(max_wait_ms=60_000), local_prefix=str(tmp_path / "ct0"))
+    local = None
     try:
-        assert front.local_predict_endpoint == f"ipc://{tmp_path / 'ct0'}-predict"
-        assert front.local_learn_endpoint == f"ipc://{tmp_path / 'ct0'}-learn"
+        assert front.local_predict_endpoint == f"unix://{tmp_path / 'ct0'}-predict"
+        assert front.local_learn_endpoint == f"unix://{tmp_path / 'ct0'}-learn"
         front.cdp.live = frozenset({"local", "remote"})
         agents = Agents(ctx, front, ["remote"])
-        agents.predict["local"] = connect_dealer(ctx, front.local_predict_endpoint, identity="local")
-        agents.send_predict("local", np.ones((1, 2), np.float32))
+        local = StreamClient(front.local_predict_endpoint, max_bytes=DEFAULT_MAX_BYTES)
+        local.send(pack(Message(PREDICT, {"inputs": {"x": np.ones((1, 2), np.float32)}, "states": {}}, "local", 1, "RL")))
         agents.send_predict("remote", np.full((1, 2), 3, np.float32))
-        # max_wait is a minute: only a batch that holds both (one from each endpoint) is served.
-        assert agents.serve(agents.have_replies("local", "remote"), timeout_s=10)
+
+        def both_answered() -> bool:
+            frames = local.receive(0)
+            if frames is not None:
+                agents.replies["local"] = unpack(frames)
+            return "local" in agents.replies and "remote" in agents.replies
+
+        # max_wait is a minute: only a batch that holds both (one from each kind of socket) is served.
+        assert agents.serve(both_answered, timeout_s=10)
         assert front.cdp.stats.predict_batches == 1
         np.testing.assert_array_equal(agents.replies["local"].payload["actions"]["y"], np.full((1, 2), 2, np.float32))
+        np.testing.assert_array_equal(agents.replies["remote"].payload["actions"]["y"], np.full((1, 2), 6, np.float32))
     finally:
+        if local is not None:
+            local.close()
+        front.close()
+
+
+def test_a_stream_keeps_the_agent_id_of_its_first_message(ctx, tmp_path):
+    ct = ComputationTask("RL", DoublerAlgorithm(Scale()), device="cpu")
+    front = SocketFront(ct, ctx, config=BatchingConfig(max_wait_ms=0), local_prefix=str(tmp_path / "ct0"))
+    local = None
+    try:
+        front.cdp.live = frozenset({"a", "b"})
+        agents = Agents(ctx, front, [])
+        local = StreamClient(front.local_predict_endpoint, max_bytes=DEFAULT_MAX_BYTES)
+        payload = {"inputs": {"x": np.ones((1, 2), np.float32)}, "states": {}}
+        local.send(pack(Message(PREDICT, payload, "a", 1, "RL")))
+        local.send(pack(Message(PREDICT, payload, "b", 2, "RL")))
+        replies: list[Message] = []
+
+        def two_replies() -> bool:
+            frames = local.receive(0)
+            if frames is not None:
+                replies.append(unpack(frames))
+            return len(replies) == 2
+
+        assert agents.serve(two_replies, timeout_s=10)
+        by_seq = {reply.seq: reply for reply in replies}
+        assert by_seq[1].kind == PREDICTION
+        assert by_seq[2].kind == ERROR and "does not match the connection's identity" in by_seq[2].payload["reason"]
+        assert front.cdp.stats.rejected == 1
+    finally:
+        if local is not None:
+            local.close()
         front.close()
 
 

@@ -91,12 +91,15 @@ def test_option_mistakes_are_usage_errors_that_name_the_option(capsys, options, 
 def test_local_agents_get_the_cts_unix_sockets_and_remote_ones_the_advertised_tcp_address():
     manager = Manager(run_config(bind="0.0.0.0", keys_dir="keys", advertise="10.1.2.3"))
     served = {"specs": {}, "learn_ahead": 1, "predict_endpoint": "tcp://0.0.0.0:5001", "learn_endpoint": "tcp://0.0.0.0:5002",
-              "local_predict_endpoint": "ipc:///tmp/flare2-x/ct0-predict", "local_learn_endpoint": "ipc:///tmp/flare2-x/ct0-learn"}
+              "local_predict_endpoint": "unix:///tmp/flare2-x/ct0-predict", "local_learn_endpoint": "unix:///tmp/flare2-x/ct0-learn",
+              "busy_wait_us": 200}
     local = manager.desk._endpoints_for(served, local=True)
     remote = manager.desk._endpoints_for(served, local=False)
     assert (local["predict_endpoint"], local["learn_endpoint"]) == (served["local_predict_endpoint"], served["local_learn_endpoint"])
     assert (remote["predict_endpoint"], remote["learn_endpoint"]) == ("tcp://10.1.2.3:5001", "tcp://10.1.2.3:5002")
     assert "local_predict_endpoint" not in remote and local["learn_ahead"] == remote["learn_ahead"] == 1
+    # Agents of other machines talk ZeroMQ, where no busy wait is done.
+    assert local["busy_wait_us"] == 200 and "busy_wait_us" not in remote
 
 
 def test_every_setting_of_a_run_has_one_option_and_the_option_defaults_are_the_config_defaults():

@@ -20,38 +20,42 @@ from functools import partial
 
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
-from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
+from flare2.runtime.options import (
+    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+)
+from flare2.zoo.configs import A2CConfig
 
 
 # 1. The Algorithm, built inside the compute process. A module-level function
 #    so the compute process (started with the spawn method) can import it; the
 #    zoo is imported here, so this process (the manager) never loads torch and
 #    starts fast.
-def build_a2c(env_id: str, lr: float):
+def build_a2c(env_id: str, config: A2CConfig):
     from flare2.core.envs import make_gym_env
-    from flare2.zoo.a2c import A2C, A2CConfig
+    from flare2.zoo.a2c import A2C
     from flare2.zoo.models import MLPActorCritic
 
     env = make_gym_env(env_id)
     model = MLPActorCritic(env.observation_space, env.action_space, hidden=(64, 64))
-    return A2C(model, A2CConfig(lr=lr))
+    return A2C(model, config)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
-    parser.add_argument("--lr", type=float, default=7e-4, help="A2C learning rate (RMSprop)")
     parser.add_argument("--sample-interval", type=int, default=5, help="env steps per learn request (n of the n-step returns)")
     parser.add_argument("--no-double-buffer", dest="double_buffer", action="store_false",
                         help="each agent steps all its envs, then asks for all their actions (by default two halves "
                              "of its envs alternate: one is stepped while the other's actions are predicted)")
+    add_config_options(parser, A2CConfig)
     # A2C learns every 5 steps from [8, 5] steps: handing each batch to a learner process and its weights back costs
     # more than it frees on 2 cores (1 agent of 8 envs: 6.2k-7.1k env steps/s inline, 5.6k in a process), so learn()
     # runs in the compute loop unless --learner says otherwise.
     add_run_options(parser, num_agents=1, envs_per_agent=8, log_dir="runs/cartpole_a2c", learner="inline")
     args = parser.parse_args(argv)
     # 2. One ComputationTask named "RL", batched by the rule of max batch / all agents waiting / max wait.
-    ct = CTConfig(name="RL", build=partial(build_a2c, args.env, args.lr), batching=batching_from_args(args))
+    config = config_from_args(parser, args, A2CConfig)
+    ct = CTConfig(name="RL", build=partial(build_a2c, args.env, config), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent: asks CT "RL" for the actions of its envs, sends experiences every sample_interval steps.
     agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,
                     "double_buffer": args.double_buffer}

@@ -25,8 +25,11 @@ from functools import partial
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
-from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
-from flare2.zoo.dqn import DQN, DQNConfig
+from flare2.runtime.options import (
+    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+)
+from flare2.zoo.configs import DQNConfig
+from flare2.zoo.dqn import DQN
 
 
 # 1. The Algorithm, built inside the compute process.
@@ -37,17 +40,17 @@ def build_dqn(env_id: str, config: DQNConfig, hidden: tuple[int, ...]) -> DQN:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box observations, Discrete actions)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate, annealed linearly to 0 at --max-steps")
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 128], help="sizes of the hidden layers")
     parser.add_argument("--buffer", type=int, default=100_000, help="replay capacity over all agents (each keeps its share)")
     parser.add_argument("--warmup", type=int, default=1_000, help="steps stored over all agents before learning starts")
     parser.add_argument("--sample-interval", type=int, default=2, help="env steps per agent between learn requests")
     parser.add_argument("--batch-size", type=int, default=64, help="sampled sequences per learn request")
     parser.add_argument("--n-step", type=int, default=3, help="steps of the return each target is made of")
+    add_config_options(parser, DQNConfig, derived={"anneal_steps": "--max-steps"})
     add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=100_000, log_dir="runs/cartpole_dqn")
     args = parser.parse_args(argv)
     # 2. One CT "RL" with a Q-network; learn() gets the replayed transitions of every agent.
-    config = DQNConfig(lr=args.lr, anneal_steps=args.max_steps)
+    config = config_from_args(parser, args, DQNConfig, anneal_steps=args.max_steps)
     ct = CTConfig(name="RL", build=partial(build_dqn, args.env, config, tuple(args.hidden)), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent with a replay buffer in place of the online helper.
     agents = max(args.num_agents, 1)

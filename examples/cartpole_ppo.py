@@ -17,33 +17,36 @@ from functools import partial
 
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
-from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
+from flare2.runtime.options import (
+    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+)
+from flare2.zoo.configs import PPOConfig
 
 
 # 1. The Algorithm, built inside the compute process (a module-level function, for the spawn start method).
 #    The zoo is imported here, so the manager process never loads torch.
-def build_ppo(env_id: str, lr: float, anneal_steps: int, epochs: int):
+def build_ppo(env_id: str, config: PPOConfig):
     from flare2.core.envs import make_gym_env
-    from flare2.zoo.ppo import PPO, PPOConfig
+    from flare2.zoo.ppo import PPO
 
-    return PPO.for_env(make_gym_env(env_id), PPOConfig(lr=lr, anneal_steps=anneal_steps, epochs=epochs))
+    return PPO.for_env(make_gym_env(env_id), config)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at the start")
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
-    parser.add_argument("--epochs", type=int, default=20, help="PPO epochs per learn() call")
     parser.add_argument("--no-double-buffer", dest="double_buffer", action="store_false",
                         help="each agent steps all its envs, then asks for all their actions (by default two halves "
                              "of its envs alternate: one is stepped while the other's actions are predicted)")
+    add_config_options(parser, PPOConfig, derived={"anneal_steps": "--max-steps"})
     add_run_options(parser, num_agents=1, envs_per_agent=8, max_steps=100_000, log_dir="runs/cartpole_ppo")
     # One learn() call per round of all agents (256 steps) matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)
     # 2. One CT "RL"; the PPO model also returns the acting policy's log-probability with each action.
-    build = partial(build_ppo, args.env, args.lr, args.max_steps, args.epochs)
+    config = config_from_args(parser, args, PPOConfig, anneal_steps=args.max_steps)
+    build = partial(build_ppo, args.env, config)
     ct = CTConfig(name="RL", build=build, batching=batching_from_args(args))
     # 3. The stock Gymnasium agent stores every action output, so learn() gets the log-probabilities.
     agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,

@@ -20,8 +20,11 @@ from functools import partial
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
-from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
-from flare2.zoo.sarsa import SARSA, SARSAConfig
+from flare2.runtime.options import (
+    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+)
+from flare2.zoo.configs import SARSAConfig
+from flare2.zoo.sarsa import SARSA
 
 
 # 1. The Algorithm, built inside the compute process.
@@ -32,16 +35,14 @@ def build_sarsa(env_id: str, config: SARSAConfig) -> SARSA:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CliffWalking-v1", help="Gymnasium env id (Discrete observations and actions)")
-    parser.add_argument("--lr", type=float, default=0.1, help="Adam learning rate of the Q-table")
-    parser.add_argument("--gamma", type=float, default=1.0, help="discount factor")
-    parser.add_argument("--epsilon", type=float, default=0.1, help="probability of a random action")
     parser.add_argument("--time-limit", type=int, default=200, help="steps after which an episode is truncated")
     parser.add_argument("--sample-interval", type=int, default=8, help="env steps per learn request")
+    add_config_options(parser, SARSAConfig, gamma=1.0)
     # SARSA learns from a few steps at a time: in the compute loop it runs faster than in a learner process (2.5k
     # against 2.2k env steps/s on 2 cores), so learn() runs there unless --learner says otherwise.
     add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=60_000, log_dir="runs/cliffwalking_sarsa", learner="inline")
     args = parser.parse_args(argv)
-    config = SARSAConfig(lr=args.lr, gamma=args.gamma, epsilon=args.epsilon)
+    config = config_from_args(parser, args, SARSAConfig)
     # 2. One CT "RL" with a linear Q-network over the one-hot state.
     ct = CTConfig(name="RL", build=partial(build_sarsa, args.env, config), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent with the online helper: SARSA learns from the steps as they are played.

@@ -20,8 +20,11 @@ from functools import partial
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
-from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
-from flare2.zoo.td3 import TD3, TD3Config
+from flare2.runtime.options import (
+    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+)
+from flare2.zoo.configs import TD3Config
+from flare2.zoo.td3 import TD3
 
 
 # 1. The Algorithm, built inside the compute process.
@@ -32,20 +35,17 @@ def build_td3(env_id: str, config: TD3Config) -> TD3:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Pendulum-v1", help="Gymnasium env id (Box observations, bounded Box actions)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the actor and the critics")
-    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64],
-                        help="hidden layer sizes of the actor and the critics (small: a gradient step per env step on CPU)")
     parser.add_argument("--buffer", type=int, default=200_000, help="replay capacity over all agents (each keeps its share)")
     parser.add_argument("--warmup", type=int, default=2_000,
                         help="steps over all agents with uniformly random actions, stored before learning starts")
     parser.add_argument("--sample-interval", type=int, default=1, help="env steps per agent between learn requests")
     parser.add_argument("--batch-size", type=int, default=256, help="transitions per learn request")
-    parser.add_argument("--minibatch-size", type=int, default=256, help="transitions per gradient step")
+    # Small layers: a gradient step per env step on CPU.
+    add_config_options(parser, TD3Config, hidden=(64, 64), derived={"random_steps": "--warmup"})
     add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=50_000, log_dir="runs/pendulum_td3")
     args = parser.parse_args(argv)
     # 2. One CT "RL" with the actor and the two critics; actions are uniform over the box during the warm-up.
-    config = TD3Config(actor_lr=args.lr, critic_lr=args.lr, hidden=tuple(args.hidden), minibatch_size=args.minibatch_size,
-                       random_steps=args.warmup)
+    config = config_from_args(parser, args, TD3Config, random_steps=args.warmup)
     ct = CTConfig(name="RL", build=partial(build_td3, args.env, config), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent with a replay buffer in place of the online helper.
     agents = max(args.num_agents, 1)

@@ -1,9 +1,16 @@
-"""The command-line options every manager script shares, and the RunConfig they make."""
+"""The command-line options every manager script shares, and the RunConfig they make; and the options of an
+algorithm's settings (a config dataclass, such as the zoo's), one per field."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import inspect
 import re
+import textwrap
+import types
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -173,3 +180,117 @@ def _run_config(args: argparse.Namespace, cts: Sequence[CTConfig], agent_path: s
         checkpoint_every_steps=every_steps,
         **_parsed(args, RunConfig),
     )
+
+
+# ---- an algorithm's settings -----------------------------------------------------------------------------------
+
+
+class _Derived:
+    """The default of an option whose value the script derives from another one (``derived`` below)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __repr__(self) -> str:
+        return self.source
+
+
+def _field_docs(config_class: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass and of its dataclass bases: what ``--help`` says of it."""
+    docs: dict[str, str] = {}
+    for klass in reversed(config_class.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError):  # no source (a class made at run time): the options go without help
+            continue
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split()).replace("%", "%%")
+    return docs
+
+
+def _value_parser(kind: type, what: str):
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+    return parse
+
+
+def _optional(kind: type, what: str):
+    parse = _value_parser(kind, what)
+    return lambda text: None if text.lower() == "none" else parse(text)
+
+
+_KINDS = {int: "an integer", float: "a number", str: "a string"}
+
+
+def _argument_settings(hint: Any, name: str, owner: type) -> dict[str, Any]:
+    """How argparse reads a field of this type: bool, int, float, str, ``X | None``, ``tuple[int, ...]``."""
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if hint in _KINDS:
+        return {"type": _value_parser(hint, _KINDS[hint])}
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and len(arguments) == 2 and type(None) in arguments:
+        kind = next(argument for argument in arguments if argument is not type(None))
+        if kind in _KINDS:
+            return {"type": _optional(kind, f"{_KINDS[kind]} or none"), "metavar": f"{name.upper()}|none"}
+    if origin is tuple and len(arguments) == 2 and arguments[1] is Ellipsis and arguments[0] in _KINDS:
+        return {"type": _value_parser(arguments[0], _KINDS[arguments[0]]), "nargs": "+"}
+    raise TypeError(f"{owner.__name__}.{name} is a {hint}, which has no command-line form (bool, int, float, str, "
+                    "X | None, tuple[X, ...])")
+
+
+def add_config_options(
+    parser: argparse.ArgumentParser,
+    config_class: type,
+    *,
+    derived: dict[str, str] | None = None,
+    **defaults: Any,
+) -> None:
+    """Add one option per field of the dataclass ``config_class`` (``--lr``, ``--gamma``, ``--no-double-q``...), with
+    the field's type, default and docstring; :func:`config_from_args` makes the config from them.
+
+    ``defaults`` replaces a field's default (a script's own starting point); ``derived`` names fields whose default
+    the script takes from another option, with the words ``--help`` shows for it (``{"anneal_steps": "--max-steps"}``).
+    """
+    fields = {field.name: field for field in dataclasses.fields(config_class)}
+    derived = derived or {}
+    unknown = (set(defaults) | set(derived)) - set(fields)
+    if unknown:
+        raise TypeError(f"add_config_options got defaults for no field of {config_class.__name__}: {sorted(unknown)}")
+    hints = typing.get_type_hints(config_class)
+    docs = _field_docs(config_class)
+    group = parser.add_argument_group(f"{config_class.__name__} (the algorithm's settings)")
+    for name, field in fields.items():
+        default = _Derived(derived[name]) if name in derived else defaults.get(name, field.default)
+        settings = _argument_settings(hints[name], name, config_class)
+        if "action" not in settings:
+            settings.setdefault("metavar", name.upper())
+        group.add_argument(
+            "--" + name.replace("_", "-"), dest=f"{config_class.__name__}.{name}", default=default,
+            help=f"{docs.get(name, '')} (default: %(default)s)".lstrip(), **settings,
+        )
+
+
+def config_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, config_class: type, **derived_values: Any
+) -> Any:
+    """The ``config_class`` of the options :func:`add_config_options` added; ``derived_values`` gives the value of
+    each field left to its derived default. A value the config refuses is a usage error naming it."""
+    values = {}
+    for field in dataclasses.fields(config_class):
+        value = getattr(args, f"{config_class.__name__}.{field.name}")
+        if isinstance(value, _Derived):
+            value = derived_values[field.name]
+        values[field.name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return config_class(**values)
+    except ConfigError as exc:
+        parser.error(str(exc))

@@ -10,41 +10,13 @@ a termination), and takes one gradient step on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
-from flare2.errors import ConfigError
+from flare2.zoo.configs import A2CConfig
 from flare2.zoo.models import MLPActorCritic
 from flare2.zoo.returns import n_step_returns
-
-
-@dataclass(frozen=True)
-class A2CConfig:
-    lr: float = 7e-4
-    """Learning rate."""
-    gamma: float = 0.99
-    """Discount factor."""
-    value_coef: float = 0.5
-    """Weight of the value loss."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    max_grad_norm: float = 0.5
-    """Gradients are clipped to this global norm."""
-    optimizer: str = "rmsprop"
-    """``rmsprop`` (as in the A2C paper, alpha 0.99, eps 1e-5) or ``adam``."""
-    normalize_advantages: bool = False
-    """Standardise advantages within each batch."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"A2CConfig.lr must be > 0, got {self.lr}")
-        if not 0 <= self.gamma <= 1:
-            raise ConfigError(f"A2CConfig.gamma must be in [0, 1], got {self.gamma}")
-        if self.optimizer not in ("rmsprop", "adam"):
-            raise ConfigError(f"A2CConfig.optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}")
 
 
 class A2C(Algorithm):

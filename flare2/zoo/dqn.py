@@ -13,51 +13,15 @@ policy's values.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
-from flare2.errors import ConfigError
+from flare2.zoo.configs import DQNConfig
 from flare2.zoo.models import QNetwork
 from flare2.zoo.returns import n_step_returns
-
-
-@dataclass(frozen=True)
-class DQNConfig:
-    lr: float = 1e-3
-    """Adam learning rate."""
-    gamma: float = 0.99
-    """Discount factor."""
-    minibatch_size: int = 64
-    """Transitions per gradient step (a learn() call holds N of them: N / minibatch_size steps)."""
-    target_update_every: int = 1
-    """Gradient steps between refreshes of the target network."""
-    target_tau: float = 0.005
-    """Fraction of the Q-network blended into the target at each refresh: 1 copies it, below 1 averages (Polyak).
-    On CartPole, averaging at every step kept the greedy policy at 500 far longer than a copy every 250 steps."""
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.04
-    exploration_steps: int = 8_000
-    """Predicted actions over which epsilon falls linearly from start to end."""
-    anneal_steps: int | None = None
-    """Env steps (predicted actions) over which the learning rate falls linearly to 0; None keeps it constant."""
-    double_q: bool = True
-    """Pick the next action with the online network, value it with the target network."""
-    max_grad_norm: float = 10.0
-    """Gradients are clipped to this global norm."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or self.minibatch_size < 1 or self.target_update_every < 1 or self.exploration_steps < 1:
-            raise ConfigError(f"DQNConfig needs lr > 0 and minibatch_size, target_update_every, exploration_steps >= 1: {self}")
-        if self.anneal_steps is not None and self.anneal_steps < 1:
-            raise ConfigError(f"DQNConfig.anneal_steps must be >= 1 or None (a constant learning rate), got {self.anneal_steps}")
-        if not 0 < self.target_tau <= 1:
-            raise ConfigError(f"DQNConfig needs 0 < target_tau <= 1, got {self.target_tau}")
-        if not 0 <= self.epsilon_end <= self.epsilon_start <= 1:
-            raise ConfigError(f"DQNConfig needs 0 <= epsilon_end <= epsilon_start <= 1, got {self}")
 
 
 class DQN(Algorithm):

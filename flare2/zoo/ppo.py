@@ -9,63 +9,15 @@ learn() call came in between.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.core.specs import Spec
-from flare2.errors import ConfigError
+from flare2.zoo.configs import ClippedObjectiveConfig, PPOConfig
 from flare2.zoo.models import MLPActorCritic
 from flare2.zoo.returns import gae
-
-
-@dataclass(frozen=True)
-class ClippedObjectiveConfig:
-    """The settings PPO and recurrent PPO share: the clipped objective, GAE and the learning-rate schedule."""
-
-    lr: float = 1e-3
-    """Adam learning rate at the start."""
-    anneal_steps: int | None = 100_000
-    """The learning rate falls linearly to 0 over this many env steps (None: constant)."""
-    gamma: float = 0.98
-    """Discount factor."""
-    gae_lambda: float = 0.8
-    """GAE trace decay."""
-    clip: float = 0.2
-    """Clip range of the probability ratio."""
-    epochs: int = 20
-    """Passes over each learn() batch."""
-    value_coef: float = 0.5
-    """Weight of the value loss."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    max_grad_norm: float = 0.5
-    """Gradients are clipped to this global norm."""
-
-    def __post_init__(self) -> None:
-        name = type(self).__name__
-        if self.lr <= 0 or self.clip <= 0 or self.epochs < 1:
-            raise ConfigError(f"{name} needs lr > 0, clip > 0 and epochs >= 1, got {self}")
-        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ConfigError(f"{name}.gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
-        if self.anneal_steps is not None and self.anneal_steps < 1:
-            raise ConfigError(f"{name}.anneal_steps must be >= 1 or None, got {self.anneal_steps}")
-        if self.value_coef < 0 or self.entropy_coef < 0 or self.max_grad_norm <= 0:
-            raise ConfigError(f"{name} needs value_coef >= 0, entropy_coef >= 0 and max_grad_norm > 0, got {self}")
-
-
-@dataclass(frozen=True)
-class PPOConfig(ClippedObjectiveConfig):
-    minibatch_size: int = 256
-    """Steps per gradient step (the batch is B*T steps)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.minibatch_size < 1:
-            raise ConfigError(f"PPOConfig.minibatch_size must be >= 1, got {self.minibatch_size}")
 
 
 def clipped_loss(

@@ -13,31 +13,15 @@ after that step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import torch
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.errors import ConfigError
-from flare2.zoo.ppo import ClippedObjectiveConfig, clipped_loss
+from flare2.zoo.configs import RecurrentPPOConfig
+from flare2.zoo.ppo import clipped_loss
 from flare2.zoo.recurrent import GRUActorCritic
 from flare2.zoo.returns import gae
-
-
-@dataclass(frozen=True)
-class RecurrentPPOConfig(ClippedObjectiveConfig):
-    anneal_steps: int | None = 150_000
-    """The learning rate falls linearly to 0 over this many env steps (None: constant)."""
-    epochs: int = 10
-    """Passes over each learn() batch."""
-    minibatch_sequences: int = 8
-    """Whole sequences per gradient step (a learn() batch holds B of them)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.minibatch_sequences < 1:
-            raise ConfigError(f"RecurrentPPOConfig.minibatch_sequences must be >= 1, got {self.minibatch_sequences}")
 
 
 class RecurrentPPO(Algorithm):

@@ -15,31 +15,13 @@ QNetwork over a one-hot observation (``hidden=()``) this is tabular SARSA.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
-from flare2.errors import ConfigError
+from flare2.zoo.configs import SARSAConfig
 from flare2.zoo.models import QNetwork
-
-
-@dataclass(frozen=True)
-class SARSAConfig:
-    lr: float = 0.1
-    """Adam learning rate (0.1 suits a linear Q-table; a hidden layer needs a much smaller one)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    epsilon: float = 0.1
-    """Probability of a random action; SARSA learns the value of this epsilon-greedy policy."""
-    max_grad_norm: float | None = None
-    """Gradients are clipped to this global norm (None: not clipped)."""
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0 or not 0 <= self.gamma <= 1 or not 0 <= self.epsilon <= 1:
-            raise ConfigError(f"SARSAConfig needs lr > 0, gamma and epsilon in [0, 1], got {self}")
 
 
 class SARSA(Algorithm):

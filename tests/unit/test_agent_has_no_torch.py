@@ -13,6 +13,7 @@ import flare2.runtime.agent_process
 import flare2.runtime.manager
 import flare2.runtime.attach
 import flare2.runtime.options
+import flare2.zoo.configs
 import flare2.core.envs
 import flare2.core.helpers
 # The lazy package exports that agents use must not pull torch in either.

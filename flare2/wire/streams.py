@@ -49,6 +49,16 @@ def stream_chunks(frames: list[bytes]) -> list[bytes]:
     return [_LENGTHS.pack(len(header), len(payload)), header, payload]
 
 
+def _read_available(sock: socket.socket) -> bytes | None:
+    """What a non-blocking ``sock`` holds now (b"" once its peer is gone), or None while it holds nothing."""
+    try:
+        return sock.recv(_READ_BYTES)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
 class StreamDecoder:
     """Cuts a byte stream into messages, each a list of its two frames (header, payload)."""
 
@@ -206,12 +216,9 @@ class StreamServer:
                 self._drop(connection, f"its process belongs to uid {uid}, not to this run's uid {os.geteuid()}")
 
     def _read(self, connection: StreamConnection, now: float) -> None:
-        try:
-            data = connection.sock.recv(_READ_BYTES)
-        except (BlockingIOError, InterruptedError):
+        data = _read_available(connection.sock)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._close(connection)
             return
@@ -344,12 +351,9 @@ class StreamClient:
         self._sock.close()
 
     def _read(self) -> None:
-        try:
-            data = self._sock.recv(_READ_BYTES)
-        except (BlockingIOError, InterruptedError):
+        data = _read_available(self._sock)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._ended = True
             return

@@ -16,6 +16,8 @@ LEARNERS = ("auto", "process", "thread", "inline")
 # What RunConfig.busy_wait_us None means while every busy process has a core of its own: longer than an env step
 # and the bookkeeping around it, so that the reply is there before the waiting process would have slept.
 AUTO_BUSY_WAIT_US = 200
+# A wait that checks for longer than this is a core spent, not a wake-up saved.
+MOST_BUSY_WAIT_US = 1_000_000
 
 
 def busy_wait_us(setting: int | None, busy_processes: int) -> int:
@@ -212,8 +214,10 @@ class RunConfig:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        if self.busy_wait_us is not None and self.busy_wait_us < 0:
-            raise ConfigError(f"busy_wait_us must be >= 0 (0: sleep at once), got {self.busy_wait_us}")
+        if self.busy_wait_us is not None and not 0 <= self.busy_wait_us <= MOST_BUSY_WAIT_US:
+            raise ConfigError(
+                f"busy_wait_us must be between 0 (sleep at once) and {MOST_BUSY_WAIT_US}, got {self.busy_wait_us}"
+            )
         for name in ("restart_backoff_s", "heartbeat_timeout_s", "reply_timeout_s", "checkpoint_every_s", "checkpoint_every_steps"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -10,16 +10,14 @@ from typing import Any, Protocol
 
 import zmq
 
-from flare2.errors import FlareError
+from flare2.errors import ConfigError, FlareError
+from flare2.runtime.config import MOST_BUSY_WAIT_US
 from flare2.runtime.progress import LatencyHistogram
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT
 from flare2.wire.security import CurveClient
 from flare2.wire.sockets import Requester
 
 logger = logging.getLogger(__name__)
-
-# A welcome's busy wait above this is not one a manager of this version sends.
-_MOST_BUSY_WAIT_US = 1_000_000
 
 
 class ControlLink(Protocol):
@@ -59,11 +57,15 @@ class SocketPort:
         self.learn_ahead = learn_ahead if type(learn_ahead) is int and learn_ahead >= 0 else 0
         # Streams to the compute process of this machine come with how long to check for a reply before sleeping.
         busy_wait_us = info.get("busy_wait_us", 0)
-        busy_wait_s = busy_wait_us / 1e6 if type(busy_wait_us) is int and 0 <= busy_wait_us <= _MOST_BUSY_WAIT_US else 0.0
+        if type(busy_wait_us) is not int or not 0 <= busy_wait_us <= MOST_BUSY_WAIT_US:
+            raise ConfigError(
+                f"the manager's welcome gives CT {ct!r} a busy_wait_us of {busy_wait_us!r}: a manager of another flare2 "
+                "version? Install the same flare2 on both sides"
+            )
         # A send that waits for room in a stream services the manager link meanwhile, like a wait for a reply.
         self.predictor, self.learner = (
             Requester(ctx, info[key], identity=agent_id, max_bytes=max_bytes, curve=curve,
-                      on_blocked=control.service, blocked_every_s=control.interval_s, busy_wait_s=busy_wait_s)
+                      on_blocked=control.service, blocked_every_s=control.interval_s, busy_wait_s=busy_wait_us / 1e6)
             for key in ("predict_endpoint", "learn_endpoint")
         )
         self._learns_in_flight: deque[int] = deque()

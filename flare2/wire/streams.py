@@ -3,8 +3,9 @@
 They carry the same messages as ZeroMQ (a msgpack header frame and a payload
 frame, decoded by the same strict ``unpack``), each preceded by the two frame
 lengths. A ZeroMQ round trip wakes four threads, the I/O thread and the caller
-on each side; a stream wakes only the two callers, which on a 2-core machine
-cuts a prediction round trip by more than half (``tools/bench.py``). Agents on
+on each side; a stream wakes only the two callers (on a 2-core machine, 8
+agent processes of one env each played 5.4k env steps/s over ZeroMQ and 6.7k
+over streams). Agents on
 other machines keep ZeroMQ and its CURVE security; a stream is reachable only
 by processes of the same user (a private directory, and each connecting peer's
 uid is checked).
@@ -80,7 +81,8 @@ class StreamDecoder:
                 header_bytes, payload_bytes = _LENGTHS.unpack_from(view, start)
                 if header_bytes > _MAX_HEADER_BYTES or payload_bytes > self.max_bytes:
                     raise OversizeError(
-                        f"a message announced {header_bytes + payload_bytes} bytes, more than the limit of {self.max_bytes}"
+                        f"a message announced a {header_bytes}-byte header and a {payload_bytes}-byte payload, more than "
+                        f"the limits of {_MAX_HEADER_BYTES} and {self.max_bytes}"
                     )
                 header_at = start + _LENGTHS.size
                 payload_at = header_at + header_bytes

@@ -74,6 +74,8 @@ def test_stopping_on_the_evaluation_return_needs_evaluation_episodes():
         (["--max-batch", "0"], "argument --max-batch: must be >= 1, got 0"),
         (["--num-agents", "two"], "argument --num-agents: expected an integer >= 0, got 'two'"),
         (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: must be > 0, got 0"),
+        (["--busy-wait-us", "-5"], "argument --busy-wait-us: must be >= 0, got -5"),
+        (["--busy-wait-us", "2000000"], "busy_wait_us must be between 0 (sleep at once) and 1000000, got 2000000"),
         (["--serial", "--bind", "10.1.2.3", "--insecure"], "--serial runs the whole run in this process, so nothing "
                                                           "listens on --bind 10.1.2.3"),
     ],

@@ -68,7 +68,7 @@ def test_the_decoder_reassembles_messages_cut_anywhere_and_several_in_one_chunk(
 
 
 def test_the_decoder_refuses_a_message_announced_above_the_limit_before_buffering_it():
-    with pytest.raises(OversizeError, match=f"more than the limit of {LIMIT}"):
+    with pytest.raises(OversizeError, match=f"a {LIMIT + 1}-byte payload, more than the limits of 4096 and {LIMIT}"):
         StreamDecoder(LIMIT).feed(struct.pack("<II", 10, LIMIT + 1))
     with pytest.raises(OversizeError):
         StreamDecoder(LIMIT).feed(struct.pack("<II", 1 << 20, 10))

@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MAX_PENDING_PER_AGENT = 4
+# An agent's first learn requests can overtake the manager's word that it joined (they come over a faster link):
+# this many are held for it, each for at most this long, before they are refused as an unregistered agent's.
+_MAX_HELD_FOR_REGISTRATION = 16
+_REGISTRATION_GRACE_S = 10.0
 
 
 @dataclass
@@ -188,6 +192,8 @@ class ComputationDataProcessor:
         self.stats = CDPStats(learn_calls=ct.learn_calls)
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
+        # Learn-channel messages of agents the manager has not named yet: (message, reply_to, arrived).
+        self._held: list[tuple[Message, Any, float]] = []
 
     @property
     def live(self) -> frozenset[str]:
@@ -203,6 +209,10 @@ class ComputationDataProcessor:
                 self.stats.discarded += queue.discard(gone)
         self._evaluating -= gone
         self._live = agents
+        held, self._held = self._held, []
+        for message, reply_to, arrived in held:
+            # In arrival order, as if they had come now: the agent's learn queue keeps its order.
+            self.accept(message, reply_to, arrived, learn=True)
 
     # ---- receiving -------------------------------------------------------------------
 
@@ -226,8 +236,11 @@ class ComputationDataProcessor:
             )
             return
         if learn and message.agent_id not in self._live:
-            # Only agents the manager registered may feed learn().
-            self.reject(reply_to, learn, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config")
+            # Only agents the manager registered may feed learn(); one that just joined gets a grace period.
+            if len(self._held) < _MAX_HELD_FOR_REGISTRATION:
+                self._held.append((message, reply_to, now))
+            else:
+                self._refuse_unregistered(message, reply_to)
             return
         if message.kind == EVALUATING:
             self._on_evaluating(message, reply_to)
@@ -278,6 +291,15 @@ class ComputationDataProcessor:
         queues = (self._predict_queue, *self._learn_queues.values()) if learning else (self._predict_queue,)
         deadlines = [deadline for deadline in (queue.deadline() for queue in queues) if deadline is not None]
         return min(deadlines) if deadlines else None
+
+    def _refuse_unregistered(self, message: Message, reply_to: Any) -> None:
+        self.reject(reply_to, True, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config")
+
+    def refuse_overdue(self, now: float) -> None:
+        """Refuse the held messages of agents the manager did not name within the grace period."""
+        while self._held and now - self._held[0][2] >= _REGISTRATION_GRACE_S:
+            message, reply_to, _ = self._held.pop(0)
+            self._refuse_unregistered(message, reply_to)
 
     def serve_predictions(self, now: float) -> None:
         """Serve every prediction batch that the batching rule says is ready."""

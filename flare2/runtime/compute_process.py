@@ -203,6 +203,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
 def serve_ready(cdps: list[ComputationDataProcessor], learner: Learner, now: float) -> None:
     """Serve the ready prediction batches, and hand ready learn batches to the learner while it is idle."""
     for cdp in cdps:
+        cdp.refuse_overdue(now)
         cdp.serve_predictions(now)
     for cdp in cdps:
         while learner.idle and (batch := cdp.take_learn_batch(now)) is not None:

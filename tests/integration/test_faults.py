@@ -39,7 +39,9 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
     killed = []
     for _ in range(kills):
         # Kill one agent, then wait for the manager to restart it before the next kill.
-        victim = rng.choice(agent_pids(run.process.pid))
+        playing = agent_pids(run.process.pid)
+        assert playing, f"no agent process to kill after {len(killed)} kills:\n{run.text[-3000:]}"
+        victim = rng.choice(playing)
         os.kill(victim, signal.SIGKILL)
         killed.append(victim)
         run.wait_for_line(r"was killed by SIGKILL; restarting it", timeout_s=30)

@@ -104,3 +104,31 @@ def test_a_predict_that_returns_the_wrong_shape_is_named_with_the_spec():
     served.predict("a", [[7, 7]])
     with pytest.raises(UserCodeError, match=r"Scaler.predict returned actions\['y'\] with shape \(1, 1\).*shape \(1, 2\)"):
         served.cdp.serve_predictions(0.0)
+
+
+def test_a_learn_request_that_overtakes_the_managers_word_waits_for_it_and_is_then_learned():
+    # Over a local stream an agent's first learn request can arrive before the LIVE update that names it.
+    served = Served(learn_max_batch=1)
+    served.cdp.live = frozenset({"b"})
+    served.learn("a")
+    assert served.replies_to("a") == [] and served.cdp.take_learn_batch(0.0) is None
+    served.cdp.live = frozenset({"a", "b"})
+    batch = served.cdp.take_learn_batch(0.0)
+    assert batch is not None and [request.agent_id for request in batch.requests] == ["a"]
+    assert served.replies_to("a") == []
+
+
+def test_a_learn_request_of_an_agent_never_named_is_refused_after_the_grace_period_or_past_the_holding_limit():
+    served = Served()
+    for _ in range(16):
+        served.learn("stranger")
+    assert served.replies_to("stranger") == []
+    served.learn("stranger")  # the seventeenth finds no room
+    [refused] = served.replies_to("stranger")
+    assert refused.kind == ERROR and refused.payload["code"] == "config"
+    assert "agent 'stranger' is not registered with the manager" in refused.payload["reason"]
+    served.cdp.refuse_overdue(9.9)
+    assert len(served.replies_to("stranger")) == 1
+    served.cdp.refuse_overdue(10.0)
+    assert len(served.replies_to("stranger")) == 17
+    assert served.cdp.stats.rejected == 17

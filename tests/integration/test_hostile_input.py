@@ -224,7 +224,8 @@ def test_hostile_bytes_on_the_local_streams_close_only_their_own_connections(tmp
             sent += peers[kind].send(data)
             peers[kind].read()
         assert sent >= STREAM_MESSAGES * 0.8, f"seed {SEED}: only {sent} stream messages went out"
-        assert sum(peer.closed_on_it for peer in peers.values()) > 10, f"seed {SEED}: lying lengths closed no stream"
+        closed = sum(peer.closed_on_it for peer in peers.values())
+        assert closed > 10, f"seed {SEED}: lying lengths closed no stream"
 
         # The run plays on: its agents' own streams were untouched.
         steps = [int(re.search(r"steps (\d+)", run.wait_for_line(r"progress INFO: steps", timeout_s=30)).group(1))
@@ -237,5 +238,6 @@ def test_hostile_bytes_on_the_local_streams_close_only_their_own_connections(tmp
 
     final = read_csv(tmp_path / "progress.csv")[-1]
     assert final["restarts"] == 0, f"seed {SEED}"
-    assert final["rejected_requests"] > 100, f"seed {SEED}"
+    # Every stream the server closed on the fuzzer was counted (besides the requests it refused with a reply).
+    assert final["rejected_requests"] >= closed, f"seed {SEED}: {final['rejected_requests']} counted, {closed} closed"
     assert "Traceback" not in run.text, f"seed {SEED}:\n{run.text[-4000:]}"

@@ -211,7 +211,7 @@ class ComputationDataProcessor:
         self._live = agents
         held, self._held = self._held, []
         for message, reply_to, arrived in held:
-            # In arrival order, as if they had come now: the agent's learn queue keeps its order.
+            # In arrival order and with their arrival times: the agent's learn queue keeps its order and deadlines.
             self.accept(message, reply_to, arrived, learn=True)
 
     # ---- receiving -------------------------------------------------------------------

@@ -246,7 +246,7 @@ def _loop(
         wake_at = min([next_stats, *deadlines])
         events = poller.poll(0) if busy_wait_s else []
         if not events:
-            # The next request is usually a few dozen µs away: checking for it beats waking up for it (RunConfig.busy_wait_us).
+            # The next request is usually some dozens of µs away: checking beats waking up (RunConfig.busy_wait_us).
             check_until = now + min(busy_wait_s, wake_at - now)
             while not events and time.monotonic() < check_until:
                 events = poller.poll(0)

@@ -75,9 +75,11 @@ class SocketFront:
         return self.local_learn.endpoint if self.local_learn is not None else None
 
     @property
-    def sources(self) -> list[zmq.Socket | StreamServer]:
-        """What the compute loop polls for this CDP; ``drain`` takes in whatever one of them has ready."""
-        return [self.predict_socket, self.learn_socket, *(s for s in (self.local_predict, self.local_learn) if s is not None)]
+    def sources(self) -> dict[zmq.Socket | int, zmq.Socket | StreamServer]:
+        """What the compute loop polls for this CDP, by what ``zmq.Poller`` registers and reports for it (a stream
+        server's epoll fd); ``drain`` takes in whatever one of them has ready."""
+        streams = {server.fileno(): server for server in (self.local_predict, self.local_learn) if server is not None}
+        return {self.predict_socket: self.predict_socket, self.learn_socket: self.learn_socket, **streams}
 
     def _count_drop(self) -> None:
         self.cdp.stats.rejected += 1

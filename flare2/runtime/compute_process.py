@@ -232,12 +232,11 @@ def _loop(
     wake = learner.wake_socket
     if wake is not None:
         poller.register(wake, zmq.POLLIN)
-    # What zmq.Poller reports for each source (a stream server comes back as its file descriptor).
     sources: dict[Any, tuple[SocketFront, Any]] = {}
     for front in fronts:
-        for source in front.sources:
-            poller.register(source, zmq.POLLIN)
-            sources[source if isinstance(source, zmq.Socket) else source.fileno()] = (front, source)
+        for key, source in front.sources.items():
+            poller.register(key, zmq.POLLIN)
+            sources[key] = (front, source)
     next_stats = time.monotonic() + settings.stats_interval_s
     while True:
         now = time.monotonic()

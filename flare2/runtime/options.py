@@ -30,17 +30,18 @@ def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     return None, int(match.group(1))
 
 
-def _number(kind: type, *, least: float, strict: bool = False):
-    """An argparse type: a ``kind`` (int or float) >= ``least`` (> with ``strict``), else a usage error naming it."""
-    bound = f"> {least:g}" if strict else f">= {least:g}"
+def _number(kind: type, *, least: float | None = None, strict: bool = False):
+    """An argparse type: a ``kind`` (int or float), >= ``least`` if given (> with ``strict``), else a usage error
+    naming it."""
+    bound = "" if least is None else f" > {least:g}" if strict else f" >= {least:g}"
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} {bound}, got {text!r}") from None
-        if not value >= least or (strict and value == least):  # "not >=" refuses NaN too
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}{bound}, got {text!r}") from None
+        if least is not None and (not value >= least or (strict and value == least)):  # "not >=" refuses NaN too
+            raise argparse.ArgumentTypeError(f"must be{bound}, got {text}")
         return value
 
     return parse
@@ -212,37 +213,27 @@ def _field_docs(config_class: type) -> dict[str, str]:
     return docs
 
 
-def _value_parser(kind: type, what: str):
-    def parse(text: str):
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-
-    return parse
+# How argparse reads a config field of each plain type.
+_FIELD_PARSERS = {int: _number(int), float: _number(float), str: str}
 
 
-def _optional(kind: type, what: str):
-    parse = _value_parser(kind, what)
+def _or_none(parse):
     return lambda text: None if text.lower() == "none" else parse(text)
 
 
-_KINDS = {int: "an integer", float: "a number", str: "a string"}
-
-
 def _argument_settings(hint: Any, name: str, owner: type) -> dict[str, Any]:
-    """How argparse reads a field of this type: bool, int, float, str, ``X | None``, ``tuple[int, ...]``."""
+    """How argparse reads a field of this type: bool, int, float, str, ``X | None``, ``tuple[X, ...]``."""
     if hint is bool:
         return {"action": argparse.BooleanOptionalAction}
-    if hint in _KINDS:
-        return {"type": _value_parser(hint, _KINDS[hint])}
+    if hint in _FIELD_PARSERS:
+        return {"type": _FIELD_PARSERS[hint]}
     origin, arguments = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType) and len(arguments) == 2 and type(None) in arguments:
         kind = next(argument for argument in arguments if argument is not type(None))
-        if kind in _KINDS:
-            return {"type": _optional(kind, f"{_KINDS[kind]} or none"), "metavar": f"{name.upper()}|none"}
-    if origin is tuple and len(arguments) == 2 and arguments[1] is Ellipsis and arguments[0] in _KINDS:
-        return {"type": _value_parser(arguments[0], _KINDS[arguments[0]]), "nargs": "+"}
+        if kind in _FIELD_PARSERS:
+            return {"type": _or_none(_FIELD_PARSERS[kind]), "metavar": f"{name.upper()}|none"}
+    if origin is tuple and len(arguments) == 2 and arguments[1] is Ellipsis and arguments[0] in _FIELD_PARSERS:
+        return {"type": _FIELD_PARSERS[arguments[0]], "nargs": "+"}
     raise TypeError(f"{owner.__name__}.{name} is a {hint}, which has no command-line form (bool, int, float, str, "
                     "X | None, tuple[X, ...])")
 

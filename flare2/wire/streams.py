@@ -308,19 +308,20 @@ class StreamClient:
     def send(self, frames: list[bytes]) -> None:
         if self._ended:
             return  # the compute process is gone; the manager will say so
-        chunks = [memoryview(chunk).cast("B") for chunk in stream_chunks(frames)]
+        chunks = stream_chunks(frames)
         try:
-            while chunks:
+            try:
+                sent = self._sock.sendmsg(chunks)
+            except BlockingIOError:
+                sent = 0
+            if sent == sum(len(chunk) for chunk in chunks):
+                return  # the usual case: the whole message fitted at once
+            rest = memoryview(b"".join(chunks))[sent:]
+            while rest:
                 try:
-                    sent = self._sock.sendmsg(chunks)
+                    rest = rest[self._sock.send(rest):]
                 except BlockingIOError:
                     self._wait_writable()
-                    continue
-                while chunks and sent >= len(chunks[0]):
-                    sent -= len(chunks[0])
-                    chunks.pop(0)
-                if chunks and sent:
-                    chunks[0] = chunks[0][sent:]
         except (BrokenPipeError, ConnectionResetError):
             self._ended = True
         except BaseException:

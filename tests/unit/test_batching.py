@@ -82,9 +82,8 @@ class Agents:
         learner = learner or InlineLearner()
         poller = zmq.Poller()
         front = self.front
-        # Stream servers come back from the poller as their file descriptors.
-        sources = {source if isinstance(source, zmq.Socket) else source.fileno(): source for source in front.sources}
-        for source in (*front.sources, *self.predict.values(), *self.learn.values()):
+        sources = front.sources
+        for source in (*sources, *self.predict.values(), *self.learn.values()):
             poller.register(source, zmq.POLLIN)
         learned = getattr(learner, "wake_socket", None)
         if learned is not None:

@@ -126,6 +126,8 @@ class CDPStats:
     learn_requests: int = 0
     learn_calls: int = 0
     rejected: int = 0
+    closed_connections: int = 0
+    """Connections of agents on other machines that ZeroMQ closed: the peer left, or sent a message over the limit."""
     discarded: int = 0
     """Requests of agents that left (died, were restarted) before they were served."""
     max_predict_wait_ms: float = 0.0
@@ -144,6 +146,7 @@ class CDPStats:
             "learn_requests": self.learn_requests,
             "learn_calls": self.learn_calls,
             "rejected": self.rejected,
+            "closed_connections": self.closed_connections,
             "discarded": self.discarded,
             "max_predict_wait_ms": self.max_predict_wait_ms,
             "policy_lag_sum": self.policy_lag_sum,

@@ -18,7 +18,7 @@ from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import Message, pack, unpack
 from flare2.wire.security import CurveServer
-from flare2.wire.sockets import bind_router, router_send
+from flare2.wire.sockets import ConnectionWatch, bind_router, router_send
 from flare2.wire.streams import StreamConnection, StreamServer
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class SocketFront:
         except BaseException:
             self.predict_socket.close(linger=0)
             raise
+        self._watches = [ConnectionWatch(sock, max_bytes) for sock in (self.predict_socket, self.learn_socket)]
         if local_prefix is not None:
             try:
                 self.local_predict = StreamServer(f"{local_prefix}-predict", max_bytes=max_bytes,
@@ -84,6 +85,12 @@ class SocketFront:
     def _count_drop(self) -> None:
         self.cdp.stats.rejected += 1
 
+    def check_connections(self) -> None:
+        """Count and log what ZeroMQ did unseen to the agents of other machines (see ``ConnectionWatch``)."""
+        for watch in self._watches:
+            watch.check()
+        self.cdp.stats.closed_connections = sum(watch.closed for watch in self._watches)
+
     def _send(self, reply_to: bytes | StreamConnection, learn: bool, message: Message) -> None:
         if isinstance(reply_to, StreamConnection):
             reply_to.send(pack(message))
@@ -91,6 +98,8 @@ class SocketFront:
             router_send(self.learn_socket if learn else self.predict_socket, reply_to, message)
 
     def close(self) -> None:
+        for watch in self._watches:
+            watch.close()
         self.predict_socket.close(linger=0)
         self.learn_socket.close(linger=0)
         for server in (self.local_predict, self.local_learn):

@@ -186,9 +186,8 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             },
         }
         control.send_multipart(pack(Message(HELLO, hello)))
-        cdps = [front.cdp for front in fronts]
         # The counters a resumed run continues reach the manager before its first progress row.
-        _send_stats(control, cdps)
+        _send_stats(control, fronts)
         _loop(control, fronts, learner, settings, busy_wait / 1e6)
     except Exception as exc:
         # The manager hears of it now, not after the learner process and the sockets are taken down.
@@ -256,7 +255,7 @@ def _loop(
         # Control first: a LIVE update must reach the CDPs before the requests of the agents it names.
         if control in ready:
             while control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                if _handle_control(control, cdps, learner, settings):
+                if _handle_control(control, fronts, learner, settings):
                     return
         if wake in ready:
             learner.deliver()
@@ -269,11 +268,13 @@ def _loop(
             if os.getppid() != settings.parent_pid:
                 logger.error("the manager is gone; the compute process exits")
                 return
-            _send_stats(control, cdps)
+            _send_stats(control, fronts)
 
 
-def _send_stats(control: zmq.Socket, cdps: list[ComputationDataProcessor]) -> None:
-    report = {"role": "compute", "cts": {cdp.ct.name: cdp.stats.take_report() for cdp in cdps}}
+def _send_stats(control: zmq.Socket, fronts: list[SocketFront]) -> None:
+    for front in fronts:
+        front.check_connections()
+    report = {"role": "compute", "cts": {front.cdp.ct.name: front.cdp.stats.take_report() for front in fronts}}
     control.send_multipart(pack(Message(STATS, report)))
 
 
@@ -284,10 +285,9 @@ def _save_checkpoints(
     learner.save([(cdp.ct, str(checkpoint_path(settings.checkpoint_dir, cdp.ct.name))) for cdp in cdps], counters)
 
 
-def _handle_control(
-    control: zmq.Socket, cdps: list[ComputationDataProcessor], learner: Learner, settings: ComputeSettings,
-) -> bool:
+def _handle_control(control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings) -> bool:
     """Apply one manager message; True when the process must stop."""
+    cdps = [front.cdp for front in fronts]
     try:
         message = unpack(control.recv_multipart(), max_bytes=settings.max_message_bytes)
     except DecodeError as exc:
@@ -306,7 +306,7 @@ def _handle_control(
     if message.kind == STOP:
         finish_learning(cdps, learner)
         _save_checkpoints(cdps, learner, settings, message.payload.get("counters"))
-        _send_stats(control, cdps)
+        _send_stats(control, fronts)
         control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
         return True
     logger.warning("ignored control message of kind %r", message.kind)

@@ -49,8 +49,8 @@ from flare2.runtime.progress import ProgressLog, RunTotals
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HELLO, STATS, STOP, Message, VersionMismatchError, error_payload, error_text, unpack,
 )
-from flare2.wire.security import CurveClient, CurveServer, HandshakeWatch, ephemeral_client, load_server, start_authenticator
-from flare2.wire.sockets import bind_router, context, poll_timeout_ms, router_send
+from flare2.wire.security import CurveClient, CurveServer, ephemeral_client, load_server, start_authenticator
+from flare2.wire.sockets import ConnectionWatch, bind_router, context, poll_timeout_ms, router_send
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Manager:
         self.desk = AgentDesk(config, self.agents, self.totals, self._drop)
         self.supervisor = AgentSupervisor(config, self.agents, self.totals)
         self._curve_server: CurveServer | None = None
-        self._handshakes: HandshakeWatch | None = None
+        self._connections: ConnectionWatch | None = None
         self._socket_dir = ""
         self._local_curve: CurveClient | None = None
         self._compute: multiprocessing.process.BaseProcess | None = None
@@ -115,9 +115,10 @@ class Manager:
                     curve=self._curve_server,
                 )
                 cleanup.callback(control.close, linger=0)
-                if self._curve_server:
-                    self._handshakes = HandshakeWatch(control)
-                    cleanup.callback(self._handshakes.close)
+                if self._curve_server or not is_loopback(self.config.bind):
+                    # Other machines can reach this socket: what ZeroMQ does to them unseen is counted and logged.
+                    self._connections = ConnectionWatch(control, self.config.max_message_bytes)
+                    cleanup.callback(self._connections.close)
                 # The Unix sockets local agents reach the CDPs by: mode 0700, removed as the run ends however
                 # the compute process ended.
                 self._socket_dir = tempfile.mkdtemp(prefix="flare2-")
@@ -179,8 +180,9 @@ class Manager:
                 timeout_s = min(_SUPERVISE_INTERVAL_S, max(0.0, next_progress - now))
                 if control.poll(poll_timeout_ms(timeout_s)):
                     self._drain(control)
-                if self._handshakes is not None:
-                    self._handshakes.check()
+                if self._connections is not None:
+                    self._connections.check()
+                    self.totals.closed_connections = self._connections.closed
                 self._supervise(control)
                 self.desk.supervise_remotes(control)
             logger.info(

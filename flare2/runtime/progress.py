@@ -37,6 +37,7 @@ PROGRESS_COLUMNS = (
     "policy_lag_mean",
     "predict_rtt_p50_ms",
     "predict_rtt_p99_ms",
+    "closed_connections",
 )
 CT_COLUMNS = ("wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean")
 """cts.csv: per CT, the batches since the last row and their mean size (requests per forward pass or learn call)."""
@@ -105,6 +106,8 @@ class RunTotals:
     remote_episodes: int = 0
     remote_dropped: int = 0
     """Remote agents dropped after their link went silent or they failed."""
+    closed_connections: int = 0
+    """ZeroMQ connections of the manager's socket that closed (see ``ConnectionWatch``); the CDPs count their own."""
     eval_env_steps: int = 0
     """Steps of evaluation episodes (not in ``env_steps``: they do not count towards the budget)."""
     eval_episodes: int = 0
@@ -259,6 +262,7 @@ class ProgressLog:
             "policy_lag_mean": round(self._policy_lag_mean(totals), 3),
             "predict_rtt_p50_ms": round(totals.round_trips.quantile(0.5), 3),
             "predict_rtt_p99_ms": round(totals.round_trips.quantile(0.99), 3),
+            "closed_connections": totals.closed_connections + int(totals.ct_total("closed_connections")),
         }
         totals.max_predict_wait_ms = 0.0
         totals.round_trips.take()

@@ -27,7 +27,6 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils.monitor import recv_monitor_message
 
 from flare2.errors import ConfigError
 
@@ -125,7 +124,7 @@ def ephemeral_client(server: CurveServer) -> tuple[CurveClient, CurveServer]:
     )
 
 
-def _worth_logging(count: int) -> bool:
+def worth_logging(count: int) -> bool:
     """Refusals are logged one by one at first, then only every 100th, so a flood cannot fill the log."""
     return count <= 20 or count % 100 == 0
 
@@ -176,7 +175,7 @@ class AllowList:
         if self.allows(client_key.decode(errors="replace")):
             return True
         self.refused += 1
-        if _worth_logging(self.refused):
+        if worth_logging(self.refused):
             logger.warning(
                 "refused a peer whose CURVE key %s is not in the allow-list (refusal %d)",
                 client_key.decode(errors="replace"), self.refused,
@@ -202,31 +201,3 @@ def make_client_socket(sock: zmq.Socket, client: CurveClient) -> None:
     sock.curve_secretkey = client.secret_key.encode()
     sock.curve_publickey = client.public_key.encode()
     sock.curve_serverkey = client.server_public_key.encode()
-
-
-class HandshakeWatch:
-    """Counts and logs (the first 20, then every 100th) the peers whose CURVE handshake fails on ``sock`` before it
-    reaches the allow-list: a wrong server key, or a peer without CURVE. The allow-list logs its own refusals."""
-
-    _EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-
-    def __init__(self, sock: zmq.Socket) -> None:
-        self._sock = sock
-        self._monitor = sock.get_monitor_socket(self._EVENTS)
-        self.failed = 0
-
-    def check(self) -> None:
-        """Take the failures reported since the last call (never blocks)."""
-        while self._monitor.poll(0):
-            event = recv_monitor_message(self._monitor)
-            self.failed += 1
-            if _worth_logging(self.failed):
-                logger.warning(
-                    "a peer failed the CURVE handshake on %s (failure %d): it has a wrong server key or no CURVE; "
-                    "give that machine this run's server.key and a client pair from `flare2 keys`",
-                    event.get("endpoint", b"?").decode(errors="replace"), self.failed,
-                )
-
-    def close(self) -> None:
-        self._sock.disable_monitor()
-        self._monitor.close(linger=0)

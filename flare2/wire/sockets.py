@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from flare2.errors import ConfigError, DecodeError, RemoteError, ReplyTimeoutError, SpecError, TransportError
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import ERROR, Message, VersionMismatchError, pack, unpack
-from flare2.wire.security import CurveClient, CurveServer, make_client_socket, make_server_socket
+from flare2.wire.security import CurveClient, CurveServer, make_client_socket, make_server_socket, worth_logging
 from flare2.wire.streams import SCHEME as STREAM_SCHEME
 from flare2.wire.streams import StreamClient
 
@@ -52,6 +53,50 @@ def bind_router(
             f"cannot bind tcp://{host}:{port or '*'} ({exc}): pick a free port or an address of this machine"
         ) from None
     return sock, f"tcp://{host}:{port}"
+
+
+class ConnectionWatch:
+    """Counts and logs (the first 20, then every 100th) what ZeroMQ does to the peers of a server socket unseen:
+    a CURVE handshake failed before the allow-list (a wrong server key, or a peer without CURVE), and a connection
+    closed. ZeroMQ closes the connection of a peer whose message is over the size limit, and reports that exactly
+    as it reports a peer that left, so ``closed`` counts both."""
+
+    _EVENTS = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_DISCONNECTED
+
+    def __init__(self, sock: zmq.Socket, max_bytes: int) -> None:
+        self._sock = sock
+        self._max_bytes = max_bytes
+        self._monitor = sock.get_monitor_socket(self._EVENTS)
+        self.handshake_failures = 0
+        self.closed = 0
+
+    def check(self, timeout_s: float = 0.0) -> None:
+        """Take the events reported since the last call, waiting up to ``timeout_s`` for the first."""
+        timeout_ms = poll_timeout_ms(timeout_s)
+        while self._monitor.poll(timeout_ms):
+            timeout_ms = 0
+            event = recv_monitor_message(self._monitor)
+            endpoint = event.get("endpoint", b"?").decode(errors="replace")
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.closed += 1
+                if worth_logging(self.closed):
+                    logger.info(
+                        "a connection on %s closed (closure %d): its peer left, or sent a message over "
+                        "max_message_bytes (%d), which ZeroMQ drops with the connection",
+                        endpoint, self.closed, self._max_bytes,
+                    )
+                continue
+            self.handshake_failures += 1
+            if worth_logging(self.handshake_failures):
+                logger.warning(
+                    "a peer failed the CURVE handshake on %s (failure %d): it has a wrong server key or no CURVE; "
+                    "give that machine this run's server.key and a client pair from `flare2 keys`",
+                    endpoint, self.handshake_failures,
+                )
+
+    def close(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
 
 
 def connect_dealer(

@@ -124,7 +124,7 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
     make_keys(keys)
     make_keys(strangers)
     manager = RunProcess(CARTPOLE, "--num-agents", "1", "--max-steps", "10000000", "--device", "cpu", "--keys", str(keys),
-                         log_dir=tmp_path / "run")
+                         "--max-message-bytes", "100000", log_dir=tmp_path / "run")
     try:
         manager.wait_for_line(UP, timeout_s=120)
         info = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -153,6 +153,11 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
         manager.wait_for_line(r"refused a peer whose CURVE key .* \(refusal 1\)", timeout_s=10)
         # The peer without CURVE never reached the allow-list: its failed handshake is logged on its own.
         assert "a peer failed the CURVE handshake on" in manager.text
+        # A message over the limit, even with the allowed key, loses its connection, and the compute process says so.
+        oversize = [*predict[:-1], b"\0" * 200_000]
+        assert ask(allowed, info["cts"]["RL"]["predict_endpoint"], oversize, 2000) is None
+        manager.wait_for_line(re.escape(info["cts"]["RL"]["predict_endpoint"]) + r" closed \(closure \d+\): its peer left, "
+                              r"or sent a message over max_message_bytes \(100000\)", timeout_s=30)
         # The same requests with the allowed key are served.
         assert unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"] == PROTOCOL_VERSION
         assert unpack(ask(allowed, info["cts"]["RL"]["predict_endpoint"], predict, 10_000)).kind == "prediction"

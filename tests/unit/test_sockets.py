@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import msgpack
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ import zmq
 
 from flare2.errors import ConfigError, ReplyTimeoutError, SpecError
 from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, VersionMismatchError, error_payload, pack, unpack
-from flare2.wire.sockets import Requester, bind_router
+from flare2.wire.sockets import ConnectionWatch, Requester, bind_router
 
 
 @pytest.fixture
@@ -86,3 +88,26 @@ def test_a_message_over_the_size_limit_is_refused_before_it_goes_out_naming_the_
     seq = requester.send(PREDICT, {"inputs": {"obs": np.zeros(4, np.float32)}})
     answer(sock, lambda request: pack(Message(HELLO, {"seq_seen": request.seq}, seq=request.seq)))
     assert requester.wait_reply(seq, timeout_s=5, what="predict").payload == {"seq_seen": 1}
+
+
+def test_a_message_over_the_limit_closes_its_connection_and_the_watch_counts_and_logs_it(caplog):
+    ctx = zmq.Context()
+    try:
+        sock, endpoint = bind_router(ctx, "127.0.0.1", max_bytes=10_000)
+        watch = ConnectionWatch(sock, max_bytes=10_000)
+        peer = ctx.socket(zmq.DEALER)
+        peer.setsockopt(zmq.LINGER, 0)
+        peer.connect(endpoint)
+        peer.send(b"small")
+        assert sock.poll(5000) and sock.recv_multipart()[1] == b"small"
+        with caplog.at_level(logging.INFO, logger="flare2.wire.sockets"):
+            peer.send(b"x" * 50_000)
+            watch.check(timeout_s=10)
+        assert watch.closed == 1 and watch.handshake_failures == 0
+        assert "sent a message over max_message_bytes (10000)" in caplog.text
+        # The server goes on: the peer's next connection is served.
+        peer.send(b"after")
+        assert sock.poll(5000) and sock.recv_multipart()[1] == b"after"
+        watch.close()
+    finally:
+        ctx.destroy(linger=0)

@@ -21,10 +21,13 @@ from flare2.core.algorithm import Algorithm
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
-from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
+from flare2.runtime.options import (
+    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+)
 from flare2.zoo.envs import CARTPOLE_NO_VELOCITY_ENTRY
-from flare2.zoo.ppo import PPO, PPOConfig
-from flare2.zoo.recurrent_ppo import RecurrentPPO, RecurrentPPOConfig
+from flare2.zoo.configs import PPOConfig, RecurrentPPOConfig
+from flare2.zoo.ppo import PPO
+from flare2.zoo.recurrent_ppo import RecurrentPPO
 
 
 # 1. The Algorithm, built inside the compute process (a module-level function, for the spawn start method).
@@ -36,22 +39,22 @@ def build(model: str, env_id: str, config: PPOConfig | RecurrentPPOConfig, hidde
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("gru", "mlp"), default="gru",
-                        help="gru: RecurrentPPO with a GRU actor-critic; mlp: the memoryless PPO of cartpole_ppo.py")
+    # 2. The model chosen decides which algorithm's settings the command line offers, so it is read first.
+    model_parser = argparse.ArgumentParser(add_help=False)
+    model_parser.add_argument("--model", choices=("gru", "mlp"), default="gru",
+                              help="gru: RecurrentPPO with a GRU actor-critic; mlp: the memoryless PPO of "
+                                   "cartpole_ppo.py (each has its own settings below: `--model mlp --help` lists the MLP's)")
+    config_class = RecurrentPPOConfig if model_parser.parse_known_args(argv)[0].model == "gru" else PPOConfig
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[model_parser])
     parser.add_argument("--env", default=CARTPOLE_NO_VELOCITY_ENTRY, help="Gymnasium env id (Discrete actions)")
-    parser.add_argument("--lr", type=float, default=None, help="Adam learning rate at the start (default: per model)")
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
-    parser.add_argument("--epochs", type=int, default=None, help="PPO epochs per learn() call (default: per model)")
     parser.add_argument("--hidden-size", type=int, default=64, help="GRU state size (gru only)")
+    add_config_options(parser, config_class, derived={"anneal_steps": "--max-steps"})
     add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=150_000, log_dir="runs/cartpole_memory")
     # One learn() call per round of all agents matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)
-    # 2. The same budget for both models; each keeps its own defaults unless --lr/--epochs say otherwise.
-    overrides = {key: value for key, value in (("lr", args.lr), ("epochs", args.epochs)) if value is not None}
-    config_class = RecurrentPPOConfig if args.model == "gru" else PPOConfig
-    config = config_class(anneal_steps=args.max_steps, **overrides)
+    config = config_from_args(parser, args, config_class, anneal_steps=args.max_steps)
     ct = CTConfig(name="RL", build=partial(build, args.model, args.env, config, args.hidden_size),
                   batching=batching_from_args(args))
     # 3. The stock Gymnasium agent: states come from the CT's state specs (none for the MLP).
@@ -59,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
     # 4. The manager runs to the budget.
     return Manager(run).run()
-
 
 if __name__ == "__main__":
     sys.exit(main())

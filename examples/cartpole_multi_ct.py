@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,8 +26,11 @@ from flare2 import Algorithm, Model, Spec
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
-from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
-from flare2.zoo.a2c import A2C, A2CConfig
+from flare2.runtime.options import (
+    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+)
+from flare2.zoo.a2c import A2C
+from flare2.zoo.configs import A2CConfig
 from flare2.zoo.models import MLPActorCritic, mlp
 
 AGENT_PATH = f"{Path(__file__).with_name('multi_ct_agent.py')}:PolicyAndAuxAgent"
@@ -87,22 +91,25 @@ class EndPrediction(Algorithm):
         return {"bce": loss.item(), "grad_norm": self.optimize(loss)}
 
 
-def build_policy() -> A2C:
-    return A2C(SharedBodyActorCritic(), A2CConfig())
+def build_policy(config: A2CConfig) -> A2C:
+    return A2C(SharedBodyActorCritic(), config)
 
 
-def build_aux() -> EndPrediction:
-    return EndPrediction(EndPredictor())
+def build_aux(lr: float) -> EndPrediction:
+    return EndPrediction(EndPredictor(), lr=lr)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--aux-lr", type=float, default=1e-3, help="Adam learning rate of the end predictor's head")
+    add_config_options(parser, A2CConfig)
     add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=200_000, log_dir="runs/cartpole_multi_ct")
     args = parser.parse_args(argv)
     # 4. Two CTs, each with its own CDP and batching; one agent class asks both.
     cts = [
-        CTConfig(name="policy", build=build_policy, batching=batching_from_args(args)),
-        CTConfig(name="aux", build=build_aux, batching=batching_from_args(args)),
+        CTConfig(name="policy", build=partial(build_policy, config_from_args(parser, args, A2CConfig)),
+                 batching=batching_from_args(args)),
+        CTConfig(name="aux", build=partial(build_aux, args.aux_lr), batching=batching_from_args(args)),
     ]
     run = run_config_from_args(parser, args, cts=cts, agent_path=AGENT_PATH, agent_kwargs={"env_id": "CartPole-v1"})
     return Manager(run).run()

@@ -25,6 +25,7 @@ _EXPORTS = {
     # core (no torch)
     "Spec": "flare2.core.specs",
     "CTSpecs": "flare2.core.specs",
+    "Ragged": "flare2.wire.ragged",
     "Agent": "flare2.core.agent",
     "VectorAgent": "flare2.core.agent",
     "AgentHelper": "flare2.core.agent",
@@ -35,6 +36,7 @@ _EXPORTS = {
     "Model": "flare2.core.model",
     "Algorithm": "flare2.core.algorithm",
     "Experience": "flare2.core.algorithm",
+    "RaggedTensor": "flare2.core.ragged_tensor",
     "ComputationTask": "flare2.core.computation_task",
     # runtime
     "BatchingConfig": "flare2.runtime.config",

@@ -34,8 +34,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from flare2.core.specs import CTSpecs, check_arrays
+from flare2.core.specs import CTSpecs, Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
+from flare2.wire.ragged import Ragged
 
 Arrays = dict[str, np.ndarray]
 
@@ -148,13 +149,14 @@ class Agent:
 
     def predict(self, ct: str, inputs: Arrays, states: Arrays | None = None) -> tuple[Arrays, Arrays]:
         """Ask CT ``ct`` for actions; ``inputs`` and ``states`` have the spec shapes (no batch dim)."""
+        specs = self._specs[ct]
         actions, next_states = self._ask(
             ct,
-            {key: np.asarray(value)[None] for key, value in inputs.items()},
-            {key: np.asarray(value)[None] for key, value in (states or {}).items()},
+            {key: _one_row(value, specs.inputs.get(key)) for key, value in inputs.items()},
+            {key: _one_row(value, specs.states.get(key)) for key, value in (states or {}).items()},
             np.ones(1, bool) if self.evaluating else None,
         )
-        return {key: value[0] for key, value in actions.items()}, {key: value[0] for key, value in next_states.items()}
+        return {key: _only_row(value) for key, value in actions.items()}, {key: value[0] for key, value in next_states.items()}
 
     def store(
         self,
@@ -177,7 +179,7 @@ class Agent:
         specs = self._specs[ct]
 
         def rows(group: Arrays, group_specs: Mapping) -> Arrays:
-            return {name: np.asarray(group[name], dtype=spec.dtype)[None] for name, spec in group_specs.items()}
+            return {name: _one_row(group[name], spec, cast=True) for name, spec in group_specs.items()}
 
         self._helpers[ct].store({
             "inputs": rows(inputs, specs.inputs),
@@ -195,6 +197,19 @@ class Agent:
         reply = self._ports[ct].predict(_predict_payload(inputs, states, greedy))
         actions, next_states, self._versions[ct] = _read_prediction(self._specs[ct], ct, reply, inputs)
         return actions, next_states
+
+
+def _one_row(value: Any, spec: Spec | None, *, cast: bool = False) -> np.ndarray | Ragged:
+    """One env's array (the spec's shape) as a request's single row, in the spec's dtype with ``cast``; a ragged
+    spec's items as a Ragged of one row."""
+    if spec is not None and spec.ragged:
+        return Ragged.from_items([value], spec.item_shape, spec.dtype)
+    return np.asarray(value, dtype=spec.dtype if cast and spec is not None else None)[None]
+
+
+def _only_row(value: np.ndarray | Ragged) -> np.ndarray:
+    """The one row of a reply: an array of the spec's shape, or the items of a ragged output."""
+    return value.items()[0] if isinstance(value, Ragged) else value[0]
 
 
 def _predict_payload(inputs: Arrays, states: Arrays, greedy: np.ndarray | None) -> dict[str, Any]:

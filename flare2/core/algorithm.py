@@ -11,13 +11,15 @@ from flare2.core.model import Model
 from flare2.errors import ConfigError
 
 Tensors = dict[str, torch.Tensor]
+"""Named tensors; a ragged spec's entry is a ``flare2.RaggedTensor``."""
 
 
 @dataclass(frozen=True)
 class Experience:
     """A batch of B sequences of T consecutive steps, as tensors on the algorithm's device.
 
-    Every tensor is ``[B, T, ...]``. ``next_inputs`` holds the observation
+    Every tensor is ``[B, T, ...]`` (a ragged input is a ``RaggedTensor`` with
+    ``[B, T]`` lengths). ``next_inputs`` holds the observation
     after each step: the final observation when the episode ended there, so a
     time-limit truncation can still bootstrap from it. ``terminated`` marks
     steps after which the return is zero (no bootstrapping); ``truncated`` marks

@@ -15,8 +15,10 @@ import torch
 from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.ragged_tensor import RaggedTensor
 from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
 from flare2.errors import ConfigError, SpecError
+from flare2.wire.ragged import Ragged, rows_in_order
 
 
 
@@ -134,12 +136,17 @@ class ComputationTask:
             self._acting = _ActingView(self.algorithm, self._acting_modules)
             self._acting_in_eval_mode = False
 
-    def _tensors(self, arrays: dict[str, np.ndarray]) -> Tensors:
+    def _tensors(self, arrays: dict[str, np.ndarray | Ragged]) -> Tensors:
+        return {key: self._tensor(value) for key, value in arrays.items()}
+
+    def _tensor(self, array: np.ndarray | Ragged) -> torch.Tensor | RaggedTensor:
+        if isinstance(array, Ragged):
+            return RaggedTensor(self._tensor(array.values), self._tensor(array.lengths))
         if self._pinned:
-            return {key: torch.from_numpy(value).pin_memory().to(self.device, non_blocking=True) for key, value in arrays.items()}
+            return torch.from_numpy(array).pin_memory().to(self.device, non_blocking=True)
         if self.device.type == "cpu":
-            return {key: torch.from_numpy(value) for key, value in arrays.items()}
-        return {key: torch.from_numpy(value).to(self.device) for key, value in arrays.items()}
+            return torch.from_numpy(array)
+        return torch.from_numpy(array).to(self.device)
 
     def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray]:
         if not isinstance(tensors, dict) or tensors.keys() != specs.keys():
@@ -148,6 +155,9 @@ class ComputationTask:
         arrays = {}
         for key, spec in specs.items():
             tensor = tensors[key]
+            if spec.ragged:
+                arrays[key] = self._ragged_output(group, key, spec, tensor, rows)
+                continue
             # Under inference_mode a CPU tensor converts as it is; detach() and cpu() are for the other cases.
             array = tensor.numpy() if tensor.device.type == "cpu" and not tensor.requires_grad else tensor.detach().cpu().numpy()
             if array.shape != (rows, *spec.shape) or array.dtype != NUMPY_DTYPES[spec.dtype]:
@@ -157,6 +167,19 @@ class ComputationTask:
                 )
             arrays[key] = array
         return arrays
+
+    def _ragged_output(self, group: str, key: str, spec: Spec, tensor: Any, rows: int) -> Ragged:
+        """A ragged output (one value per item, such as an action per entity) as a checked ``Ragged``."""
+        where = f"{type(self.algorithm).__name__}.predict returned {group}[{key!r}]"
+        if not isinstance(tensor, RaggedTensor):
+            raise SpecError(f"{where} as a {type(tensor).__name__}; its spec {spec.shape} is ragged: return a RaggedTensor "
+                            "(input.with_values(per_item_values) keeps the input's rows)")
+        if tensor.shape != (rows,):
+            raise SpecError(f"{where} with leading dims {tensor.shape}; the batch has ({rows},)")
+        try:
+            return Ragged.check(tensor.to_ragged(), 1, spec.item_shape, NUMPY_DTYPES[spec.dtype])
+        except ValueError as exc:
+            raise SpecError(f"{where}: {exc}") from None
 
     def predict(
         self, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray], *, greedy: bool | np.ndarray = False
@@ -205,11 +228,8 @@ class ComputationTask:
             parts.append((index, self._predict_rows(predict, part_inputs, part_states)))
         merged: tuple[dict, dict] = ({}, {})
         for group, specs in enumerate((self.specs.actions, self.specs.states)):
-            for key, spec in specs.items():
-                array = np.empty((rows, *spec.shape), spec.dtype)
-                for index, result in parts:
-                    array[index] = result[group][key]
-                merged[group][key] = array
+            for key in specs:
+                merged[group][key] = rows_in_order([(index, result[group][key]) for index, result in parts], rows)
         return merged
 
     def learn(self, batch: dict[str, Any]) -> dict[str, float]:

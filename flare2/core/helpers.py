@@ -9,12 +9,13 @@ import numpy as np
 from flare2.core.agent import AgentHelper
 from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
 from flare2.errors import ConfigError
+from flare2.wire.ragged import stack_time
 
 def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
     """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes."""
     payload: dict[str, Any] = {
         group: {
-            name: np.stack([step[group][name] for step in steps], axis=1).astype(spec.dtype, copy=False)
+            name: stack_time([step[group][name] for step in steps]).astype(spec.dtype, copy=False)
             for name, spec in specs_of_group.items()
         }
         for group, specs_of_group in specs.experience_specs().items()
@@ -95,6 +96,13 @@ class ExpReplayHelper(AgentHelper):
 
     def attach(self, ct: str, specs: CTSpecs, port: Any, *, num_envs: int = 1) -> None:
         super().attach(ct, specs, port, num_envs=num_envs)
+        ragged = [f"{group}[{name!r}]" for group, specs_of_group in specs.experience_specs().items()
+                  for name, spec in specs_of_group.items() if spec.ragged]
+        if ragged:
+            raise ConfigError(
+                f"ExpReplayHelper keeps fixed-size arrays, but CT {ct!r} has ragged {', '.join(ragged)}: learn from "
+                "them with OnlineHelper, or give the spec a fixed shape"
+            )
         # Time-major, one column per env, so that a sequence is consecutive steps of one env.
         self._rows = max(-(-self.capacity // num_envs), self.sequence_length)
         self._buffers = {

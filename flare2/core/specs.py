@@ -14,22 +14,31 @@ import numpy as np
 
 from flare2.errors import SpecError
 from flare2.wire.codec import WIRE_DTYPE_NAMES
+from flare2.wire.ragged import Ragged
 
 
 @dataclass(frozen=True)
 class Spec:
-    """The shape and dtype of one named array, without the leading batch dimension."""
+    """The shape and dtype of one named array, without the leading batch dimension.
 
-    shape: tuple[int, ...] = ()
+    A first dim of ``None`` makes it ragged: each row holds its own number of items of shape ``shape[1:]``
+    (``Spec((None, 2))``: any number of 2-vectors, zero included), sent and batched as a ``Ragged`` without padding.
+    """
+
+    shape: tuple[int | None, ...] = ()
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
         shape = self.shape
         if not isinstance(shape, (tuple, list)) or not all(
-            isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0 for dim in shape
+            (isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0) or (dim is None and i == 0)
+            for i, dim in enumerate(shape)
         ):
-            raise SpecError(f"Spec shape must be a tuple of non-negative ints such as (4,) or (), got {self.shape!r}")
-        object.__setattr__(self, "shape", tuple(int(dim) for dim in shape))
+            raise SpecError(
+                f"Spec shape must be a tuple of non-negative ints such as (4,) or (), with None as its first dim for a "
+                f"varying number of items such as (None, 2), got {self.shape!r}"
+            )
+        object.__setattr__(self, "shape", tuple(None if dim is None else int(dim) for dim in shape))
         try:
             # np.dtype(None) would silently mean float64.
             name = np.dtype(self.dtype).name if self.dtype is not None else None
@@ -39,7 +48,22 @@ class Spec:
             raise SpecError(f"Spec dtype must be one of {', '.join(WIRE_DTYPE_NAMES)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", name)
 
-    def zeros(self, rows: int | None = None) -> np.ndarray:
+    @property
+    def ragged(self) -> bool:
+        """Whether each row holds its own number of items (a first dim of None)."""
+        return bool(self.shape) and self.shape[0] is None
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """The shape of one item of a ragged spec."""
+        return self.shape[1:]
+
+    def zeros(self, rows: int | None = None) -> np.ndarray | Ragged:
+        """Zeros of this spec (``rows`` of them); for a ragged spec, rows of no items."""
+        if self.ragged:
+            if rows is None:
+                raise SpecError(f"a ragged spec {self.shape} has zeros only as rows of no items: give the rows")
+            return Ragged.empty((rows,), self.item_shape, self.dtype)
         shape = self.shape if rows is None else (rows, *self.shape)
         return np.zeros(shape, dtype=self.dtype)
 
@@ -77,7 +101,8 @@ def check_arrays(
     ``leading_ndim`` dims (rows, or batch and time). When ``leading`` is None it
     is taken from the first array. Returns it (None when ``specs`` is empty and
     nothing fixed it). The error names the group, the key, what was expected
-    and what arrived.
+    and what arrived. A ragged spec's entry must be a ``Ragged`` with those
+    leading dims; one that came as its wire map is replaced by the ``Ragged``.
     """
     if not isinstance(arrays, dict):
         raise SpecError(f"{group} must be a map of name to array, got {type(arrays).__name__}")
@@ -91,25 +116,38 @@ def check_arrays(
         )
     for name, spec in specs.items():
         array = arrays[name]
-        if not isinstance(array, np.ndarray):
-            raise SpecError(
-                f"{group}[{name!r}] must be an array of dtype {spec.dtype} with the leading dims first, "
-                f"got {type(array).__name__}"
-            )
-        if array.dtype != NUMPY_DTYPES[spec.dtype]:
-            raise SpecError(f"{group}[{name!r}]: expected dtype {spec.dtype}, got {array.dtype.name}")
-        head, tail = array.shape[:leading_ndim], array.shape[leading_ndim:]
-        if len(head) != leading_ndim or tail != spec.shape:
-            dims = ", ".join(("N", "T", *["?"] * leading_ndim)[:leading_ndim]) + ("," if leading_ndim == 1 else "")
-            raise SpecError(
-                f"{group}[{name!r}]: expected shape ({dims}) + {spec.shape} "
-                f"({leading_ndim} leading dim(s), then the spec's shape), got {array.shape}"
-            )
+        if spec.ragged:
+            try:
+                array = arrays[name] = Ragged.check(array, leading_ndim, spec.item_shape, NUMPY_DTYPES[spec.dtype])
+            except ValueError as exc:
+                raise SpecError(f"{group}[{name!r}] is ragged (spec shape {spec.shape}): {exc}") from None
+            head = array.shape
+        else:
+            head = _check_array(group, name, spec, array, leading_ndim)
         if leading is None:
             leading = head
         elif head != leading:
             raise SpecError(f"{group}[{name!r}]: expected leading dims {leading} like the other arrays, got {head}")
     return leading
+
+
+def _check_array(group: str, name: str, spec: Spec, array: Any, leading_ndim: int) -> tuple[int, ...]:
+    """The leading dims of ``array``, or the SpecError that says how it differs from ``spec``."""
+    if not isinstance(array, np.ndarray):
+        raise SpecError(
+            f"{group}[{name!r}] must be an array of dtype {spec.dtype} with the leading dims first, "
+            f"got {type(array).__name__}"
+        )
+    if array.dtype != NUMPY_DTYPES[spec.dtype]:
+        raise SpecError(f"{group}[{name!r}]: expected dtype {spec.dtype}, got {array.dtype.name}")
+    head, tail = array.shape[:leading_ndim], array.shape[leading_ndim:]
+    if len(head) != leading_ndim or tail != spec.shape:
+        dims = ", ".join(("N", "T", *["?"] * leading_ndim)[:leading_ndim]) + ("," if leading_ndim == 1 else "")
+        raise SpecError(
+            f"{group}[{name!r}]: expected shape ({dims}) + {spec.shape} "
+            f"({leading_ndim} leading dim(s), then the spec's shape), got {array.shape}"
+        )
+    return head
 
 
 @dataclass(frozen=True)
@@ -120,6 +158,15 @@ class CTSpecs:
     actions: dict[str, Spec]
     states: dict[str, Spec]
     rewards: dict[str, Spec]
+
+    def __post_init__(self) -> None:
+        for group in ("states", "rewards"):
+            ragged = sorted(name for name, spec in getattr(self, group).items() if spec.ragged)
+            if ragged:
+                raise SpecError(
+                    f"{group} {ragged} are ragged (a first dim of None), which only inputs and actions may be: give "
+                    f"them a fixed shape"
+                )
 
     def to_wire(self) -> dict[str, Any]:
         return {

@@ -36,6 +36,7 @@ from flare2.core.specs import EXPERIENCE_GROUPS, STEP_FLAG_SPECS
 from flare2.errors import SpecError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload
+from flare2.wire.ragged import Ragged, concat_rows
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
@@ -64,7 +65,8 @@ def check_finite(payload: dict[str, Any]) -> None:
     """Refuse NaN and infinity in the float arrays of a learn request: one would poison the model for good."""
     for group in EXPERIENCE_GROUPS:
         for key, array in payload[group].items():
-            if array.dtype.kind == "f" and not np.isfinite(array).all():
+            values = array.values if isinstance(array, Ragged) else array
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
                 raise SpecError(f"{group}[{key!r}] holds NaN or infinity: check the environment or the agent")
 
 
@@ -333,8 +335,8 @@ class ComputationDataProcessor:
     def _serve_predict(self, batch: list[_Request], now: float) -> None:
         specs = self.ct.specs
         # Concatenated even for one request: the model gets writable arrays of its own, not views of a message.
-        inputs = {key: np.concatenate([r.payload["inputs"][key] for r in batch]) for key in specs.inputs}
-        states = {key: np.concatenate([r.payload["states"][key] for r in batch]) for key in specs.states}
+        inputs = {key: concat_rows([r.payload["inputs"][key] for r in batch]) for key in specs.inputs}
+        states = {key: concat_rows([r.payload["states"][key] for r in batch]) for key in specs.states}
         greedy: bool | np.ndarray = False
         if any("greedy" in r.payload for r in batch):
             greedy = np.concatenate([r.payload.get("greedy", np.zeros(r.size, bool)) for r in batch])
@@ -363,7 +365,7 @@ class ComputationDataProcessor:
 
     def _experience(self, batch: list[_Request]) -> dict[str, Any]:
         def stacked(group: str, specs: dict) -> dict[str, np.ndarray]:
-            return {key: np.concatenate([r.payload[group][key] for r in batch]) for key in specs}
+            return {key: concat_rows([r.payload[group][key] for r in batch]) for key in specs}
 
         experience = {group: stacked(group, specs) for group, specs in self.ct.specs.experience_specs().items()}
         for flag in STEP_FLAG_SPECS:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
 import torch
 
 from flare2.core.computation_task import ComputationTask, copy_tensors
@@ -195,10 +194,13 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
             continue
         index = request["ct"]
         ct = cts[index]
+        experience = request["experience"]
+        # Ragged arrays come down the pipe as their wire maps, which this turns back into Ragged.
+        ct.specs.check_learn(experience)
         # Decoded arrays are views of the message: learn() gets writable copies of its own.
         experience = {
-            key: {name: np.array(array) for name, array in value.items()} if isinstance(value, dict) else np.array(value)
-            for key, value in request["experience"].items()
+            key: {name: array.copy() for name, array in value.items()} if isinstance(value, dict) else value.copy()
+            for key, value in experience.items()
         }
         try:
             costs, lag_sum, lag_steps = learn_with_lag(ct, experience)

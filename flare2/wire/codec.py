@@ -1,7 +1,8 @@
 """msgpack codec for nested plain data with numpy arrays.
 
 What travels: dicts with str keys, lists, str, bytes, int, float, bool, None
-and numpy arrays of bool / integer / float dtypes. An array travels as a
+and numpy arrays of bool / integer / float dtypes (a ``Ragged`` goes as the
+map of its two arrays, which the specs read back). An array travels as a
 msgpack ext value: one byte of dtype code, one byte of ndim, the dims as
 little-endian uint32, then the raw little-endian bytes. Nothing is pickled,
 and nothing decoded is trusted: dtype codes come from a fixed table, the byte
@@ -19,6 +20,7 @@ import msgpack
 import numpy as np
 
 from flare2.errors import DecodeError, EncodeError
+from flare2.wire.ragged import Ragged
 
 ARRAY_EXT_CODE = 1
 MAX_NDIM = 32
@@ -69,13 +71,15 @@ def _default(value: Any) -> Any:
         return _array_to_ext(value)
     if isinstance(value, np.generic):
         return _array_to_ext(np.asarray(value))
+    if isinstance(value, Ragged):
+        return value.to_wire()
     if isinstance(value, tuple):
         return list(value)
     if isinstance(value, int):
         raise EncodeError(f"cannot send the int {value}: it is outside the 64-bit range")
     raise EncodeError(
         f"cannot send a value of type {type(value).__name__}: flare2 messages carry dicts with str keys, "
-        "lists, str, bytes, int, float, bool, None and numpy arrays"
+        "lists, str, bytes, int, float, bool, None, numpy arrays and flare2.Ragged"
     )
 
 

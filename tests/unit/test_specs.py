@@ -75,7 +75,7 @@ def test_a_spec_with_a_bad_dtype_raises_spec_error_listing_the_allowed_dtypes(dt
     assert "float32" in str(caught.value)
 
 
-@pytest.mark.parametrize("shape", [(-1,), (2, -3), (2.0,), ("4",), (None,)], ids=repr)
+@pytest.mark.parametrize("shape", [(-1,), (2, -3), (2.0,), ("4",), (2, None), (None, None)], ids=repr)
 def test_a_spec_with_a_bad_dim_raises_spec_error_naming_the_shape(shape):
     with pytest.raises(SpecError, match="non-negative ints") as caught:
         Spec(shape, "float32")

@@ -54,8 +54,8 @@ class SharedBodyActorCritic(MLPActorCritic):
         self.body = shared_body()
         self.policy_net = mlp([64, 2], out_gain=0.01)
 
-    def policy(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.policy_net(self.body(obs))
+    def policy(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.policy_net(self.body(inputs["obs"]))
 
 
 # 3. The auxiliary task: the probability that the episode ends after this step.

@@ -14,7 +14,7 @@ summary of three ratios (and writes everything with ``--json FILE``):
 (b) The in-process baseline: ``gymnasium.vector.SyncVectorEnv`` of N CartPole
     envs stepped with flare2's A2C model (``MLPActorCritic``, hidden 64-64, one
     torch thread) in one process: env steps/s for each N that a configuration
-    of (c) plays, and the act path alone (``model.sample(model.policy(x))`` at
+    of (c) plays, and the act path alone (``model.sample(model.policy({"obs": x}))`` at
     batch 1) in µs.
 (c) flare2 rollout without learning: a real run (manager, compute process and
     P agent processes of ``tools/bench_agents.py:RolloutAgent``, which sends
@@ -316,7 +316,7 @@ def syncvec_steps_per_s(num_envs: int, duration_s: float, seed: int = 0) -> floa
 
         def act(obs: Any) -> Any:
             with torch.inference_mode():
-                return model.sample(model.policy(torch.as_tensor(obs))).numpy()
+                return model.sample(model.policy({"obs": torch.as_tensor(obs)})).numpy()
 
         for _ in range(20):
             obs = envs.step(act(obs))[0]
@@ -330,7 +330,7 @@ def syncvec_steps_per_s(num_envs: int, duration_s: float, seed: int = 0) -> floa
 
 
 def act_batch1_us(calls: int) -> float:
-    """Median µs of ``model.sample(model.policy(x))`` with x of shape (1, 4), one torch thread."""
+    """Median µs of ``model.sample(model.policy({"obs": x}))`` with x of shape (1, 4), one torch thread."""
     import gymnasium as gym
     import torch
 
@@ -339,14 +339,14 @@ def act_batch1_us(calls: int) -> float:
     torch.set_num_threads(1)
     env = gym.make(ENV_ID)
     model = MLPActorCritic(env.observation_space, env.action_space)
-    x = torch.zeros(1, 4)
+    inputs = {"obs": torch.zeros(1, 4)}
     times = []
     with torch.inference_mode():
         for _ in range(200):
-            model.sample(model.policy(x))
+            model.sample(model.policy(inputs))
         for _ in range(calls):
             started = time.perf_counter()
-            model.sample(model.policy(x))
+            model.sample(model.policy(inputs))
             times.append(time.perf_counter() - started)
     return statistics.median(times) * 1e6
 

@@ -128,3 +128,30 @@ class RaggedTensor:
         """``[total, total]`` bool, True where item i may attend to item j: only within one row (observation)."""
         ids = self.row_ids()
         return ids[:, None] == ids[None, :]
+
+    def flat(self) -> RaggedTensor:
+        """The same items with the leading dims merged into one (``[N, T]`` lengths become ``[N * T]``)."""
+        return self if self.lengths.dim() == 1 else RaggedTensor(self.values, self.lengths.reshape(-1))
+
+    def take(self, index: torch.Tensor) -> RaggedTensor:
+        """The rows ``index`` (a 1-d int tensor over the first leading dim of 1-d lengths), with their items."""
+        counts = self.lengths[index]
+        starts = self.offsets()[index]
+        ends = torch.cumsum(counts, 0)
+        positions = torch.repeat_interleave(starts - (ends - counts), counts) + torch.arange(
+            int(ends[-1]) if ends.numel() else 0, device=counts.device
+        )
+        return RaggedTensor(self.values[positions], counts)
+
+
+def flat_rows(tensors: dict[str, torch.Tensor | RaggedTensor], leading_ndim: int = 2) -> dict[str, torch.Tensor | RaggedTensor]:
+    """Merge the ``leading_ndim`` leading dims of every tensor (``[N, T, ...]`` to ``[N * T, ...]``), ragged or not."""
+    return {
+        key: value.flat() if isinstance(value, RaggedTensor) else value.reshape(-1, *value.shape[leading_ndim:])
+        for key, value in tensors.items()
+    }
+
+
+def take_rows(tensors: dict[str, torch.Tensor | RaggedTensor], index: torch.Tensor) -> dict[str, torch.Tensor | RaggedTensor]:
+    """The rows ``index`` of every tensor (flat leading dim), ragged or not."""
+    return {key: value.take(index) if isinstance(value, RaggedTensor) else value[index] for key, value in tensors.items()}

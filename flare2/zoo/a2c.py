@@ -31,23 +31,23 @@ class A2C(Algorithm):
             self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        return {"action": self.model.sample(self.model.policy(inputs["obs"]))}, {}
+        return {"action": self.model.sample(self.model.policy(inputs))}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        return {"action": self.model.best_action(self.model.policy(inputs["obs"]))}, {}
+        return {"action": self.model.best_action(self.model.policy(inputs))}, {}
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config = self.config
-        obs, next_obs = experience.inputs["obs"], experience.next_inputs["obs"]
+        inputs = experience.inputs
         rewards = experience.rewards["reward"]
         with torch.no_grad():
-            next_values = self.model.value(next_obs)
+            next_values = self.model.value(experience.next_inputs)
             returns = n_step_returns(rewards, next_values, experience.terminated, experience.truncated, config.gamma)
-        values = self.model.value(obs)
+        values = self.model.value(inputs)
         advantages = (returns - values).detach()
         if config.normalize_advantages and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        log_prob, entropy = self.model.log_prob_and_entropy(self.model.policy(obs), experience.actions["action"])
+        log_prob, entropy = self.model.log_prob_and_entropy(self.model.policy(inputs), experience.actions["action"])
         policy_loss = -(log_prob * advantages).mean()
         value_loss = F.mse_loss(values, returns)
         entropy_mean = entropy.mean()

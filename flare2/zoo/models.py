@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from flare2.core.algorithm import Tensors
 from flare2.core.model import Model
 from flare2.core.specs import Spec
 from flare2.errors import ConfigError
@@ -58,6 +59,37 @@ def action_spec(space: gym.Space) -> Spec:
     raise ConfigError(f"action space {space} is not supported: use Discrete or a 1-d Box")
 
 
+# Low enough that softmax gives it exactly 0 in float32 and float16, finite so that 0 * logit is 0, not NaN.
+_ILLEGAL_LOGIT = -1e4
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with every action whose ``mask`` entry is False pushed to probability 0: never sampled, never the
+    arg-max while a legal action exists, and no part of the entropy."""
+    return logits.masked_fill(~mask.bool(), _ILLEGAL_LOGIT)
+
+
+def split_action_mask(observation_space: gym.Space, action_space: gym.Space) -> tuple[gym.Space, Spec | None]:
+    """The observation space without its action mask, and the mask's spec: ``Dict(obs=..., action_mask=...)``
+    gives ``obs`` and a bool ``(n,)`` spec; any other space comes back as it is, with None."""
+    if not isinstance(observation_space, gym.spaces.Dict):
+        return observation_space, None
+    keys = set(observation_space.spaces)
+    if "obs" not in keys or not keys <= {"obs", "action_mask"}:
+        raise ConfigError(
+            f"a Dict observation space for this model holds 'obs' and optionally 'action_mask', got {sorted(keys)}: "
+            "write a Model for the others (see the entity example)"
+        )
+    if "action_mask" not in keys:
+        return observation_space["obs"], None
+    mask = observation_space["action_mask"]
+    if not isinstance(action_space, gym.spaces.Discrete) or tuple(mask.shape or ()) != (int(action_space.n),):
+        raise ConfigError(
+            f"an action_mask {mask} needs Discrete actions with one entry per action, got actions {action_space}"
+        )
+    return observation_space["obs"], Spec((int(action_space.n),), "bool")
+
+
 def one_hot_size(space: gym.Space) -> int:
     """How many classes a Discrete observation is one-hot encoded into (0 for a Box)."""
     return int(space.n) if isinstance(space, gym.spaces.Discrete) else 0
@@ -76,6 +108,11 @@ class MLPActorCritic(Model):
     Discrete actions get logits; Box actions get a Gaussian mean with a learned,
     state-independent log standard deviation. A Discrete observation is
     one-hot encoded.
+
+    An observation space ``Dict(obs=..., action_mask=MultiBinary(n))`` over
+    Discrete(n) actions adds the input ``action_mask``: the actions it marks
+    False get no probability (``masked_logits``), so they are never sampled
+    and the entropy counts the legal ones only.
     """
 
     def __init__(
@@ -87,6 +124,7 @@ class MLPActorCritic(Model):
         initial_log_std: float = 0.0,
     ) -> None:
         super().__init__()
+        observation_space, self._mask_spec = split_action_mask(observation_space, action_space)
         self._obs_spec = observation_spec(observation_space)
         self._action_spec = action_spec(action_space)
         self.one_hot_size = one_hot_size(observation_space)
@@ -98,7 +136,7 @@ class MLPActorCritic(Model):
         self.log_std = None if self.discrete else nn.Parameter(torch.full((policy_out,), float(initial_log_std)))
 
     def input_specs(self) -> dict[str, Spec]:
-        return {"obs": self._obs_spec}
+        return {"obs": self._obs_spec, **({"action_mask": self._mask_spec} if self._mask_spec else {})}
 
     def action_specs(self) -> dict[str, Spec]:
         return {"action": self._action_spec}
@@ -106,12 +144,14 @@ class MLPActorCritic(Model):
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         return features(obs, self._obs_spec, self.one_hot_size)
 
-    def policy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Logits (Discrete) or the Gaussian mean (Box)."""
-        return self.policy_net(self._features(obs))
+    def policy(self, inputs: Tensors) -> torch.Tensor:
+        """Logits (Discrete, the illegal actions masked when the inputs hold ``action_mask``) or the Gaussian mean (Box)."""
+        out = self.policy_net(self._features(inputs["obs"]))
+        mask = inputs.get("action_mask")
+        return out if mask is None else masked_logits(out, mask)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.value_net(self._features(obs)).squeeze(-1)
+    def value(self, inputs: Tensors) -> torch.Tensor:
+        return self.value_net(self._features(inputs["obs"])).squeeze(-1)
 
     def sample(self, policy_out: torch.Tensor) -> torch.Tensor:
         if self.discrete:

@@ -14,6 +14,7 @@ import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.core.specs import Spec
 from flare2.zoo.configs import ClippedObjectiveConfig, PPOConfig
 from flare2.zoo.models import MLPActorCritic
@@ -68,41 +69,41 @@ class PPO(Algorithm):
         return cls(PPOActorCritic(env.observation_space, env.action_space), config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        policy = self.model.policy(inputs["obs"])
+        policy = self.model.policy(inputs)
         action = self.model.sample(policy)
         log_prob, _ = self.model.log_prob_and_entropy(policy, action)
         return {"action": action, "log_prob": log_prob}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        policy = self.model.policy(inputs["obs"])
+        policy = self.model.policy(inputs)
         action = self.model.best_action(policy)
         log_prob, _ = self.model.log_prob_and_entropy(policy, action)
         return {"action": action, "log_prob": log_prob}, {}
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
-        obs, next_obs = experience.inputs["obs"], experience.next_inputs["obs"]
         with torch.no_grad():
             advantages, targets = gae(
-                experience.rewards["reward"], model.value(obs), model.value(next_obs),
+                experience.rewards["reward"], model.value(experience.inputs), model.value(experience.next_inputs),
                 experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
             )
         samples = advantages.numel()
         self.steps_seen += samples
         self.anneal_lr(config.lr, self.steps_seen, config.anneal_steps)
 
-        flat_obs = obs.reshape(samples, *obs.shape[2:])
-        flat_actions = experience.actions["action"].reshape(samples, *experience.actions["action"].shape[2:])
-        flat_old_log_prob = experience.actions["log_prob"].reshape(samples)
+        # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
+        inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
+        taken, old_log_prob = actions["action"], actions["log_prob"]
         flat_advantages, flat_targets = advantages.reshape(samples), targets.reshape(samples)
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(config.epochs):
-            for index in torch.randperm(samples, device=obs.device).split(config.minibatch_size):
-                log_prob, entropy = model.log_prob_and_entropy(model.policy(flat_obs[index]), flat_actions[index])
+            for index in torch.randperm(samples, device=advantages.device).split(config.minibatch_size):
+                minibatch = take_rows(inputs, index)
+                log_prob, entropy = model.log_prob_and_entropy(model.policy(minibatch), taken[index])
                 self.optimize(clipped_loss(
-                    config, totals, log_prob, flat_old_log_prob[index], flat_advantages[index], entropy,
-                    model.value(flat_obs[index]), flat_targets[index],
+                    config, totals, log_prob, old_log_prob[index], flat_advantages[index], entropy,
+                    model.value(minibatch), flat_targets[index],
                 ))
                 updates += 1
         return {key: value / updates for key, value in totals.items()}

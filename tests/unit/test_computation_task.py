@@ -285,16 +285,16 @@ def test_with_acting_beside_learning_predictions_keep_the_weights_of_the_last_fi
     ct = make_ct()
     ct.act_beside_learning()
     obs = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
-    before = ct.algorithm.model.policy(torch.from_numpy(obs)).detach()
+    before = ct.algorithm.model.policy({"obs": torch.from_numpy(obs)}).detach()
     ct.algorithm.model.policy_net[0].weight.data.add_(1.0)  # learn() changing its weights half way
-    acting = ct._acting.model.policy(torch.from_numpy(obs)).detach()
+    acting = ct._acting.model.policy({"obs": torch.from_numpy(obs)}).detach()
     assert torch.equal(acting, before) and ct.version == 0
     ct.learn(learn_batch())
     assert ct.version == 1 and ct.predicted_version == 0
     ct.predict({"obs": obs}, {})
     assert ct.predicted_version == 1
-    learned = ct.algorithm.model.policy(torch.from_numpy(obs)).detach()
-    assert torch.equal(ct._acting.model.policy(torch.from_numpy(obs)).detach(), learned)
+    learned = ct.algorithm.model.policy({"obs": torch.from_numpy(obs)}).detach()
+    assert torch.equal(ct._acting.model.policy({"obs": torch.from_numpy(obs)}).detach(), learned)
 
 
 def test_experience_tells_how_far_behind_the_acting_policy_was():

@@ -1,4 +1,5 @@
-"""The stock Gymnasium agent: any env id with Box or Discrete spaces, several envs per process, one CT named by ``ct``."""
+"""The stock Gymnasium agent: any env id whose spaces flare2 carries (``flare2.core.spaces``), several envs per process,
+one CT named by ``ct``."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import numpy as np
 
 from flare2.core.agent import AgentHelper, PendingPrediction, VectorAgent
 from flare2.core.helpers import ExpReplayHelper, OnlineHelper
-from flare2.core.specs import CTSpecs, Spec
+from flare2.core.spaces import ACTION_KEY, ObservationRows, action_specs, env_actions, input_specs
+from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError
+from flare2.wire.ragged import concat_rows
 
 
 def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
@@ -27,6 +30,10 @@ def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gy
 
 class GymAgent(VectorAgent):
     """Plays ``num_envs`` copies of a Gymnasium env with one CT: input ``obs``, action ``action``, reward ``reward``.
+
+    A Dict observation space gives one input per key, a Dict action space one
+    action per key; a ``Sequence`` space (a varying number of entities, or an
+    action per entity) is a ragged spec, sent without padding.
 
     Each step asks the CT once for the actions of every env (``--envs-per-agent``
     of them), steps them all, resets the ones whose episode ended and stores the
@@ -84,30 +91,35 @@ class GymAgent(VectorAgent):
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         ct_specs = specs[self.ct]
-        if set(ct_specs.inputs) != {"obs"} or "action" not in ct_specs.actions or set(ct_specs.rewards) != {"reward"}:
+        env = self.envs[0]
+        env_inputs, env_actions_ = input_specs(env.observation_space), action_specs(env.action_space)
+        if (set(ct_specs.inputs) != set(env_inputs) or not set(env_actions_) <= set(ct_specs.actions)
+                or set(ct_specs.rewards) != {"reward"}):
             raise ConfigError(
-                f"GymAgent sends input 'obs' and reward 'reward' and reads action 'action' (other action outputs are "
-                f"stored with it), but CT {self.ct!r} "
+                f"GymAgent sends the inputs {sorted(env_inputs)} and reward 'reward' of env {self.env_id!r} and reads "
+                f"the actions {sorted(env_actions_)} (other action outputs are stored with them), but CT {self.ct!r} "
                 f"declares inputs {sorted(ct_specs.inputs)}, actions {sorted(ct_specs.actions)}, rewards "
                 f"{sorted(ct_specs.rewards)}: use a model with those spec names or write your own Agent"
             )
-        obs_spec = ct_specs.inputs["obs"]
-        obs_shape = self.envs[0].observation_space.shape
-        if tuple(obs_shape or ()) != obs_spec.shape:
-            raise ConfigError(
-                f"env {self.env_id!r} gives observations of shape {obs_shape}, CT {self.ct!r} expects {obs_spec.shape}"
-            )
+        for group, env_specs, ct_group in (("input", env_inputs, ct_specs.inputs), ("action", env_actions_, ct_specs.actions)):
+            for key, spec in env_specs.items():
+                if ct_group[key].shape != spec.shape:
+                    raise ConfigError(
+                        f"env {self.env_id!r} has {group} {key!r} of shape {spec.shape}, CT {self.ct!r} expects "
+                        f"{ct_group[key].shape}"
+                    )
 
     def run(self) -> None:
         specs = self.specs(self.ct)
         space = self.envs[0].action_space
+        action_keys = list(space.spaces) if isinstance(space, gym.spaces.Dict) else None
         clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
         count = self.num_envs
         # Double buffering: while the compute process answers one half, this process steps the other.
         halves = self.double_buffer and self.requests_overlap and count >= 2
         bounds = [0, count // 2, count] if halves else [0, count]
-        groups = [_EnvGroup(self, first, stop, specs, clip) for first, stop in zip(bounds, bounds[1:])]
-        evaluation = _EvaluationEpisodes(self, specs.inputs["obs"]) if self.eval_env is not None else None
+        groups = [_EnvGroup(self, first, stop, specs, clip, action_keys) for first, stop in zip(bounds, bounds[1:])]
+        evaluation = _EvaluationEpisodes(self, specs) if self.eval_env is not None else None
         for group in groups:
             group.send(evaluation if group is groups[0] else None)
         while True:
@@ -125,10 +137,15 @@ class GymAgent(VectorAgent):
 def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """The rows of several groups' steps as one step, in env order."""
     return {
-        key: {name: np.concatenate([step[key][name] for step in steps]) for name in value}
-        if isinstance(value, dict) else np.concatenate([step[key] for step in steps])
+        key: {name: concat_rows([step[key][name] for step in steps]) for name in value}
+        if isinstance(value, dict) else concat_rows([step[key] for step in steps])
         for key, value in steps[0].items()
     }
+
+
+def _observation_rows(agent: GymAgent, specs: CTSpecs, count: int) -> ObservationRows:
+    keyed = isinstance(agent.envs[0].observation_space, gym.spaces.Dict)
+    return ObservationRows(specs.inputs, count, keyed=keyed)
 
 
 class _EnvGroup:
@@ -140,43 +157,52 @@ class _EnvGroup:
     the next actions.
     """
 
-    def __init__(self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, clip: tuple | None) -> None:
-        self.agent, self.clip = agent, clip
+    def __init__(
+        self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, clip: tuple | None, action_keys: list[str] | None
+    ) -> None:
+        self.agent, self.clip, self.action_keys = agent, clip, action_keys
         self.envs = agent.envs[first:stop]
         self.reward_dtype = specs.rewards["reward"].dtype
-        self.obs = specs.inputs["obs"].zeros(len(self.envs))
+        self.obs = _observation_rows(agent, specs, len(self.envs))
         for index, env in enumerate(self.envs):
-            self.obs[index] = env.reset(seed=agent.env_seed(first + index))[0]
+            self.obs.set(index, env.reset(seed=agent.env_seed(first + index))[0])
         self.states = agent.initial_states(agent.ct, len(self.envs))
         self.pending: PendingPrediction | None = None
         self.with_evaluation = False
+        self.inputs: dict[str, Any] = {}
 
     def send(self, evaluation: _EvaluationEpisodes | None) -> None:
         self.with_evaluation = evaluation is not None and evaluation.playing
+        self.inputs = self.obs.arrays()
         if self.with_evaluation:
-            inputs, states, greedy = evaluation.with_row(self.obs, self.states)
+            inputs, states, greedy = evaluation.with_row(self.inputs, self.states)
         else:
-            inputs, states, greedy = self.obs, self.states, None
-        self.pending = self.agent.send_rows(self.agent.ct, {"obs": inputs}, states, greedy=greedy)
+            inputs, states, greedy = self.inputs, self.states, None
+        self.pending = self.agent.send_rows(self.agent.ct, inputs, states, greedy=greedy)
 
     def step(self, evaluation: _EvaluationEpisodes | None) -> tuple[dict[str, Any], int]:
         """The rows to store for this step of the group's envs, and how many of their episodes ended."""
         actions, next_states = self.pending.result()
         envs, count = self.envs, len(self.envs)
-        env_actions = actions["action"] if self.clip is None else np.clip(actions["action"], *self.clip)
-        # Fresh arrays every step: the helper keeps what it is given.
-        next_obs = np.empty_like(self.obs)
+        if self.clip is not None:
+            actions_for_envs = {ACTION_KEY: np.clip(actions[ACTION_KEY], *self.clip)}
+        else:
+            actions_for_envs = actions
+        per_env = env_actions(actions_for_envs, self.action_keys, count + self.with_evaluation)
+        # Fresh rows every step: the helper keeps what it is given.
+        next_obs = self.obs.fresh()
         rewards = np.empty(count, self.reward_dtype)
         terminated, truncated = np.empty(count, bool), np.empty(count, bool)
-        for index, (env, action) in enumerate(zip(envs, env_actions)):
-            next_obs[index], rewards[index], terminated[index], truncated[index], _ = env.step(action)
+        for index, env in enumerate(envs):
+            observation, rewards[index], terminated[index], truncated[index], _ = env.step(per_env[index])
+            next_obs.set(index, observation)
         if self.with_evaluation:
-            evaluation.step(env_actions[count], {key: value[count:] for key, value in next_states.items()})
+            evaluation.step(per_env[count], {key: value[count:] for key, value in next_states.items()})
             actions = {key: value[:count] for key, value in actions.items()}
             next_states = {key: value[:count] for key, value in next_states.items()}
         step = {
-            "inputs": {"obs": self.obs}, "actions": actions, "rewards": {"reward": rewards},
-            "next_inputs": {"obs": next_obs}, "terminated": terminated, "truncated": truncated, "states": self.states,
+            "inputs": self.inputs, "actions": actions, "rewards": {"reward": rewards},
+            "next_inputs": next_obs.arrays(), "terminated": terminated, "truncated": truncated, "states": self.states,
             "policy_version": np.full(count, self.pending.version, np.int64),
         }
         ended = np.flatnonzero(terminated | truncated)
@@ -186,7 +212,7 @@ class _EnvGroup:
             self.obs = next_obs.copy()
             self.states = {key: value.copy() for key, value in next_states.items()}
             for index in ended:
-                self.obs[index] = envs[index].reset()[0]
+                self.obs.set(index, envs[index].reset()[0])
                 for value in self.states.values():
                     value[index] = 0
         return step, ended.size
@@ -195,10 +221,10 @@ class _EnvGroup:
 class _EvaluationEpisodes:
     """The schedule and state of ``eval_env``: one greedy episode after every ``eval_every`` training episodes."""
 
-    def __init__(self, agent: GymAgent, obs_spec: Spec) -> None:
+    def __init__(self, agent: GymAgent, specs: CTSpecs) -> None:
         self.agent = agent
         self.env = agent.eval_env
-        self.obs = obs_spec.zeros(1)
+        self.obs = _observation_rows(agent, specs, 1)
         self.states = agent.initial_states(agent.ct, 1)
         self.playing = False
         self.started = 0
@@ -208,21 +234,22 @@ class _EvaluationEpisodes:
         self.trained += count
         if not self.playing and self.trained >= self.agent.eval_every * (self.started + 1):
             seed = self.agent.env_seed(self.agent.num_envs) if self.started == 0 else None
-            self.obs[0] = self.env.reset(seed=seed)[0]
+            self.obs.set(0, self.env.reset(seed=seed)[0])
             self.states = self.agent.initial_states(self.agent.ct, 1)
             self.playing = True
             self.started += 1
 
-    def with_row(self, obs: np.ndarray, states: dict[str, np.ndarray]) -> tuple[np.ndarray, dict, np.ndarray]:
+    def with_row(self, inputs: dict[str, Any], states: dict[str, np.ndarray]) -> tuple[dict, dict, np.ndarray]:
         """The training rows plus the evaluation row, and the mask that asks greedy actions for it."""
-        greedy = np.zeros(len(obs) + 1, bool)
+        greedy = np.zeros(len(next(iter(inputs.values()))) + 1, bool)
         greedy[-1] = True
         rows = {key: np.concatenate([value, self.states[key]]) for key, value in states.items()}
-        return np.concatenate([obs, self.obs]), rows, greedy
+        evaluation = self.obs.arrays()
+        return {key: concat_rows([value, evaluation[key]]) for key, value in inputs.items()}, rows, greedy
 
     def step(self, action: Any, next_states: dict[str, np.ndarray]) -> None:
         observation, _, terminated, truncated, _ = self.env.step(action)
-        self.obs[0] = observation
+        self.obs.set(0, observation)
         self.states = next_states
         if terminated or truncated:
             self.playing = False

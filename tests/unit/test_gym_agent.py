@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from flare2.core.envs import GymAgent
+from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import CTSpecs, Spec
+from flare2.wire.ragged import Ragged
 from flare2.runtime.agent_process import StopRequested, make_envs
 
 from doubles import KeepingHelper
@@ -72,3 +74,86 @@ def test_observations_and_rewards_take_the_spec_dtypes_and_actions_are_clipped_f
     assert first["rewards"]["reward"].dtype == np.float32 and first["rewards"]["reward"].tolist() == pytest.approx([0.1] * 2)
     # What is learned from is the action the CT chose, not the clipped one.
     assert first["actions"]["action"].tolist() == [[5.0, -5.0]] * 2
+
+
+class Crates(gym.Env):
+    """Entities: env i shows (i + t) % 3 crates at step t, crate j at (10 * i + j, t); an episode lasts 3 steps.
+
+    It records each action it gets: one push (0-2) per crate it showed, and which crate to pick.
+    """
+
+    observation_space = gym.spaces.Dict({
+        "crates": gym.spaces.Sequence(gym.spaces.Box(-100.0, 100.0, (2,))), "me": gym.spaces.Box(-1.0, 1.0, (1,)),
+    })
+    action_space = gym.spaces.Dict({"push": gym.spaces.Sequence(gym.spaces.Discrete(3)), "pick": gym.spaces.Discrete(4)})
+
+    def __init__(self, index: int) -> None:
+        self.index, self.t, self.actions = index, 0, []
+
+    def observe(self):
+        count = (self.index + self.t) % 3
+        crates = tuple(np.array([10.0 * self.index + j, self.t]) for j in range(count))
+        return {"crates": crates, "me": np.array([self.t / 10])}
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return self.observe(), {}
+
+    def step(self, action):
+        self.actions.append((self.observe(), action))
+        self.t += 1
+        return self.observe(), 1.0, self.t == 3, False, {}
+
+
+class PerCratePort:
+    """Pushes each crate by its index within the env mod 3, and picks the number of crates; stops after ``steps``."""
+
+    learn_ahead = 0
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.sent = steps, []
+
+    def send_predict(self, payload):
+        self.sent.append(payload)
+        return len(self.sent)
+
+    def wait_predict(self, ticket):
+        if ticket > self.steps:
+            raise StopRequested()
+        crates = self.sent[ticket - 1]["inputs"]["crates"]
+        push = Ragged.from_items([np.arange(len(items)) % 3 for items in crates.items()], (), "int64")
+        return {"actions": {"push": push, "pick": crates.lengths.copy()}, "states": {}, "version": 0}
+
+
+def test_dict_and_sequence_spaces_go_as_ragged_rows_and_each_env_gets_its_own_entities_actions():
+    made = iter(range(10))
+    agent = GymAgent()
+    agent.num_envs = 3
+    agent.make_env = lambda: Crates(next(made))
+    make_envs(agent, 0)
+    specs = CTSpecs(
+        inputs={"crates": Spec((None, 2), "float32"), "me": Spec((1,), "float32")},
+        actions={"push": Spec((None,), "int64"), "pick": Spec((), "int64")}, states={}, rewards={"reward": Spec((), "float32")},
+    )
+    assert {"inputs": input_specs(agent.envs[0].observation_space), "actions": action_specs(agent.envs[0].action_space)} \
+        == {"inputs": specs.inputs, "actions": specs.actions}
+    port, helper = PerCratePort(4), KeepingHelper()
+    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
+    agent.check_specs({"RL": specs})
+    with pytest.raises(StopRequested):
+        agent.run()
+
+    first = port.sent[0]["inputs"]["crates"]
+    assert isinstance(first, Ragged) and first.lengths.tolist() == [0, 1, 2] and first.dtype == np.float32
+    for env in agent.envs:
+        env = env.unwrapped
+        for observation, action in env.actions:
+            assert action["push"].tolist() == [j % 3 for j in range(len(observation["crates"]))]
+            assert action["pick"] == len(observation["crates"])
+    # Step 3 ended every episode: the stored next_inputs keep the final crates, the next request the reset ones.
+    last = helper.steps[2]
+    assert last["terminated"].tolist() == [True] * 3
+    assert [row.tolist() for row in last["next_inputs"]["crates"].items()] == [[], [[10, 3]], [[20, 3], [21, 3]]]
+    assert port.sent[3]["inputs"]["crates"].lengths.tolist() == [0, 1, 2]
+    assert port.sent[3]["inputs"]["crates"].values[:, 1].tolist() == [0, 0, 0]
+    assert last["next_inputs"]["crates"].values[:, 1].tolist() == [3, 3, 3]

@@ -155,3 +155,36 @@ def flat_rows(tensors: dict[str, torch.Tensor | RaggedTensor], leading_ndim: int
 def take_rows(tensors: dict[str, torch.Tensor | RaggedTensor], index: torch.Tensor) -> dict[str, torch.Tensor | RaggedTensor]:
     """The rows ``index`` of every tensor (flat leading dim), ragged or not."""
     return {key: value.take(index) if isinstance(value, RaggedTensor) else value[index] for key, value in tensors.items()}
+
+
+def pad_rows(
+    parts: list[RaggedTensor], first: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The items of several ragged tensors of the same rows (entity types embedded to one width) as one padded
+    sequence per row, for attention that must stay within each observation.
+
+    Row r holds ``first[r]`` (an optional token per row, such as the embedded fixed features), then its items of
+    ``parts[0]``, of ``parts[1]``, ... Returns ``[rows, longest, width]`` (zeros past the end), the
+    ``[rows, longest]`` mask of real tokens (``~mask`` is a transformer's ``src_key_padding_mask``) and, per part,
+    the (row, position) of each of its items: ``padded[row, position]`` reads their outputs back, in ``values`` order.
+    """
+    rows = parts[0].rows if parts else first.shape[0]
+    device = parts[0].device if parts else first.device
+    used = torch.full((rows,), int(first is not None), dtype=torch.int64, device=device)
+    where = []
+    for part in parts:
+        row = part.row_ids()
+        # An item's place is the row's tokens so far plus its own index among the row's items of this part.
+        position = used[row] + torch.arange(row.numel(), device=device) - part.offsets()[row]
+        where.append((row, position))
+        used = used + part.lengths.reshape(-1)
+    longest = int(used.max()) if rows else 0
+    width = first.shape[-1] if first is not None else parts[0].values.shape[-1]
+    dtype = first.dtype if first is not None else parts[0].values.dtype
+    padded = torch.zeros((rows, longest, width), dtype=dtype, device=device)
+    if first is not None:
+        padded[:, 0] = first
+    for part, (row, position) in zip(parts, where):
+        padded[row, position] = part.values
+    mask = torch.arange(longest, device=device)[None, :] < used[:, None]
+    return padded, mask, where

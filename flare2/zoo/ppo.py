@@ -1,7 +1,10 @@
 """PPO: clipped surrogate objective, GAE, several epochs of minibatches in one learn() call.
 
 Each learn() call receives B sequences of T steps (one per agent, from the
-online helper). The policy's log-probability of each action is computed at
+online helper). The model gives ``policy(inputs)``, ``value(inputs)``,
+``sample``/``best_action`` of a policy, and ``log_prob_and_entropy``: the zoo's
+MLP actor-critic (with action masks) or ``EntityActorCritic`` (per-entity and
+select-entity actions over ragged entities). The policy's log-probability of each action is computed at
 prediction time and travels with the action (action ``log_prob``), so the
 probability ratio is taken against the policy that acted, even when another
 learn() call came in between.
@@ -48,6 +51,15 @@ def clipped_loss(
     return policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
 
 
+def _named(action: torch.Tensor | dict) -> dict:
+    """A model acts with one tensor (the action ``action``) or with a dict of named actions (an entity model's)."""
+    return action if isinstance(action, dict) else {"action": action}
+
+
+def _unnamed(actions: dict) -> torch.Tensor | dict:
+    return actions["action"] if actions.keys() == {"action"} else actions
+
+
 class PPOActorCritic(MLPActorCritic):
     """The MLP actor-critic with the acting policy's log-probability as a second action output."""
 
@@ -72,13 +84,13 @@ class PPO(Algorithm):
         policy = self.model.policy(inputs)
         action = self.model.sample(policy)
         log_prob, _ = self.model.log_prob_and_entropy(policy, action)
-        return {"action": action, "log_prob": log_prob}, {}
+        return {**_named(action), "log_prob": log_prob}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         policy = self.model.policy(inputs)
         action = self.model.best_action(policy)
         log_prob, _ = self.model.log_prob_and_entropy(policy, action)
-        return {"action": action, "log_prob": log_prob}, {}
+        return {**_named(action), "log_prob": log_prob}, {}
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
@@ -93,14 +105,15 @@ class PPO(Algorithm):
 
         # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
         inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
-        taken, old_log_prob = actions["action"], actions["log_prob"]
+        old_log_prob = actions.pop("log_prob")
         flat_advantages, flat_targets = advantages.reshape(samples), targets.reshape(samples)
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(config.epochs):
             for index in torch.randperm(samples, device=advantages.device).split(config.minibatch_size):
                 minibatch = take_rows(inputs, index)
-                log_prob, entropy = model.log_prob_and_entropy(model.policy(minibatch), taken[index])
+                taken = _unnamed(take_rows(actions, index))
+                log_prob, entropy = model.log_prob_and_entropy(model.policy(minibatch), taken)
                 self.optimize(clipped_loss(
                     config, totals, log_prob, old_log_prob[index], flat_advantages[index], entropy,
                     model.value(minibatch), flat_targets[index],

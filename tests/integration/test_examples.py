@@ -101,6 +101,19 @@ def test_the_sarsa_example_learns_a_q_table_and_plays_greedy_evaluation_episodes
     assert "td_loss" in (tmp_path / "learn.csv").read_text()
 
 
+def test_the_entity_example_batches_ragged_observations_across_processes_and_envs(tmp_path):
+    # Three envs in each of two processes, learning in a learner process of its own: ragged data crosses every link.
+    run_example("minefield_entities.py", "--num-agents", "2", "--envs-per-agent", "3", "--max-steps", "1500",
+                "--sample-interval", "8", "--epochs", "1", "--width", "16", "--layers", "1", "--learner", "process",
+                "--device", "cpu", "--progress-interval", "0.5", log_dir=tmp_path)
+    rows = read_csv(tmp_path / "progress.csv")
+    assert rows[-1]["env_steps"] >= 1500 and rows[-1]["learn_steps"] >= 1 and rows[-1]["rejected_requests"] == 0
+    batches = [row["batch_size_mean"] for row in rows if row["batch_size_mean"] == row["batch_size_mean"]]
+    # A batch counts observations (six envs at most), not entities (up to eight per observation); above three, it
+    # held the requests of both processes.
+    assert max(batches) <= 6 and max(batches) > 3
+
+
 SERIAL_RUNS = {
     "cartpole_a2c.py": ["--max-steps", "2000"],
     "cartpole_ppo.py": ["--max-steps", "1000", "--epochs", "2"],
@@ -110,6 +123,8 @@ SERIAL_RUNS = {
     "cartpole_memory.py": ["--max-steps", "1000", "--epochs", "2"],
     "cartpole_multi_ct.py": ["--max-steps", "1000"],
     "custom_agent.py": ["--max-episodes", "100"],
+    "minefield_entities.py": ["--max-steps", "600", "--envs-per-agent", "4", "--sample-interval", "8", "--epochs", "1",
+                              "--width", "16", "--layers", "1"],
 }
 
 

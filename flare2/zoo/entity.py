@@ -1,0 +1,203 @@
+"""An actor-critic over entities: an embedding per entity type, a transformer over each observation's entities, a
+categorical action per actor entity and select-entity actions (RogueNet's design, on flare2's ragged batches).
+
+The observation space is a Dict: ``Sequence(Box)`` keys are entity types
+(any number of each per observation, zero included), ``Box`` keys are fixed
+features, embedded together as one more token per observation that also
+carries the value. The action space is a Dict of:
+
+- per-entity actions ``Sequence(Discrete(n))``: one choice per entity of the
+  type ``actors`` names for the key;
+- select-entity actions ``Discrete``: the index of one entity, among those of
+  the type ``selects`` names for the key present in this observation.
+
+Every observation of a batch attends only to its own entities (``pad_rows``).
+The log-probability of a joint action is the sum over its parts, and so is the
+entropy; a select-entity action over an observation with no such entity is
+ignored (probability 1, entropy 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.model import Model
+from flare2.core.ragged_tensor import RaggedTensor, pad_rows
+from flare2.core.spaces import action_specs, input_specs
+from flare2.core.specs import Spec
+from flare2.errors import ConfigError
+from flare2.zoo.models import sample_categorical
+
+_ILLEGAL = -1e4
+
+
+@dataclass
+class EntityPolicy:
+    """What ``EntityActorCritic.policy`` computes for a batch: logits per actor entity, scores per selectable one."""
+
+    actor_logits: dict[str, RaggedTensor]
+    """Per-entity action key: ``[entities, n]`` logits, one row per actor entity."""
+    select_scores: dict[str, RaggedTensor]
+    """Select-entity action key: one score per candidate entity."""
+
+
+class EntityActorCritic(Model):
+    """See the module docstring. ``actors`` and ``selects`` map each action key to the entity type it acts on."""
+
+    def __init__(
+        self,
+        observation_space: gym.spaces.Dict,
+        action_space: gym.spaces.Dict,
+        *,
+        actors: dict[str, str],
+        selects: dict[str, str],
+        width: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+    ) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Dict) or not isinstance(action_space, gym.spaces.Dict):
+            raise ConfigError(f"EntityActorCritic takes Dict spaces, got {observation_space} and {action_space}")
+        self._inputs = input_specs(observation_space)
+        self._actions = action_specs(action_space)
+        self.entity_types = [key for key, spec in self._inputs.items() if spec.ragged]
+        self.context_keys = [key for key, spec in self._inputs.items() if not spec.ragged]
+        for key, entity in {**actors, **selects}.items():
+            if key not in self._actions or entity not in self.entity_types:
+                raise ConfigError(
+                    f"EntityActorCritic action {key!r} on entity type {entity!r}: the actions are {sorted(self._actions)} "
+                    f"and the entity types (Sequence observation keys) {self.entity_types}"
+                )
+        unmapped = set(self._actions) - set(actors) - set(selects)
+        if unmapped:
+            raise ConfigError(f"EntityActorCritic: say which entity type the actions {sorted(unmapped)} act on")
+        self.actors, self.selects = dict(actors), dict(selects)
+        self.embed = nn.ModuleDict({
+            key: nn.Linear(math.prod(self._inputs[key].item_shape), width) for key in self.entity_types
+        })
+        context_size = sum(math.prod(self._inputs[key].shape) for key in self.context_keys)
+        self.context = nn.Linear(max(context_size, 1), width)
+        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+        self.trunk = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.actor_heads = nn.ModuleDict({
+            key: nn.Linear(width, int(action_space[key].feature_space.n)) for key in self.actors
+        })
+        self.select_heads = nn.ModuleDict({key: nn.Linear(width, 1) for key in self.selects})
+        self.value_head = nn.Linear(width, 1)
+        for head in [*self.actor_heads.values(), *self.select_heads.values()]:
+            nn.init.orthogonal_(head.weight, 0.01)
+            nn.init.zeros_(head.bias)
+
+    def input_specs(self) -> dict[str, Spec]:
+        return dict(self._inputs)
+
+    def action_specs(self) -> dict[str, Spec]:
+        return {**self._actions, "log_prob": Spec((), "float32")}
+
+    def _encode(self, inputs: Tensors) -> tuple[torch.Tensor, dict[str, RaggedTensor]]:
+        """Each observation's context token and each entity's output of the transformer."""
+        entities = [inputs[key] for key in self.entity_types]
+        rows = entities[0].rows
+        if self.context_keys:
+            context = torch.cat([inputs[key].reshape(rows, -1).float() for key in self.context_keys], dim=-1)
+        else:
+            context = entities[0].values.new_zeros((rows, 1))
+        tokens = [entity.with_values(self.embed[key](entity.values.reshape(len(entity.values), -1).float()))
+                  for key, entity in zip(self.entity_types, entities)]
+        padded, mask, where = pad_rows([token.flat() for token in tokens], first=self.context(context))
+        out = self.norm(self.trunk(padded, src_key_padding_mask=~mask))
+        per_type = {key: entity.flat().with_values(out[row, position])
+                    for key, entity, (row, position) in zip(self.entity_types, entities, where)}
+        return out[:, 0], per_type
+
+    def policy(self, inputs: Tensors) -> EntityPolicy:
+        _, per_type = self._encode(inputs)
+        return EntityPolicy(
+            actor_logits={key: per_type[entity].with_values(self.actor_heads[key](per_type[entity].values))
+                          for key, entity in self.actors.items()},
+            select_scores={key: per_type[entity].with_values(self.select_heads[key](per_type[entity].values).squeeze(-1))
+                           for key, entity in self.selects.items()},
+        )
+
+    def value(self, inputs: Tensors) -> torch.Tensor:
+        """One value per observation, in the leading shape of the inputs (``[B]`` or ``[N, T]``)."""
+        context, _ = self._encode(inputs)
+        return self.value_head(context).squeeze(-1).reshape(inputs[self.entity_types[0]].shape)
+
+    def sample(self, policy: EntityPolicy) -> dict[str, torch.Tensor | RaggedTensor]:
+        actions: dict[str, torch.Tensor | RaggedTensor] = {
+            key: logits.with_values(sample_categorical(logits.values)) for key, logits in policy.actor_logits.items()
+        }
+        for key, scores in policy.select_scores.items():
+            padded, mask = scores.padded(fill=_ILLEGAL)
+            actions[key] = sample_categorical(padded) if padded.shape[1] else torch.zeros(scores.rows, dtype=torch.int64)
+        return actions
+
+    def best_action(self, policy: EntityPolicy) -> dict[str, torch.Tensor | RaggedTensor]:
+        actions: dict[str, torch.Tensor | RaggedTensor] = {
+            key: logits.with_values(logits.values.argmax(-1)) for key, logits in policy.actor_logits.items()
+        }
+        for key, scores in policy.select_scores.items():
+            padded, _ = scores.padded(fill=_ILLEGAL)
+            actions[key] = padded.argmax(-1) if padded.shape[1] else torch.zeros(scores.rows, dtype=torch.int64)
+        return actions
+
+    def log_prob_and_entropy(
+        self, policy: EntityPolicy, actions: dict[str, torch.Tensor | RaggedTensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[rows]`` each: the joint log-probability of ``actions`` and the joint entropy."""
+        log_prob = entropy = 0
+        for key, logits in policy.actor_logits.items():
+            log_probs = F.log_softmax(logits.values, dim=-1)
+            chosen = log_probs.gather(-1, actions[key].values.long().unsqueeze(-1)).squeeze(-1)
+            log_prob = log_prob + logits.segment_sum(chosen)
+            entropy = entropy + logits.segment_sum(-(log_probs.exp() * log_probs).sum(-1))
+        for key, scores in policy.select_scores.items():
+            padded, mask = scores.padded(fill=_ILLEGAL)
+            if not padded.shape[1]:
+                continue
+            log_probs = F.log_softmax(padded, dim=-1)
+            has_choice = mask.any(-1)
+            chosen = log_probs.gather(-1, actions[key].long().clamp(0, padded.shape[1] - 1).unsqueeze(-1)).squeeze(-1)
+            log_prob = log_prob + torch.where(has_choice, chosen, torch.zeros_like(chosen))
+            row_entropy = -(log_probs.exp() * log_probs * mask).sum(-1)
+            entropy = entropy + torch.where(has_choice, row_entropy, torch.zeros_like(row_entropy))
+        return log_prob, entropy
+
+
+class UniformEntityPolicy(Algorithm):
+    """Uniformly random actions over the same entities (every choice of every part equally likely), learning nothing:
+    the baseline an entity policy's curve is read against."""
+
+    def __init__(self, model: EntityActorCritic) -> None:
+        super().__init__(model)
+
+    def _uniform(self, inputs: Tensors) -> EntityPolicy:
+        model = self.model
+        entities = {key: inputs[key] for key in model.entity_types}
+        return EntityPolicy(
+            actor_logits={key: entities[entity].with_values(entities[entity].values.new_zeros(
+                (len(entities[entity].values), model.actor_heads[key].out_features))) for key, entity in model.actors.items()},
+            select_scores={key: entities[entity].with_values(entities[entity].values.new_zeros(len(entities[entity].values)))
+                           for key, entity in model.selects.items()},
+        )
+
+    def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
+        policy = self._uniform(inputs)
+        actions = self.model.sample(policy)
+        log_prob, _ = self.model.log_prob_and_entropy(policy, actions)
+        return {**actions, "log_prob": log_prob}, {}
+
+    predict_greedy = predict
+
+    def learn(self, experience: Experience) -> dict[str, float]:
+        return {}

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
@@ -86,3 +87,18 @@ def test_ct_report_weights_batch_means_by_count_and_compares_first_and_last_fift
     assert lines[1] == "  RL: predict batch mean 5.00 over 40 batches, learn batch mean 8.00 over 4 calls"
     assert lines[2] == "    loss: 9.5 -> 1.5"
     assert lines[3] == "  aux: predict batch mean nan over 0 batches, learn batch mean 3.00 over 2 calls"
+
+
+def test_the_ragged_bench_feeds_both_layouts_the_same_entities_and_the_same_network():
+    bench = load_tool("bench_ragged")
+    arrays = bench.observations(8, seed=3)
+    padded = bench.padded(arrays)
+    for key in bench.ENTITY_TYPES:
+        # The padded layout holds exactly the ragged items, in order, behind its mask.
+        assert padded[key][padded[f"{key}_mask"]].tolist() == arrays[key].values.tolist()
+    network = bench.EntityActorCritic(bench.Minefield().observation_space, bench.Minefield().action_space,
+                                      actors={"move": "robot"}, selects={"fire": "mine"}, width=16, layers=1)
+    unpadded = bench.PaddedEntities(network).ragged_inputs({key: torch.from_numpy(value) for key, value in padded.items()})
+    for key in bench.ENTITY_TYPES:
+        assert unpadded[key].lengths.tolist() == arrays[key].lengths.tolist()
+    assert bench.main(["--rows", "8", "--requests", "2", "--seconds", "0"]) == 0

@@ -6,18 +6,21 @@ import numpy as np
 import pytest
 import torch
 
+from flare2.core.agent import Agent
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.core.helpers import stack_steps
+from flare2.core.helpers import ExpReplayHelper, stack_steps
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import RaggedTensor
 from flare2.core.specs import CTSpecs, Spec, check_arrays
-from flare2.errors import SpecError
+from flare2.errors import ConfigError, SpecError
 from flare2.runtime.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import decode, encode
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
 from flare2.wire.ragged import Ragged, concat_rows, rows_in_order, stack_time
+
+from doubles import KeepingHelper
 
 MINE = (2,)
 
@@ -226,3 +229,39 @@ def test_stored_steps_of_several_envs_become_ragged_sequences_that_learn_receive
     # Env 0: no mine at t=0, one at t=1 (100), two at t=2 (200, 201); env 1 one mine per step.
     assert learned.values[:, 0].tolist() == [100, 200, 201, 0, 101, 202]
     assert costs == {"items": 6.0}
+
+
+class EchoCountPort:
+    """Answers a one-env agent: a score per mine (its first feature) and the mine count."""
+
+    learn_ahead = 0
+
+    def predict(self, payload):
+        mines_in = payload["inputs"]["mines"]
+        return {"actions": {"score": Ragged(mines_in.values[:, 0].copy(), mines_in.lengths.copy()),
+                            "count": mines_in.lengths.copy()}, "states": {}, "version": 3}
+
+
+def test_a_one_env_agent_sends_its_entities_as_one_ragged_row_and_stores_them_so():
+    specs = ComputationTask("RL", PerMine(EntityCounter()), device="cpu").specs
+    agent, helper = Agent(), KeepingHelper()
+    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": EchoCountPort()}, helpers={"RL": helper})
+    three_mines = np.array([[4, 0], [5, 0], [6, 0]], np.float64)
+    actions, _ = agent.predict("RL", {"mines": three_mines, "robot": np.zeros(3, np.float32)})
+    assert actions["score"].tolist() == [4, 5, 6] and actions["count"] == 3
+    no_mines = np.zeros((0, 2))
+    actions, _ = agent.predict("RL", {"mines": no_mines, "robot": np.zeros(3, np.float32)})
+    assert actions["score"].tolist() == [] and actions["count"] == 0
+    agent.store("RL", inputs={"mines": three_mines, "robot": np.zeros(3)}, next_inputs={"mines": no_mines, "robot": np.zeros(3)},
+                actions={"score": np.array([4.0, 5.0, 6.0]), "count": 3}, rewards={"reward": 1.0},
+                terminated=True, truncated=False)
+    [step] = helper.steps
+    assert step["inputs"]["mines"].lengths.tolist() == [3] and step["inputs"]["mines"].dtype == np.float32
+    assert step["next_inputs"]["mines"].lengths.tolist() == [0] and step["actions"]["score"].lengths.tolist() == [3]
+
+
+def test_the_replay_helper_refuses_ragged_specs_with_the_helper_that_takes_them():
+    specs = ComputationTask("RL", PerMine(EntityCounter()), device="cpu").specs
+    with pytest.raises(ConfigError, match=r"ExpReplayHelper keeps fixed-size arrays, but CT 'RL' has ragged "
+                                          r"inputs\['mines'\], next_inputs\['mines'\], actions\['score'\]: learn from them with OnlineHelper"):
+        ExpReplayHelper(capacity=100, warmup=10).attach("RL", specs, port=None, num_envs=2)

@@ -26,6 +26,7 @@ _EXPORTS = {
     "Spec": "flare2.core.specs",
     "CTSpecs": "flare2.core.specs",
     "Ragged": "flare2.wire.ragged",
+    "View": "flare2.core.specs",
     "Agent": "flare2.core.agent",
     "VectorAgent": "flare2.core.agent",
     "AgentHelper": "flare2.core.agent",

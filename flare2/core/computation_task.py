@@ -101,12 +101,18 @@ class ComputationTask:
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.algorithm = algorithm.to(self.device)
         model = algorithm.model
-        self.specs = CTSpecs(
-            inputs=dict(model.input_specs()),
-            actions=dict(model.action_specs()),
-            states=dict(model.state_specs()),
-            rewards=dict(model.reward_specs()),
-        )
+        inputs, actions, rewards = dict(model.input_specs()), dict(model.action_specs()), dict(model.reward_specs())
+        views = dict(model.view_specs())
+        sources = {"inputs": inputs, "actions": actions, "rewards": rewards}
+        for view_name, view in views.items():
+            source = sources[view.group].get(view.key)
+            if source is None or view_name in inputs:
+                raise ConfigError(
+                    f"view {view_name!r} of CT {name!r}: it needs {view.group}[{view.key!r}] among the model's specs "
+                    "and a name no input has"
+                )
+            inputs[view_name] = view.spec(source)
+        self.specs = CTSpecs(inputs=inputs, actions=actions, states=dict(model.state_specs()), rewards=rewards, views=views)
         if not self.specs.inputs or not self.specs.actions:
             raise ConfigError(f"the model of CT {name!r} must declare at least one input spec and one action spec")
         learn_ahead = algorithm.learn_ahead

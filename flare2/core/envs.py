@@ -13,6 +13,7 @@ from flare2.core.agent import AgentHelper, PendingPrediction, VectorAgent
 from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.spaces import ACTION_KEY, ObservationRows, action_specs, env_actions, input_specs
 from flare2.core.specs import CTSpecs
+from flare2.core.views import ViewRows
 from flare2.errors import ConfigError
 from flare2.wire.ragged import concat_rows
 
@@ -93,12 +94,12 @@ class GymAgent(VectorAgent):
         ct_specs = specs[self.ct]
         env = self.envs[0]
         env_inputs, env_actions_ = input_specs(env.observation_space), action_specs(env.action_space)
-        if (set(ct_specs.inputs) != set(env_inputs) or not set(env_actions_) <= set(ct_specs.actions)
+        if (set(ct_specs.acting_inputs) != set(env_inputs) or not set(env_actions_) <= set(ct_specs.actions)
                 or set(ct_specs.rewards) != {"reward"}):
             raise ConfigError(
                 f"GymAgent sends the inputs {sorted(env_inputs)} and reward 'reward' of env {self.env_id!r} and reads "
                 f"the actions {sorted(env_actions_)} (other action outputs are stored with them), but CT {self.ct!r} "
-                f"declares inputs {sorted(ct_specs.inputs)}, actions {sorted(ct_specs.actions)}, rewards "
+                f"declares inputs {sorted(ct_specs.acting_inputs)} (besides its views), actions {sorted(ct_specs.actions)}, rewards "
                 f"{sorted(ct_specs.rewards)}: use a model with those spec names or write your own Agent"
             )
         for group, env_specs, ct_group in (("input", env_inputs, ct_specs.inputs), ("action", env_actions_, ct_specs.actions)):
@@ -145,7 +146,7 @@ def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _observation_rows(agent: GymAgent, specs: CTSpecs, count: int) -> ObservationRows:
     keyed = isinstance(agent.envs[0].observation_space, gym.spaces.Dict)
-    return ObservationRows(specs.inputs, count, keyed=keyed)
+    return ObservationRows(specs.acting_inputs, count, keyed=keyed)
 
 
 class _EnvGroup:
@@ -166,6 +167,9 @@ class _EnvGroup:
         self.obs = _observation_rows(agent, specs, len(self.envs))
         for index, env in enumerate(self.envs):
             self.obs.set(index, env.reset(seed=agent.env_seed(first + index))[0])
+        self.views = ViewRows(specs, len(self.envs))
+        if self.views:
+            self.views.start_all(self.obs.arrays())
         self.states = agent.initial_states(agent.ct, len(self.envs))
         self.pending: PendingPrediction | None = None
         self.with_evaluation = False
@@ -174,6 +178,8 @@ class _EnvGroup:
     def send(self, evaluation: _EvaluationEpisodes | None) -> None:
         self.with_evaluation = evaluation is not None and evaluation.playing
         self.inputs = self.obs.arrays()
+        if self.views:
+            self.inputs.update(self.views.current())
         if self.with_evaluation:
             inputs, states, greedy = evaluation.with_row(self.inputs, self.states)
         else:
@@ -197,12 +203,17 @@ class _EnvGroup:
             observation, rewards[index], terminated[index], truncated[index], _ = env.step(per_env[index])
             next_obs.set(index, observation)
         if self.with_evaluation:
-            evaluation.step(per_env[count], {key: value[count:] for key, value in next_states.items()})
+            evaluation.step(per_env[count], {key: value[count:] for key, value in actions.items()},
+                            {key: value[count:] for key, value in next_states.items()})
             actions = {key: value[:count] for key, value in actions.items()}
             next_states = {key: value[:count] for key, value in next_states.items()}
+        next_inputs = next_obs.arrays()
+        if self.views:
+            self.views.advance(next_inputs, actions, {"reward": rewards})
+            next_inputs.update(self.views.current())
         step = {
             "inputs": self.inputs, "actions": actions, "rewards": {"reward": rewards},
-            "next_inputs": next_obs.arrays(), "terminated": terminated, "truncated": truncated, "states": self.states,
+            "next_inputs": next_inputs, "terminated": terminated, "truncated": truncated, "states": self.states,
             "policy_version": np.full(count, self.pending.version, np.int64),
         }
         ended = np.flatnonzero(terminated | truncated)
@@ -213,6 +224,8 @@ class _EnvGroup:
             self.states = {key: value.copy() for key, value in next_states.items()}
             for index in ended:
                 self.obs.set(index, envs[index].reset()[0])
+                if self.views:
+                    self.views.start(index, self.obs.row(index))
                 for value in self.states.values():
                     value[index] = 0
         return step, ended.size
@@ -225,6 +238,7 @@ class _EvaluationEpisodes:
         self.agent = agent
         self.env = agent.eval_env
         self.obs = _observation_rows(agent, specs, 1)
+        self.views = ViewRows(specs, 1)
         self.states = agent.initial_states(agent.ct, 1)
         self.playing = False
         self.started = 0
@@ -235,6 +249,7 @@ class _EvaluationEpisodes:
         if not self.playing and self.trained >= self.agent.eval_every * (self.started + 1):
             seed = self.agent.env_seed(self.agent.num_envs) if self.started == 0 else None
             self.obs.set(0, self.env.reset(seed=seed)[0])
+            self.views.start(0, self.obs.row(0))
             self.states = self.agent.initial_states(self.agent.ct, 1)
             self.playing = True
             self.started += 1
@@ -244,12 +259,13 @@ class _EvaluationEpisodes:
         greedy = np.zeros(len(next(iter(inputs.values()))) + 1, bool)
         greedy[-1] = True
         rows = {key: np.concatenate([value, self.states[key]]) for key, value in states.items()}
-        evaluation = self.obs.arrays()
+        evaluation = {**self.obs.arrays(), **self.views.current()}
         return {key: concat_rows([value, evaluation[key]]) for key, value in inputs.items()}, rows, greedy
 
-    def step(self, action: Any, next_states: dict[str, np.ndarray]) -> None:
-        observation, _, terminated, truncated, _ = self.env.step(action)
+    def step(self, action: Any, action_rows: dict[str, Any], next_states: dict[str, np.ndarray]) -> None:
+        observation, reward, terminated, truncated, _ = self.env.step(action)
         self.obs.set(0, observation)
+        self.views.advance(self.obs.arrays(), action_rows, {"reward": np.array([reward])})
         self.states = next_states
         if terminated or truncated:
             self.playing = False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from flare2.core.specs import Spec
+from flare2.core.specs import Spec, View
 
 
 class Model(nn.Module):
@@ -12,8 +12,9 @@ class Model(nn.Module):
 
     Override ``input_specs`` and ``action_specs``; override ``state_specs`` for
     a model with short-term memory (the agent starts each episode from zeros of
-    these specs and carries the states across steps) and ``reward_specs`` when
-    the environment gives more than one scalar reward.
+    these specs and carries the states across steps), ``reward_specs`` when
+    the environment gives more than one scalar reward, and ``view_specs`` for
+    inputs made of the trajectory (``flare2.View``).
     """
 
     def input_specs(self) -> dict[str, Spec]:
@@ -27,3 +28,8 @@ class Model(nn.Module):
 
     def reward_specs(self) -> dict[str, Spec]:
         return {"reward": Spec((), "float32")}
+
+    def view_specs(self) -> dict[str, View]:
+        """Inputs that the agent side assembles from the trajectory (a frame stack, the previous action...): each
+        arrives in ``forward``'s inputs as ``[B, frames, ...]``, built the same way for acting and for learning."""
+        return {}

@@ -97,6 +97,10 @@ class ObservationRows:
         for key, items in self._ragged.items():
             items[index] = observation[key]
 
+    def row(self, index: int) -> dict[str, np.ndarray]:
+        """Env ``index``'s fixed-shape observation arrays, by key (views of the rows)."""
+        return {key: array[index] for key, array in self._fixed.items()}
+
     def arrays(self) -> dict[str, np.ndarray | Ragged]:
         """The rows as a request's inputs (the fixed arrays themselves, not copies)."""
         arrays: dict[str, np.ndarray | Ragged] = dict(self._fixed)

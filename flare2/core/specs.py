@@ -7,7 +7,7 @@ importing torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -150,6 +150,55 @@ def _check_array(group: str, name: str, spec: Spec, array: Any, leading_ndim: in
     return head
 
 
+_VIEW_GROUPS = ("inputs", "actions", "rewards")
+
+
+@dataclass(frozen=True)
+class View:
+    """An input that the agent side assembles from the trajectory, declared by the model (``Model.view_specs``).
+
+    It is made of ``group[key]`` over ``frames`` consecutive steps, oldest first, as a ``[frames, *source shape]``
+    array: for ``inputs``, the last ``frames`` observations up to the current one (a frame stack); for ``actions``
+    and ``rewards``, the ``frames`` steps before the current one (the previous action, the previous reward). Frames
+    from before the episode's first step are zeros. The agent builds it as it acts and stores it with the step, so
+    learning sees exactly what acting saw.
+    """
+
+    group: str
+    key: str
+    frames: int = 1
+
+    def __post_init__(self) -> None:
+        if self.group not in _VIEW_GROUPS or not isinstance(self.key, str):
+            raise SpecError(f"a View is made of one of {_VIEW_GROUPS} (and a key), got {self.group!r}, {self.key!r}")
+        if type(self.frames) is not int or not 1 <= self.frames <= 1024:
+            raise SpecError(f"View frames must be an int from 1 to 1024, got {self.frames!r}")
+
+    @classmethod
+    def last_observations(cls, frames: int, key: str = "obs") -> View:
+        return cls("inputs", key, frames)
+
+    @classmethod
+    def previous_actions(cls, frames: int = 1, key: str = "action") -> View:
+        return cls("actions", key, frames)
+
+    @classmethod
+    def previous_rewards(cls, frames: int = 1, key: str = "reward") -> View:
+        return cls("rewards", key, frames)
+
+    def spec(self, source: Spec) -> Spec:
+        return Spec((self.frames, *source.shape), source.dtype)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"group": self.group, "key": self.key, "frames": self.frames}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> View:
+        if not isinstance(value, dict) or value.keys() != {"group", "key", "frames"}:
+            raise SpecError(f"a view is a map of 'group', 'key' and 'frames', got {value!r}")
+        return cls(value["group"], value["key"], value["frames"])
+
+
 @dataclass(frozen=True)
 class CTSpecs:
     """Everything an agent must know to talk to one ComputationTask."""
@@ -158,6 +207,8 @@ class CTSpecs:
     actions: dict[str, Spec]
     states: dict[str, Spec]
     rewards: dict[str, Spec]
+    views: dict[str, View] = field(default_factory=dict)
+    """The inputs the agent side assembles from the trajectory (each also in ``inputs``, with ``View.spec``)."""
 
     def __post_init__(self) -> None:
         for group in ("states", "rewards"):
@@ -167,6 +218,19 @@ class CTSpecs:
                     f"{group} {ragged} are ragged (a first dim of None), which only inputs and actions may be: give "
                     f"them a fixed shape"
                 )
+        for name, view in self.views.items():
+            source = getattr(self, view.group).get(view.key)
+            if source is None or view.key in self.views:
+                raise SpecError(f"view {name!r} is made of {view.group}[{view.key!r}], which the specs do not have")
+            if source.ragged:
+                raise SpecError(f"view {name!r} is made of the ragged {view.group}[{view.key!r}]: views take fixed shapes")
+            if self.inputs.get(name) != view.spec(source):
+                raise SpecError(f"view {name!r} must be the input {view.spec(source)}, got {self.inputs.get(name)}")
+
+    @property
+    def acting_inputs(self) -> dict[str, Spec]:
+        """The inputs an agent gives as they are: every input but the views it assembles."""
+        return {name: spec for name, spec in self.inputs.items() if name not in self.views}
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -174,13 +238,18 @@ class CTSpecs:
             "actions": specs_to_wire(self.actions),
             "states": specs_to_wire(self.states),
             "rewards": specs_to_wire(self.rewards),
+            "views": {name: view.to_wire() for name, view in self.views.items()},
         }
 
     @classmethod
     def from_wire(cls, value: Any) -> CTSpecs:
         if not isinstance(value, dict):
             raise SpecError(f"CT specs are a map, got {type(value).__name__}")
-        return cls(**{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")})
+        views = value.get("views", {})
+        if not isinstance(views, dict):
+            raise SpecError(f"CT views are a map of name to view, got {type(views).__name__}")
+        return cls(**{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")},
+                   views={str(name): View.from_wire(view) for name, view in views.items()})
 
     def check_predict(self, payload: dict[str, Any]) -> int:
         """Validate a predict request ``{"inputs": ..., "states": ..., "greedy": [rows] bool}``; returns its row count.

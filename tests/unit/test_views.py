@@ -1,0 +1,159 @@
+"""Trajectory views: a frame stack, the previous actions and rewards, built by the agent against hand-made
+expectations across episode ends, the same in what it sends, what it stores and what a replay buffer gives back."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from flare2.core.algorithm import Algorithm
+from flare2.core.computation_task import ComputationTask
+from flare2.core.envs import GymAgent
+from flare2.core.helpers import ExpReplayHelper
+from flare2.core.model import Model
+from flare2.core.specs import CTSpecs, Spec, View
+from flare2.errors import ConfigError, SpecError
+from flare2.runtime.agent_process import StopRequested, make_envs
+
+from doubles import KeepingHelper
+
+EPISODE = 3
+
+
+class Counter(gym.Env):
+    """Env i observes 100 * i + t at step t of an episode of EPISODE steps; the reward of a step is t + 1."""
+
+    observation_space = gym.spaces.Box(-1e6, 1e6, (1,), np.float32)
+    action_space = gym.spaces.Discrete(1000)
+
+    def __init__(self, index: int) -> None:
+        self.index, self.t = index, 0
+
+    def obs(self):
+        return np.array([100.0 * self.index + self.t], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return self.obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.obs(), float(self.t), self.t == EPISODE, False, {}
+
+
+class ViewModel(Model):
+    def input_specs(self):
+        return {"obs": Spec((1,), "float32")}
+
+    def action_specs(self):
+        return {"action": Spec((), "int64")}
+
+    def view_specs(self):
+        return {"stack": View.last_observations(3), "last_action": View.previous_actions(1),
+                "last_rewards": View.previous_rewards(2)}
+
+
+def view_specs() -> CTSpecs:
+    class Noop(Algorithm):
+        def predict(self, inputs, states):
+            raise AssertionError
+
+    return ComputationTask("RL", Noop(ViewModel()), device="cpu").specs
+
+
+class ActionIsObsPlusOne:
+    """Answers action = obs + 1 for every row and keeps what it was sent; stops after ``steps`` answers."""
+
+    learn_ahead = 0
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.sent = steps, []
+
+    def send_predict(self, payload):
+        self.sent.append({key: value.copy() for key, value in payload["inputs"].items()})
+        return len(self.sent)
+
+    def wait_predict(self, ticket):
+        if ticket > self.steps:
+            raise StopRequested()
+        obs = self.sent[ticket - 1]["obs"]
+        return {"actions": {"action": obs[:, 0].astype(np.int64) + 1}, "states": {}, "version": 0}
+
+
+def expected_views(index: int, t: int) -> dict[str, list]:
+    """By hand: env ``index`` at step ``t`` of an episode (frames before its start are zeros)."""
+    obs = [100 * index + s if s >= 0 else 0 for s in (t - 2, t - 1, t)]
+    # The action at step s was obs(s) + 1; the reward of step s was s + 1.
+    last_action = [100 * index + t - 1 + 1] if t >= 1 else [0]
+    last_rewards = [s + 1 if s >= 0 else 0 for s in (t - 2, t - 1)]
+    return {"stack": [[v] for v in obs], "last_action": last_action, "last_rewards": last_rewards}
+
+
+def play(steps: int, helper) -> tuple[GymAgent, ActionIsObsPlusOne]:
+    made = iter(range(10))
+    agent = GymAgent()
+    agent.num_envs = 2
+    agent.make_env = lambda: Counter(next(made))
+    make_envs(agent, 0)
+    specs = view_specs()
+    port = ActionIsObsPlusOne(steps)
+    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
+    agent.check_specs({"RL": specs})
+    with pytest.raises(StopRequested):
+        agent.run()
+    return agent, port
+
+
+def as_lists(views: dict, row: int) -> dict[str, list]:
+    return {name: views[name][row].tolist() for name in ("stack", "last_action", "last_rewards")}
+
+
+def test_views_sent_and_stored_match_the_hand_built_ones_across_episode_ends():
+    helper = KeepingHelper()
+    _, port = play(7, helper)
+    for step, sent in enumerate(port.sent[:7]):
+        t = step % EPISODE
+        for row in range(2):
+            assert as_lists(sent, row) == expected_views(row, t), (step, row)
+    for step, stored in enumerate(helper.steps):
+        t = step % EPISODE
+        for row in range(2):
+            # What learning sees is what acting saw.
+            assert as_lists(stored["inputs"], row) == expected_views(row, t)
+            # The next step's views continue this episode, even where it ended (the final frame stack).
+            nxt = as_lists(stored["next_inputs"], row)
+            assert nxt["stack"] == [[100 * row + s if s >= 0 else 0] for s in (t - 1, t, t + 1)]
+            assert nxt["last_action"] == [100 * row + t + 1] and nxt["last_rewards"] == [t if t >= 1 else 0, t + 1]
+
+
+def test_replayed_steps_carry_the_views_their_actions_were_chosen_from():
+    replay = ExpReplayHelper(capacity=64, warmup=8, sample_interval=1_000_000, batch_size=4, sequence_length=3, seed=1)
+    play(9, replay)
+    sample = replay.sample(50)
+    obs, stack = sample["inputs"]["obs"][..., 0], sample["inputs"]["stack"][..., 0]
+    assert (stack[..., -1] == obs).all()
+    for sequence in range(50):
+        for t in range(3):
+            env, step = int(obs[sequence, t]) // 100, int(obs[sequence, t]) % 100
+            assert as_lists(sample["inputs"], (sequence, t)) == expected_views(env, step)
+
+
+def test_views_of_what_the_specs_lack_or_of_ragged_data_are_refused():
+    with pytest.raises(SpecError, match=r"view 'v' is made of actions\['nope'\], which the specs do not have"):
+        CTSpecs(inputs={"v": Spec((1,))}, actions={}, states={}, rewards={}, views={"v": View("actions", "nope")})
+    with pytest.raises(SpecError, match="View frames must be an int from 1 to 1024"):
+        View.last_observations(0)
+
+    class Clash(ViewModel):
+        def view_specs(self):
+            return {"obs": View.previous_actions()}
+
+    class Noop(Algorithm):
+        pass
+
+    with pytest.raises(ConfigError, match="view 'obs' of CT 'RL': it needs actions\\['action'\\] among the model's specs and a name"):
+        ComputationTask("RL", Noop(Clash()), device="cpu")
+    specs = view_specs()
+    assert CTSpecs.from_wire(specs.to_wire()) == specs and specs.inputs["stack"] == Spec((3, 1), "float32")
+    assert set(specs.acting_inputs) == {"obs"}

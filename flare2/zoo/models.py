@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from flare2.core.algorithm import Tensors
 from flare2.core.model import Model
-from flare2.core.specs import Spec
+from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError
 
 
@@ -113,6 +113,10 @@ class MLPActorCritic(Model):
     Discrete(n) actions adds the input ``action_mask``: the actions it marks
     False get no probability (``masked_logits``), so they are never sampled
     and the entropy counts the legal ones only.
+
+    ``frames`` above 1 makes it see the last ``frames`` observations (a
+    trajectory view the agent assembles, ``obs_frames``) instead of the
+    current one alone: enough to tell velocities from positions.
     """
 
     def __init__(
@@ -122,13 +126,17 @@ class MLPActorCritic(Model):
         *,
         hidden: Sequence[int] = (64, 64),
         initial_log_std: float = 0.0,
+        frames: int = 1,
     ) -> None:
         super().__init__()
+        if type(frames) is not int or frames < 1:
+            raise ConfigError(f"MLPActorCritic frames must be an int >= 1, got {frames!r}")
+        self.frames = frames
         observation_space, self._mask_spec = split_action_mask(observation_space, action_space)
         self._obs_spec = observation_spec(observation_space)
         self._action_spec = action_spec(action_space)
         self.one_hot_size = one_hot_size(observation_space)
-        obs_size = self.one_hot_size or int(np.prod(self._obs_spec.shape))
+        obs_size = (self.one_hot_size or int(np.prod(self._obs_spec.shape))) * frames
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         policy_out = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.policy_net = mlp([obs_size, *hidden, policy_out], out_gain=0.01)
@@ -141,17 +149,24 @@ class MLPActorCritic(Model):
     def action_specs(self) -> dict[str, Spec]:
         return {"action": self._action_spec}
 
-    def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return features(obs, self._obs_spec, self.one_hot_size)
+    def view_specs(self) -> dict[str, View]:
+        return {"obs_frames": View.last_observations(self.frames)} if self.frames > 1 else {}
+
+    def _features(self, inputs: Tensors) -> torch.Tensor:
+        if self.frames == 1:
+            return features(inputs["obs"], self._obs_spec, self.one_hot_size)
+        # [..., frames, *obs] to [..., frames * features]: each frame as the current observation would be.
+        frames = features(inputs["obs_frames"], self._obs_spec, self.one_hot_size)
+        return frames.flatten(start_dim=frames.dim() - 2)
 
     def policy(self, inputs: Tensors) -> torch.Tensor:
         """Logits (Discrete, the illegal actions masked when the inputs hold ``action_mask``) or the Gaussian mean (Box)."""
-        out = self.policy_net(self._features(inputs["obs"]))
+        out = self.policy_net(self._features(inputs))
         mask = inputs.get("action_mask")
         return out if mask is None else masked_logits(out, mask)
 
     def value(self, inputs: Tensors) -> torch.Tensor:
-        return self.value_net(self._features(inputs["obs"])).squeeze(-1)
+        return self.value_net(self._features(inputs)).squeeze(-1)
 
     def sample(self, policy_out: torch.Tensor) -> torch.Tensor:
         if self.discrete:

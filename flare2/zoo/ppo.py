@@ -77,8 +77,9 @@ class PPO(Algorithm):
         self.steps_seen = 0
 
     @classmethod
-    def for_env(cls, env: gym.Env, config: PPOConfig = PPOConfig()) -> PPO:
-        return cls(PPOActorCritic(env.observation_space, env.action_space), config)
+    def for_env(cls, env: gym.Env, config: PPOConfig = PPOConfig(), *, frames: int = 1) -> PPO:
+        """PPO with the zoo's MLP actor-critic for ``env`` (over its last ``frames`` observations)."""
+        return cls(PPOActorCritic(env.observation_space, env.action_space, frames=frames), config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         policy = self.model.policy(inputs)

@@ -75,9 +75,10 @@ def test_the_td3_example_learns_from_replay_buffers_and_logs_critic_and_actor_co
     assert "critic_loss" in costs and "actor_loss" in costs and "q_mean" in costs
 
 
-def test_the_memory_example_runs_recurrent_ppo_and_learns_at_least_once(tmp_path):
-    result = run_example("cartpole_memory.py", "--model", "gru", "--num-agents", "2", "--max-steps", "600", "--epochs", "2",
-                         "--device", "cpu", "--progress-interval", "0.5", log_dir=tmp_path)
+@pytest.mark.parametrize("model", ["gru", "stack"])
+def test_the_memory_example_runs_recurrent_ppo_or_a_frame_stack_and_learns_at_least_once(tmp_path, model):
+    result = run_example("cartpole_memory.py", "--model", model, "--num-agents", "2", "--max-steps", "600", "--epochs", "2",
+                         "--device", "cpu", "--progress-interval", "0.5", "--eval-every", "2", log_dir=tmp_path)
     assert "imports torch" not in result.stderr
     final = read_csv(tmp_path / "progress.csv")[-1]
     assert final["env_steps"] >= 600 and final["learn_steps"] >= 1

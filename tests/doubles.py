@@ -1,5 +1,5 @@
-"""Test doubles shared by several test files: a one-parameter model over ``x -> y`` and its learn requests, and a
-helper that keeps what an agent stores."""
+"""Test doubles shared by several test files: a one-parameter model over ``x -> y`` and its learn requests, a
+helper that keeps what an agent stores, and a port that answers an agent's predictions."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 
 from flare2.core.model import Model
 from flare2.core.specs import Spec
+from flare2.runtime.agent_process import StopRequested
 
 
 class Scale(Model):
@@ -52,3 +53,23 @@ class KeepingHelper:
 
     def store(self, step):
         self.steps.append(step)
+
+
+class AnsweringPort:
+    """A CT port that answers each predict request with the actions ``answer(inputs)`` and weights version 0, and keeps
+    the payloads it was sent; the agent stops (``StopRequested``) when it waits for answer ``steps + 1``."""
+
+    learn_ahead = 0
+
+    def __init__(self, steps: int, answer) -> None:
+        self.steps, self.answer = steps, answer
+        self.sent: list[dict] = []
+
+    def send_predict(self, payload):
+        self.sent.append(payload)
+        return len(self.sent)
+
+    def wait_predict(self, ticket):
+        if ticket > self.steps:
+            raise StopRequested()
+        return {"actions": self.answer(self.sent[ticket - 1]["inputs"]), "states": {}, "version": 0}

@@ -12,7 +12,7 @@ from flare2.core.specs import CTSpecs, Spec
 from flare2.wire.ragged import Ragged
 from flare2.runtime.agent_process import StopRequested, make_envs
 
-from doubles import KeepingHelper
+from doubles import AnsweringPort, KeepingHelper
 
 SPECS = CTSpecs(inputs={"obs": Spec((3,), "float32")}, actions={"action": Spec((2,), "float32")}, states={},
                 rewards={"reward": Spec((), "float32")})
@@ -35,23 +35,9 @@ class Reacher(gym.Env):
         return np.full(3, 2 / 3), 0.1, False, False, {}
 
 
-class OutOfBoundsPort:
-    """Answers with actions outside the Box: [5, -5] for every row; stops the agent after ``steps`` answers."""
-
-    learn_ahead = 0
-
-    def __init__(self, steps: int) -> None:
-        self.steps, self.sent = steps, []
-
-    def send_predict(self, payload):
-        self.sent.append(payload)
-        return len(self.sent)
-
-    def wait_predict(self, ticket):
-        if ticket > self.steps:
-            raise StopRequested()
-        rows = len(self.sent[ticket - 1]["inputs"]["obs"])
-        return {"actions": {"action": np.tile(np.array([5.0, -5.0], np.float32), (rows, 1))}, "states": {}, "version": 0}
+def out_of_bounds(inputs):
+    """Actions outside the Box: [5, -5] for every row."""
+    return {"action": np.tile(np.array([5.0, -5.0], np.float32), (len(inputs["obs"]), 1))}
 
 
 def test_observations_and_rewards_take_the_spec_dtypes_and_actions_are_clipped_for_the_env_only():
@@ -59,7 +45,7 @@ def test_observations_and_rewards_take_the_spec_dtypes_and_actions_are_clipped_f
     agent.num_envs = 2
     agent.make_env = Reacher
     make_envs(agent, 0)
-    port, helper = OutOfBoundsPort(3), KeepingHelper()
+    port, helper = AnsweringPort(3, out_of_bounds), KeepingHelper()
     agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers={"RL": helper})
     with pytest.raises(StopRequested):
         agent.run()
@@ -105,24 +91,11 @@ class Crates(gym.Env):
         return self.observe(), 1.0, self.t == 3, False, {}
 
 
-class PerCratePort:
-    """Pushes each crate by its index within the env mod 3, and picks the number of crates; stops after ``steps``."""
-
-    learn_ahead = 0
-
-    def __init__(self, steps: int) -> None:
-        self.steps, self.sent = steps, []
-
-    def send_predict(self, payload):
-        self.sent.append(payload)
-        return len(self.sent)
-
-    def wait_predict(self, ticket):
-        if ticket > self.steps:
-            raise StopRequested()
-        crates = self.sent[ticket - 1]["inputs"]["crates"]
-        push = Ragged.from_items([np.arange(len(items)) % 3 for items in crates.items()], (), "int64")
-        return {"actions": {"push": push, "pick": crates.lengths.copy()}, "states": {}, "version": 0}
+def push_each_crate(inputs):
+    """Pushes each crate by its index within the env mod 3, and picks the number of crates."""
+    crates = inputs["crates"]
+    push = Ragged.from_items([np.arange(len(items)) % 3 for items in crates.items()], (), "int64")
+    return {"push": push, "pick": crates.lengths.copy()}
 
 
 def test_dict_and_sequence_spaces_go_as_ragged_rows_and_each_env_gets_its_own_entities_actions():
@@ -137,7 +110,7 @@ def test_dict_and_sequence_spaces_go_as_ragged_rows_and_each_env_gets_its_own_en
     )
     assert {"inputs": input_specs(agent.envs[0].observation_space), "actions": action_specs(agent.envs[0].action_space)} \
         == {"inputs": specs.inputs, "actions": specs.actions}
-    port, helper = PerCratePort(4), KeepingHelper()
+    port, helper = AnsweringPort(4, push_each_crate), KeepingHelper()
     agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
     agent.check_specs({"RL": specs})
     with pytest.raises(StopRequested):

@@ -16,7 +16,7 @@ from flare2.core.specs import CTSpecs, Spec, View
 from flare2.errors import ConfigError, SpecError
 from flare2.runtime.agent_process import StopRequested, make_envs
 
-from doubles import KeepingHelper
+from doubles import AnsweringPort, KeepingHelper
 
 EPISODE = 3
 
@@ -62,23 +62,8 @@ def view_specs() -> CTSpecs:
     return ComputationTask("RL", Noop(ViewModel()), device="cpu").specs
 
 
-class ActionIsObsPlusOne:
-    """Answers action = obs + 1 for every row and keeps what it was sent; stops after ``steps`` answers."""
-
-    learn_ahead = 0
-
-    def __init__(self, steps: int) -> None:
-        self.steps, self.sent = steps, []
-
-    def send_predict(self, payload):
-        self.sent.append({key: value.copy() for key, value in payload["inputs"].items()})
-        return len(self.sent)
-
-    def wait_predict(self, ticket):
-        if ticket > self.steps:
-            raise StopRequested()
-        obs = self.sent[ticket - 1]["obs"]
-        return {"actions": {"action": obs[:, 0].astype(np.int64) + 1}, "states": {}, "version": 0}
+def obs_plus_one(inputs):
+    return {"action": inputs["obs"][:, 0].astype(np.int64) + 1}
 
 
 def expected_views(index: int, t: int) -> dict[str, list]:
@@ -90,14 +75,14 @@ def expected_views(index: int, t: int) -> dict[str, list]:
     return {"stack": [[v] for v in obs], "last_action": last_action, "last_rewards": last_rewards}
 
 
-def play(steps: int, helper) -> tuple[GymAgent, ActionIsObsPlusOne]:
+def play(steps: int, helper) -> tuple[GymAgent, AnsweringPort]:
     made = iter(range(10))
     agent = GymAgent()
     agent.num_envs = 2
     agent.make_env = lambda: Counter(next(made))
     make_envs(agent, 0)
     specs = view_specs()
-    port = ActionIsObsPlusOne(steps)
+    port = AnsweringPort(steps, obs_plus_one)
     agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
     agent.check_specs({"RL": specs})
     with pytest.raises(StopRequested):
@@ -112,7 +97,7 @@ def as_lists(views: dict, row: int) -> dict[str, list]:
 def test_views_sent_and_stored_match_the_hand_built_ones_across_episode_ends():
     helper = KeepingHelper()
     _, port = play(7, helper)
-    for step, sent in enumerate(port.sent[:7]):
+    for step, sent in enumerate(payload["inputs"] for payload in port.sent[:7]):
         t = step % EPISODE
         for row in range(2):
             assert as_lists(sent, row) == expected_views(row, t), (step, row)

@@ -56,8 +56,8 @@ class KeepingHelper:
 
 
 class AnsweringPort:
-    """A CT port that answers each predict request with the actions ``answer(inputs)`` and weights version 0, and keeps
-    the payloads it was sent; the agent stops (``StopRequested``) when it waits for answer ``steps + 1``."""
+    """A CT port that answers each predict request with the actions ``answer(inputs)`` and weights ``version(ticket)``,
+    and keeps the payloads it was sent; the agent stops (``StopRequested``) when it waits for answer ``steps + 1``."""
 
     learn_ahead = 0
 
@@ -72,4 +72,11 @@ class AnsweringPort:
     def wait_predict(self, ticket):
         if ticket > self.steps:
             raise StopRequested()
-        return {"actions": self.answer(self.sent[ticket - 1]["inputs"]), "states": {}, "version": 0}
+        return {"actions": self.answer(self.sent[ticket - 1]["inputs"]), "states": {}, "version": self.version(ticket)}
+
+    def version(self, ticket: int) -> int:
+        """The weights version of answer ``ticket``."""
+        return 0
+
+    def predict(self, payload):
+        return self.wait_predict(self.send_predict(payload))

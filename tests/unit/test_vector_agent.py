@@ -13,7 +13,7 @@ from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 from flare2.runtime.agent_process import StopRequested, check_envs_per_agent, make_envs
 
-from doubles import KeepingHelper
+from doubles import AnsweringPort, KeepingHelper
 
 SPECS = CTSpecs(inputs={"obs": Spec((1,), "float32")}, actions={"action": Spec((), "int64")}, states={},
                 rewards={"reward": Spec((), "float32")})
@@ -41,33 +41,19 @@ class Countdown(gym.Env):
         return np.array([self.left], np.float32), 1.0, ended and not self.truncate, ended and self.truncate, {}
 
 
-class ScriptedPort:
+class ScriptedPort(AnsweringPort):
     """Answers every predict with action 0 and weights version 7; stops the agent after ``steps`` answers."""
 
-    learn_ahead = 0
-
     def __init__(self, steps: int) -> None:
-        self.steps = steps
-        self.sent: list[dict] = []
-        self.payloads: list[dict] = []
+        super().__init__(steps, lambda inputs: {"action": np.zeros(len(inputs["obs"]), np.int64)})
 
-    def send_predict(self, payload):
-        self.sent.append(payload)
-        return len(self.sent)
-
-    def wait_predict(self, ticket):
-        if ticket > self.steps:
-            raise StopRequested()
-        payload = self.sent[ticket - 1]
-        self.payloads.append(payload)
-        rows = len(payload["inputs"]["obs"])
-        return {"actions": {"action": np.zeros(rows, np.int64)}, "states": {}, "version": self.version(ticket)}
+    @property
+    def payloads(self) -> list[dict]:
+        """The payloads of the requests that were answered."""
+        return self.sent[: self.steps]
 
     def version(self, ticket: int) -> int:
         return 7
-
-    def predict(self, payload):
-        return self.wait_predict(self.send_predict(payload))
 
 
 def play_countdowns(

@@ -99,8 +99,9 @@ class GymAgent(VectorAgent):
             raise ConfigError(
                 f"GymAgent sends the inputs {sorted(env_inputs)} and reward 'reward' of env {self.env_id!r} and reads "
                 f"the actions {sorted(env_actions_)} (other action outputs are stored with them), but CT {self.ct!r} "
-                f"declares inputs {sorted(ct_specs.acting_inputs)} (besides its views), actions {sorted(ct_specs.actions)}, rewards "
-                f"{sorted(ct_specs.rewards)}: use a model with those spec names or write your own Agent"
+                f"declares inputs {sorted(ct_specs.acting_inputs)} (besides its views), actions "
+                f"{sorted(ct_specs.actions)}, rewards {sorted(ct_specs.rewards)}: use a model with those spec names or "
+                "write your own Agent"
             )
         for group, env_specs, ct_group in (("input", env_inputs, ct_specs.inputs), ("action", env_actions_, ct_specs.actions)):
             for key, spec in env_specs.items():

@@ -200,9 +200,13 @@ class _EnvGroup:
         next_obs = self.obs.fresh()
         rewards = np.empty(count, self.reward_dtype)
         terminated, truncated = np.empty(count, bool), np.empty(count, bool)
+        only = next_obs.only_array
         for index, env in enumerate(envs):
             observation, rewards[index], terminated[index], truncated[index], _ = env.step(per_env[index])
-            next_obs.set(index, observation)
+            if only is not None:
+                only[index] = observation
+            else:
+                next_obs.set(index, observation)
         if self.with_evaluation:
             evaluation.step(per_env[count], {key: value[count:] for key, value in actions.items()},
                             {key: value[count:] for key, value in next_states.items()})

@@ -9,6 +9,7 @@ per key; any other space is the single input ``obs`` or the single action
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -72,10 +73,12 @@ class ObservationRows:
 
     def fresh(self) -> ObservationRows:
         """Rows of the same specs to fill (their fixed-shape arrays are new, uninitialised)."""
-        rows = ObservationRows.__new__(ObservationRows)
-        rows.specs, rows.count, rows.keyed, rows._only = self.specs, self.count, self.keyed, self._only
+        # Once per step and env group: one attribute copy, then new arrays (and item lists, when there are any).
+        rows = object.__new__(ObservationRows)
+        rows.__dict__.update(self.__dict__)
         rows._fixed = {key: np.empty_like(array) for key, array in self._fixed.items()}
-        rows._ragged = {key: list(items) for key, items in self._ragged.items()}
+        if self._ragged:
+            rows._ragged = {key: list(items) for key, items in self._ragged.items()}
         return rows
 
     def copy(self) -> ObservationRows:
@@ -83,6 +86,11 @@ class ObservationRows:
         for key, array in self._fixed.items():
             rows._fixed[key][...] = array
         return rows
+
+    @property
+    def only_array(self) -> np.ndarray | None:
+        """The one array of an env that gives a single fixed-shape observation, for the hot path to fill; else None."""
+        return self._fixed[self._only] if self._only is not None and self._fixed else None
 
     def set(self, index: int, observation: Any) -> None:
         """Env ``index``'s observation, as the env gave it."""
@@ -104,17 +112,19 @@ class ObservationRows:
     def arrays(self) -> dict[str, np.ndarray | Ragged]:
         """The rows as a request's inputs (the fixed arrays themselves, not copies)."""
         arrays: dict[str, np.ndarray | Ragged] = dict(self._fixed)
+        if not self._ragged:
+            return arrays
         for key, items in self._ragged.items():
             spec = self.specs[key]
             arrays[key] = Ragged.from_items(items, spec.item_shape, spec.dtype)
         return arrays
 
 
-def env_actions(actions: dict[str, np.ndarray | Ragged], keys: list[str] | None, count: int) -> list[Any]:
+def env_actions(actions: dict[str, np.ndarray | Ragged], keys: list[str] | None, count: int) -> Sequence[Any]:
     """Each env's action from a reply's rows: the row of ``action``, or (``keys`` of a Dict action space) a dict of
     each key's row, a ragged action giving that env's items (one per entity)."""
     if keys is None:
         only = actions[ACTION_KEY]
-        return list(only.items()) if isinstance(only, Ragged) else list(only[:count])
+        return only.items() if isinstance(only, Ragged) else only
     rows = {key: actions[key].items() if isinstance(actions[key], Ragged) else actions[key] for key in keys}
     return [{key: rows[key][index] for key in keys} for index in range(count)]

@@ -46,6 +46,7 @@ from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_pat
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
 from flare2.runtime.progress import ProgressLog, RunTotals
+from flare2.runtime.processes import stop_resource_tracker
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HELLO, STATS, STOP, Message, VersionMismatchError, error_payload, error_text, unpack,
 )
@@ -374,6 +375,8 @@ class Manager:
                 compute.kill()
             compute.join()
             self._drain_quietly(control, 0.0)
+        if compute is not None:
+            stop_resource_tracker()
         self._report_progress()
         if self.totals.dropped_messages:
             logger.warning("dropped %d malformed or unexpected control messages", self.totals.dropped_messages)

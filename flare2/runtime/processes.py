@@ -10,12 +10,27 @@ import logging
 import os
 import signal
 import sys
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
 from flare2.errors import ConfigError
 
 _PR_SET_PDEATHSIG = 1
+
+
+def stop_resource_tracker() -> None:
+    """Stop the resource tracker process and wait for it to end.
+
+    multiprocessing starts it, as a child of this process, with the first
+    process it spawns (the compute process), and it would end only once this
+    process has gone: stopped here, once the processes that share it have
+    ended, no process outlives the manager even by a moment.
+    """
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    stop = getattr(tracker, "_stop", None)  # private, so looked up: a Python without it leaves the tracker to end by itself
+    if stop is not None:
+        stop()
 
 
 def die_with_parent(parent_pid: int) -> None:

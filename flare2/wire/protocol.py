@@ -19,7 +19,8 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 # 2: predictions carry the version of the weights, learn requests the policy version of every step,
 # and a predict request marks its greedy rows with an array.
 # 3: an agent says when it plays an evaluation episode (EVALUATING on a CT's learn socket).
-PROTOCOL_VERSION = 3
+# 4: ragged arrays (a map of values and lengths where a spec's first dim is None) and the CT's trajectory views.
+PROTOCOL_VERSION = 4
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1

@@ -94,6 +94,8 @@ class Ragged:
             index = np.arange(start, stop, step)
         index = np.asarray(index)
         if index.dtype == bool:
+            if index.shape != (len(self),):
+                raise IndexError(f"a bool index of a Ragged has one entry per row ({len(self)}), got shape {index.shape}")
             index = np.flatnonzero(index)
         if index.ndim != 1 or index.dtype.kind not in "iu":
             raise IndexError(f"a Ragged is indexed along its first dim by a slice or a 1-d int or bool array, got {index!r}")

@@ -20,6 +20,7 @@ ignored (probability 1, entropy 0).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -33,9 +34,7 @@ from flare2.core.ragged_tensor import RaggedTensor, pad_rows
 from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import Spec
 from flare2.errors import ConfigError
-from flare2.zoo.models import sample_categorical
-
-_ILLEGAL = -1e4
+from flare2.zoo.models import ILLEGAL_LOGIT, sample_categorical
 
 
 @dataclass
@@ -134,21 +133,21 @@ class EntityActorCritic(Model):
         return self.value_head(context).squeeze(-1).reshape(inputs[self.entity_types[0]].shape)
 
     def sample(self, policy: EntityPolicy) -> dict[str, torch.Tensor | RaggedTensor]:
-        actions: dict[str, torch.Tensor | RaggedTensor] = {
-            key: logits.with_values(sample_categorical(logits.values)) for key, logits in policy.actor_logits.items()
-        }
-        for key, scores in policy.select_scores.items():
-            padded, mask = scores.padded(fill=_ILLEGAL)
-            actions[key] = sample_categorical(padded) if padded.shape[1] else torch.zeros(scores.rows, dtype=torch.int64)
-        return actions
+        return self._choose(policy, sample_categorical)
 
     def best_action(self, policy: EntityPolicy) -> dict[str, torch.Tensor | RaggedTensor]:
+        return self._choose(policy, lambda logits: logits.argmax(-1))
+
+    @staticmethod
+    def _choose(policy: EntityPolicy, pick: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor | RaggedTensor]:
+        """Each actor entity's choice and each select-entity choice, by ``pick`` over the last dim of logits."""
         actions: dict[str, torch.Tensor | RaggedTensor] = {
-            key: logits.with_values(logits.values.argmax(-1)) for key, logits in policy.actor_logits.items()
+            key: logits.with_values(pick(logits.values)) for key, logits in policy.actor_logits.items()
         }
         for key, scores in policy.select_scores.items():
-            padded, _ = scores.padded(fill=_ILLEGAL)
-            actions[key] = padded.argmax(-1) if padded.shape[1] else torch.zeros(scores.rows, dtype=torch.int64)
+            # Padded past each row's candidates with logits that no pick chooses while a candidate exists.
+            padded, _ = scores.padded(fill=ILLEGAL_LOGIT)
+            actions[key] = pick(padded) if padded.shape[1] else scores.lengths.new_zeros(scores.rows)
         return actions
 
     def log_prob_and_entropy(
@@ -162,7 +161,7 @@ class EntityActorCritic(Model):
             log_prob = log_prob + logits.segment_sum(chosen)
             entropy = entropy + logits.segment_sum(-(log_probs.exp() * log_probs).sum(-1))
         for key, scores in policy.select_scores.items():
-            padded, mask = scores.padded(fill=_ILLEGAL)
+            padded, mask = scores.padded(fill=ILLEGAL_LOGIT)
             if not padded.shape[1]:
                 continue
             log_probs = F.log_softmax(padded, dim=-1)

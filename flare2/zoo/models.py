@@ -60,13 +60,13 @@ def action_spec(space: gym.Space) -> Spec:
 
 
 # Low enough that softmax gives it exactly 0 in float32 and float16, finite so that 0 * logit is 0, not NaN.
-_ILLEGAL_LOGIT = -1e4
+ILLEGAL_LOGIT = -1e4
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``logits`` with every action whose ``mask`` entry is False pushed to probability 0: never sampled, never the
     arg-max while a legal action exists, and no part of the entropy."""
-    return logits.masked_fill(~mask.bool(), _ILLEGAL_LOGIT)
+    return logits.masked_fill(~mask.bool(), ILLEGAL_LOGIT)
 
 
 def split_action_mask(observation_space: gym.Space, action_space: gym.Space) -> tuple[gym.Space, Spec | None]:

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from flare2.core.algorithm import Tensors
 from flare2.core.model import Model
+from flare2.core.spaces import space_spec
 from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError
 
@@ -44,19 +45,17 @@ def sample_categorical(logits: torch.Tensor) -> torch.Tensor:
 
 
 def observation_spec(space: gym.Space) -> Spec:
-    if isinstance(space, gym.spaces.Box):
-        return Spec(space.shape, "float32")
-    if isinstance(space, gym.spaces.Discrete):
-        return Spec((), "int64")
-    raise ConfigError(f"observation space {space} is not supported: use a Box or Discrete space")
+    """The spec of an observation the zoo's MLP models take: Box or Discrete."""
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
+        raise ConfigError(f"observation space {space} is not supported: use a Box or Discrete space")
+    return space_spec(space, "observation space")
 
 
 def action_spec(space: gym.Space) -> Spec:
-    if isinstance(space, gym.spaces.Discrete):
-        return Spec((), "int64")
-    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
-        return Spec(space.shape, "float32")
-    raise ConfigError(f"action space {space} is not supported: use Discrete or a 1-d Box")
+    """The spec of an action the zoo's MLP models give: Discrete or a 1-d Box."""
+    if not isinstance(space, gym.spaces.Discrete) and not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
+        raise ConfigError(f"action space {space} is not supported: use Discrete or a 1-d Box")
+    return space_spec(space, "action space")
 
 
 # Low enough that softmax gives it exactly 0 in float32 and float16, finite so that 0 * logit is 0, not NaN.

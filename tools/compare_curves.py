@@ -41,7 +41,7 @@ def value_at(curve: list[tuple[float, float]], mark: float) -> float | None:
     return value
 
 
-def table(curves: dict[str, list[tuple[float, float]]], every: int) -> str:
+def table(curves: dict[str, list[tuple[float, float]]], every: int, digits: int = 1) -> str:
     longest = max((curve[-1][0] for curve in curves.values() if curve), default=0.0)
     marks = [float(mark) for mark in range(every, int(longest) + 1, every)]
     labels = list(curves)
@@ -51,7 +51,7 @@ def table(curves: dict[str, list[tuple[float, float]]], every: int) -> str:
     def cell(value: float | None, width: int) -> str:
         if value is None:
             return " " * width
-        return ("-" if math.isnan(value) else f"{value:.1f}").rjust(width)
+        return ("-" if math.isnan(value) else f"{value:.{digits}f}").rjust(width)
 
     for mark in marks:
         cells = [cell(value_at(curves[label], mark), width) for label, width in zip(labels, widths)]
@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run log directories (or progress.csv files)")
     parser.add_argument("--every", type=int, default=20_000, help="env steps between marks")
     parser.add_argument("--column", default="return_mean", help="progress.csv column to show")
+    parser.add_argument("--digits", type=int, default=1, help="decimals shown (returns within [0, 1] want 2 or 3)")
     args = parser.parse_args(argv)
-    if args.every < 1:
-        parser.error("--every must be >= 1")
+    if args.every < 1 or not 0 <= args.digits <= 9:
+        parser.error("--every must be >= 1 and --digits from 0 to 9")
     curves: dict[str, list[tuple[float, float]]] = {}
     for run in args.runs:
         path = run if run.suffix == ".csv" else run / "progress.csv"
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         while label in curves:
             label += "'"
         curves[label] = read_curve(path, args.column)
-    print(table(curves, args.every))
+    print(table(curves, args.every, args.digits))
     return 0
 
 

@@ -147,7 +147,10 @@ class ComputationTask:
 
     def _tensor(self, array: np.ndarray | Ragged) -> torch.Tensor | RaggedTensor:
         if isinstance(array, Ragged):
-            return RaggedTensor(self._tensor(array.values), self._tensor(array.lengths))
+            return RaggedTensor(self._to_device(array.values), self._to_device(array.lengths))
+        return self._to_device(array)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
         if self._pinned:
             return torch.from_numpy(array).pin_memory().to(self.device, non_blocking=True)
         if self.device.type == "cpu":

@@ -64,7 +64,7 @@ class ObservationRows:
 
     def __init__(self, specs: dict[str, Spec], count: int, *, keyed: bool) -> None:
         """``keyed``: the env gives a dict per observation (a Dict space); else one value, for the only spec."""
-        self.specs, self.count, self.keyed = specs, count, keyed
+        self.specs = specs
         self._fixed = {key: spec.zeros(count) for key, spec in specs.items() if not spec.ragged}
         self._ragged: dict[str, list[Any]] = {
             key: [np.zeros((0, *spec.item_shape), spec.dtype)] * count for key, spec in specs.items() if spec.ragged

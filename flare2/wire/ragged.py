@@ -61,10 +61,6 @@ class Ragged:
     def dtype(self) -> np.dtype:
         return self.values.dtype
 
-    @property
-    def nbytes(self) -> int:
-        return self.values.nbytes + self.lengths.nbytes
-
     def __len__(self) -> int:
         return self.lengths.shape[0]
 

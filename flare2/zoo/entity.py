@@ -68,6 +68,10 @@ class EntityActorCritic(Model):
         self._actions = action_specs(action_space)
         self.entity_types = [key for key, spec in self._inputs.items() if spec.ragged]
         self.context_keys = [key for key, spec in self._inputs.items() if not spec.ragged]
+        if not self.entity_types:
+            raise ConfigError(
+                f"EntityActorCritic needs at least one entity type (a Sequence(Box) observation key), got {observation_space}"
+            )
         for key, entity in {**actors, **selects}.items():
             if key not in self._actions or entity not in self.entity_types:
                 raise ConfigError(
@@ -77,6 +81,15 @@ class EntityActorCritic(Model):
         unmapped = set(self._actions) - set(actors) - set(selects)
         if unmapped:
             raise ConfigError(f"EntityActorCritic: say which entity type the actions {sorted(unmapped)} act on")
+        for key in actors:
+            if not isinstance(action_space[key], gym.spaces.Sequence) or not isinstance(
+                    action_space[key].feature_space, gym.spaces.Discrete):
+                raise ConfigError(f"EntityActorCritic actor action {key!r} must be Sequence(Discrete(n)), one choice per "
+                                  f"entity, got {action_space[key]}")
+        for key in selects:
+            if not isinstance(action_space[key], gym.spaces.Discrete):
+                raise ConfigError(f"EntityActorCritic select action {key!r} must be Discrete (the index of an entity), "
+                                  f"got {action_space[key]}")
         self.actors, self.selects = dict(actors), dict(selects)
         self.embed = nn.ModuleDict({
             key: nn.Linear(math.prod(self._inputs[key].item_shape), width) for key in self.entity_types

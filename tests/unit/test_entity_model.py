@@ -3,10 +3,13 @@ log-probabilities, and observations with no entity of a type."""
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from flare2.core.ragged_tensor import RaggedTensor
+from flare2.errors import ConfigError
 from flare2.wire.ragged import Ragged
 from flare2.zoo.entity import EntityActorCritic
 from flare2.zoo.minefield import Minefield
@@ -92,3 +95,12 @@ def test_values_follow_the_leading_dims_of_a_learn_batch():
                  "cannon": flat["cannon"].reshape(2, 3, 1)}
     with torch.no_grad():
         assert torch.allclose(net.value(sequences), net.value(flat).reshape(2, 3), atol=1e-6)
+
+
+def test_actions_on_the_wrong_kind_of_space_are_refused_naming_the_action():
+    env = Minefield()
+    with pytest.raises(ConfigError, match=r"actor action 'fire' must be Sequence\(Discrete\(n\)\)"):
+        EntityActorCritic(env.observation_space, env.action_space, actors={"fire": "mine"}, selects={"move": "robot"})
+    with pytest.raises(ConfigError, match="needs at least one entity type"):
+        EntityActorCritic(gym.spaces.Dict({"cannon": env.observation_space["cannon"]}), env.action_space,
+                          actors={}, selects={})

@@ -21,7 +21,8 @@ from functools import partial
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+    add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
+    run_config_from_args, transforms_from_args,
 )
 from flare2.zoo.configs import A2CConfig
 
@@ -52,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     # more than it frees on 2 cores (1 agent of 8 envs: 6.2k-7.1k env steps/s inline, 5.6k in a process), so learn()
     # runs in the compute loop unless --learner says otherwise.
     add_run_options(parser, num_agents=1, envs_per_agent=8, log_dir="runs/cartpole_a2c", learner="inline")
+    add_transform_options(parser)
     args = parser.parse_args(argv)
     # 2. One ComputationTask named "RL", batched by the rule of max batch / all agents waiting / max wait.
     config = config_from_args(parser, args, A2CConfig)
     ct = CTConfig(name="RL", build=partial(build_a2c, args.env, config), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent: asks CT "RL" for the actions of its envs, sends experiences every sample_interval steps.
     agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,
-                    "double_buffer": args.double_buffer}
+                    "double_buffer": args.double_buffer, "transforms": transforms_from_args(args)}
     # 4. The manager spawns the compute process and the agents and runs to the budget.
     config = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
     return Manager(config).run()

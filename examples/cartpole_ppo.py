@@ -18,7 +18,8 @@ from functools import partial
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+    add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
+    run_config_from_args, transforms_from_args,
 )
 from flare2.zoo.configs import PPOConfig
 
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                              "of its envs alternate: one is stepped while the other's actions are predicted)")
     add_config_options(parser, PPOConfig, derived={"anneal_steps": "--max-steps"})
     add_run_options(parser, num_agents=1, envs_per_agent=8, max_steps=100_000, log_dir="runs/cartpole_ppo")
+    add_transform_options(parser)
     # One learn() call per round of all agents (256 steps) matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ct = CTConfig(name="RL", build=build, batching=batching_from_args(args))
     # 3. The stock Gymnasium agent stores every action output, so learn() gets the log-probabilities.
     agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,
-                    "double_buffer": args.double_buffer}
+                    "double_buffer": args.double_buffer, "transforms": transforms_from_args(args)}
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
     # 4. The manager runs to the budget.
     return Manager(run).run()

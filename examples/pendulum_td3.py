@@ -21,7 +21,8 @@ from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+    add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
+    run_config_from_args, transforms_from_args,
 )
 from flare2.zoo.configs import TD3Config
 from flare2.zoo.td3 import TD3
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     # Small layers: a gradient step per env step on CPU.
     add_config_options(parser, TD3Config, hidden=(64, 64), derived={"random_steps": "--warmup"})
     add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=50_000, log_dir="runs/pendulum_td3")
+    add_transform_options(parser)
     args = parser.parse_args(argv)
     # 2. One CT "RL" with the actor and the two critics; actions are uniform over the box during the warm-up.
     config = config_from_args(parser, args, TD3Config, random_steps=args.warmup)
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         "capacity": max(args.buffer // agents, args.batch_size), "warmup": max(args.warmup // agents, 1),
         "sample_interval": args.sample_interval, "batch_size": args.batch_size,
     }
-    agent_kwargs = {"env_id": args.env, "ct": "RL", "replay": replay}
+    agent_kwargs = {"env_id": args.env, "ct": "RL", "replay": replay, "transforms": transforms_from_args(args)}
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
     # 4. The manager runs to the budget (or to --stop-return).
     return Manager(run).run()

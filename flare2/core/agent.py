@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from flare2.core.specs import CTSpecs, Spec, check_arrays
+from flare2.core.transforms import Transforms
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import Ragged
 
@@ -58,6 +59,12 @@ class CTPort(Protocol):
 
     def learn(self, payload: dict[str, Any]) -> None:
         """Send a learn request; returns once no more than ``learn_ahead`` requests await their reply."""
+
+    def send_statistics(self, payload: dict[str, Any]) -> int:
+        """Send an agent's new observation counts (``flare2.core.transforms``); returns the ticket ``wait_statistics`` takes."""
+
+    def wait_statistics(self, ticket: int) -> dict[str, Any]:
+        """The reply to the statistics of ``ticket``: the run's merged ``moments``."""
 
     def set_evaluating(self, evaluating: bool) -> None:
         """Tell the CT that this agent starts (or ends) an evaluation episode: no learn requests come meanwhile."""
@@ -134,6 +141,15 @@ class Agent:
 
     def specs(self, ct: str) -> CTSpecs:
         return self._specs[ct]
+
+    def bind_transforms(self, ct: str, transforms: Transforms) -> Transforms:
+        """Bind a data pipeline to CT ``ct`` (its specs, and its port for the run's shared statistics); returns it.
+
+        Pass each step's raw observations and rewards through it before predicting and storing
+        (``flare2.core.transforms``); GymAgent does so with its ``transforms`` option.
+        """
+        transforms.bind(ct, self._specs[ct], self._ports[ct])
+        return transforms
 
     def start_episode(self, *, evaluating: bool) -> None:
         """Called by the runtime before each episode of ``run_episode``: sets ``evaluating`` and, when it changes,

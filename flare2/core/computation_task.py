@@ -16,6 +16,7 @@ from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.core.ragged_tensor import RaggedTensor
+from flare2.core.transforms import RunningMoments
 from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import Ragged, rows_in_order
@@ -128,6 +129,10 @@ class ComputationTask:
         self._acting_modules: dict[str, nn.Module] = {}
         self._acting_in_eval_mode = False
         """Whether the networks predict() uses are in eval mode (learn() puts the model in train mode)."""
+        self.statistics: dict[str, RunningMoments] = {}
+        """The running statistics of observations that the agents of the run counted and merged here, by input key
+        (``flare2.core.transforms.NormalizeObservations``); saved in checkpoints."""
+        self._statistics_lock = threading.Lock()
         self._weights_lock = threading.Lock()
         self._learn_lock = threading.Lock()
         # Host memory the GPU can read without a staging copy: batches go over without blocking the CPU.
@@ -275,6 +280,20 @@ class ComputationTask:
                 copy_tensors(_state_tensors(list(self._acting_modules.values())), self.weight_tensors())
             self.version += next_version
 
+    def merge_statistics(self, counted: dict[str, RunningMoments]) -> dict[str, RunningMoments]:
+        """Merge an agent's new counts into the run's statistics; returns the merged statistics of those keys."""
+        with self._statistics_lock:
+            merged = {}
+            for key, moments in counted.items():
+                statistics = self.statistics.setdefault(key, RunningMoments(moments.shape))
+                statistics.merge(moments)
+                merged[key] = statistics.copy()
+        return merged
+
+    def statistics_copy(self) -> dict[str, RunningMoments]:
+        with self._statistics_lock:
+            return {key: moments.copy() for key, moments in self.statistics.items()}
+
     def weight_tensors(self) -> list[torch.Tensor]:
         """Every parameter and buffer of the algorithm's nn.Module attributes, in one fixed order."""
         return _state_tensors(_modules(vars(self.algorithm)))
@@ -299,6 +318,10 @@ class ComputationTask:
             "algorithm_class": self.algorithm_class,
             "specs": self.specs.to_wire(),
             "algorithm": self.algorithm.state_dict(),
+            "statistics": {
+                key: {"count": m.count, "mean": torch.from_numpy(m.mean), "m2": torch.from_numpy(m.m2)}
+                for key, m in self.statistics_copy().items()
+            },
             "counters": {**counters, "predict_calls": self.predict_calls, "learn_calls": self.learn_calls},
         }
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -356,6 +379,11 @@ class ComputationTask:
         self._check_same_task(path, state)
         with self._learn_lock:
             self.algorithm.load_state_dict(state["algorithm"])
+            with self._statistics_lock:
+                self.statistics = {
+                    key: RunningMoments(self.specs.inputs[key].shape, int(m["count"]), m["mean"].cpu().numpy(), m["m2"].cpu().numpy())
+                    for key, m in state.get("statistics", {}).items()
+                }
             counters = dict(state["counters"])
             self.predict_calls = int(counters.get("predict_calls", 0))
             self.learn_calls = int(counters.get("learn_calls", 0))

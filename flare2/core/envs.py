@@ -13,6 +13,7 @@ from flare2.core.agent import AgentHelper, PendingPrediction, VectorAgent
 from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.spaces import ACTION_KEY, ObservationRows, action_specs, env_actions, input_specs
 from flare2.core.specs import CTSpecs
+from flare2.core.transforms import Transforms
 from flare2.core.views import ViewRows
 from flare2.errors import ConfigError
 from flare2.wire.ragged import concat_rows
@@ -60,6 +61,12 @@ class GymAgent(VectorAgent):
 
     Box actions are clipped to the space bounds before they reach the env; the
     stored action is the one the CT returned.
+
+    ``transforms`` (plain data for ``Transforms.from_options``, e.g.
+    ``["normalize_observations", ["clip_rewards", {"low": -1, "high": 1}]]``)
+    transform every observation and reward as it leaves the env: the CT is
+    asked with, and learns from, the transformed ones. The episode returns the
+    run reports stay the env's own.
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class GymAgent(VectorAgent):
         sample_interval: int = 5,
         replay: dict[str, Any] | None = None,
         double_buffer: bool = False,
+        transforms: list[Any] | None = None,
     ) -> None:
         self.env_id = env_id
         self.double_buffer = double_buffer
@@ -78,6 +86,7 @@ class GymAgent(VectorAgent):
         self.ct = ct
         self.sample_interval = sample_interval
         self.replay = replay
+        self.transforms = transforms or []
 
     def make_env(self) -> gym.Env:
         return make_gym_env(self.env_id, self.env_kwargs)
@@ -120,8 +129,10 @@ class GymAgent(VectorAgent):
         # Double buffering: while the compute process answers one half, this process steps the other.
         halves = self.double_buffer and self.requests_overlap and count >= 2
         bounds = [0, count // 2, count] if halves else [0, count]
-        groups = [_EnvGroup(self, first, stop, specs, clip, action_keys) for first, stop in zip(bounds, bounds[1:])]
-        evaluation = _EvaluationEpisodes(self, specs) if self.eval_env is not None else None
+        pipeline = self.bind_transforms(self.ct, Transforms.from_options(self.transforms))
+        groups = [_EnvGroup(self, first, stop, specs, clip, action_keys, pipeline)
+                  for first, stop in zip(bounds, bounds[1:])]
+        evaluation = _EvaluationEpisodes(self, specs, pipeline) if self.eval_env is not None else None
         for group in groups:
             group.send(evaluation if group is groups[0] else None)
         while True:
@@ -160,14 +171,17 @@ class _EnvGroup:
     """
 
     def __init__(
-        self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, clip: tuple | None, action_keys: list[str] | None
+        self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, clip: tuple | None, action_keys: list[str] | None,
+        pipeline: Transforms,
     ) -> None:
-        self.agent, self.clip, self.action_keys = agent, clip, action_keys
+        self.agent, self.clip, self.action_keys, self.pipeline = agent, clip, action_keys, pipeline
         self.envs = agent.envs[first:stop]
         self.reward_dtype = specs.rewards["reward"].dtype
         self.obs = _observation_rows(agent, specs, len(self.envs))
         for index, env in enumerate(self.envs):
             self.obs.set(index, env.reset(seed=agent.env_seed(first + index))[0])
+        if pipeline.observing:
+            pipeline.observations(self.obs.arrays())
         self.views = ViewRows(specs, len(self.envs))
         if self.views:
             self.views.start_all(self.obs.arrays())
@@ -207,6 +221,9 @@ class _EnvGroup:
                 only[index] = observation
             else:
                 next_obs.set(index, observation)
+        if self.pipeline.observing:
+            self.pipeline.observations(next_obs.arrays())
+        self.pipeline.rewards(rewards)
         if self.with_evaluation:
             evaluation.step(per_env[count], {key: value[count:] for key, value in actions.items()},
                             {key: value[count:] for key, value in next_states.items()})
@@ -229,18 +246,21 @@ class _EnvGroup:
             self.states = {key: value.copy() for key, value in next_states.items()}
             for index in ended:
                 self.obs.set(index, envs[index].reset()[0])
-                if self.views:
-                    self.views.start(index, self.obs.row(index))
                 for value in self.states.values():
                     value[index] = 0
+            if self.pipeline.observing:
+                self.pipeline.observations(self.obs.arrays(), ended)
+            if self.views:
+                for index in ended:
+                    self.views.start(index, self.obs.row(index))
         return step, ended.size
 
 
 class _EvaluationEpisodes:
     """The schedule and state of ``eval_env``: one greedy episode after every ``eval_every`` training episodes."""
 
-    def __init__(self, agent: GymAgent, specs: CTSpecs) -> None:
-        self.agent = agent
+    def __init__(self, agent: GymAgent, specs: CTSpecs, pipeline: Transforms) -> None:
+        self.agent, self.pipeline = agent, pipeline
         self.env = agent.eval_env
         self.obs = _observation_rows(agent, specs, 1)
         self.views = ViewRows(specs, 1)
@@ -254,6 +274,8 @@ class _EvaluationEpisodes:
         if not self.playing and self.trained >= self.agent.eval_every * (self.started + 1):
             seed = self.agent.env_seed(self.agent.num_envs) if self.started == 0 else None
             self.obs.set(0, self.env.reset(seed=seed)[0])
+            # Evaluation episodes are transformed like training ones, but do not count towards the statistics.
+            self.pipeline.observations(self.obs.arrays(), count=False)
             self.views.start(0, self.obs.row(0))
             self.states = self.agent.initial_states(self.agent.ct, 1)
             self.playing = True
@@ -270,7 +292,10 @@ class _EvaluationEpisodes:
     def step(self, action: Any, action_rows: dict[str, Any], next_states: dict[str, np.ndarray]) -> None:
         observation, reward, terminated, truncated, _ = self.env.step(action)
         self.obs.set(0, observation)
-        self.views.advance(self.obs.arrays(), action_rows, {"reward": np.array([reward])})
+        rewards = np.array([reward], self.agent.specs(self.agent.ct).rewards["reward"].dtype)
+        self.pipeline.observations(self.obs.arrays(), count=False)
+        self.pipeline.rewards(rewards)
+        self.views.advance(self.obs.arrays(), action_rows, {"reward": rewards})
         self.states = next_states
         if terminated or truncated:
             self.playing = False

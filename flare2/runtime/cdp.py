@@ -33,9 +33,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flare2.core.specs import EXPERIENCE_GROUPS, STEP_FLAG_SPECS
+from flare2.core.transforms import check_statistics_request
 from flare2.errors import SpecError
 from flare2.runtime.config import BatchingConfig
-from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, error_payload
+from flare2.wire.protocol import (
+    ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, STATISTICS, Message, error_payload,
+)
 from flare2.wire.ragged import Ragged, concat_rows
 
 if TYPE_CHECKING:
@@ -228,7 +231,7 @@ class ComputationDataProcessor:
 
     def accept(self, message: Message, reply_to: Any, now: float, *, learn: bool) -> None:
         """Validate a decoded request and queue it, or answer it with an error naming what is wrong."""
-        expected_kinds = (LEARN, EVALUATING) if learn else (PREDICT,)
+        expected_kinds = (LEARN, EVALUATING, STATISTICS) if learn else (PREDICT,)
         if message.kind not in expected_kinds:
             self.reject(
                 reply_to, learn, message.seq, f"this socket takes {' or '.join(map(repr, expected_kinds))}, got {message.kind!r}",
@@ -249,6 +252,9 @@ class ComputationDataProcessor:
             return
         if message.kind == EVALUATING:
             self._on_evaluating(message, reply_to)
+            return
+        if message.kind == STATISTICS:
+            self._on_statistics(message, reply_to)
             return
         try:
             if learn:
@@ -288,6 +294,17 @@ class ComputationDataProcessor:
             self._evaluating.add(message.agent_id)
         else:
             self._evaluating.discard(message.agent_id)
+
+    def _on_statistics(self, message: Message, reply_to: Any) -> None:
+        """An agent's new observation counts: merged into the CT's, and the merged ones go back at once."""
+        try:
+            counted = check_statistics_request(self.ct.specs, message.payload)
+        except SpecError as exc:
+            self.reject(reply_to, True, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
+            return
+        merged = self.ct.merge_statistics(counted)
+        reply = {"moments": {key: moments.to_wire() for key, moments in merged.items()}}
+        self.reply(reply_to, True, Message(STATISTICS, reply, seq=message.seq, ct=self.ct.name))
 
     # ---- serving ---------------------------------------------------------------------
 

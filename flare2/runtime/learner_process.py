@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from flare2.core.computation_task import ComputationTask, copy_tensors
+from flare2.core.transforms import RunningMoments
 from flare2.runtime.cdp import LearnBatch, learn_with_lag
 from flare2.runtime.config import CTConfig
 from flare2.runtime.learner import LearnerDiedError
@@ -107,7 +108,10 @@ class LearnerProcess:
         """Checkpoint each CT to its file: the learner holds the optimizers and the counters learn() keeps."""
         paths = {ct.name: path for ct, path in targets}
         predict_calls = {ct.name: ct.predict_calls for ct in self._cts}
-        self._send({"kind": "save", "paths": paths, "counters": counters, "predict_calls": predict_calls})
+        # The agents' observation statistics are merged in the compute process, which serves their trades.
+        statistics = {ct.name: {key: m.to_wire() for key, m in ct.statistics_copy().items()} for ct in self._cts}
+        self._send({"kind": "save", "paths": paths, "counters": counters, "predict_calls": predict_calls,
+                    "statistics": statistics})
         self._await("saved")
 
     def close(self) -> None:
@@ -189,6 +193,10 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
             for ct in cts:
                 if ct.name in request["paths"]:
                     ct.predict_calls = request["predict_calls"][ct.name]
+                    ct.statistics = {
+                        key: RunningMoments.from_wire(moments, ct.specs.inputs[key].shape, f"statistics of {key!r}")
+                        for key, moments in request["statistics"][ct.name].items()
+                    }
                     ct.save(request["paths"][ct.name], request["counters"])
             pipe.send_bytes(encode({"kind": "saved"}))
             continue

@@ -285,3 +285,30 @@ def config_from_args(
         return config_class(**values)
     except ConfigError as exc:
         parser.error(str(exc))
+
+
+# ---- the agent side's data transforms ----------------------------------------------------------------------------
+
+
+def add_transform_options(parser: argparse.ArgumentParser) -> None:
+    """Options for the data transforms of the stock GymAgent (``flare2.core.transforms``); see ``transforms_from_args``."""
+    group = parser.add_argument_group("data transforms (the agent acts on and learns from what they give)")
+    group.add_argument("--normalize-observations", action="store_true",
+                       help="normalise each observation by running mean and variance, counted by every agent of the "
+                            "run together and kept in the checkpoint")
+    group.add_argument("--scale-rewards", type=_number(float), default=None, metavar="FACTOR",
+                       help="multiply every reward by FACTOR (after normalisation of observations, before clipping)")
+    group.add_argument("--clip-rewards", type=_number(float, least=0, strict=True), default=None, metavar="LIMIT",
+                       help="clip every reward to [-LIMIT, LIMIT]")
+
+
+def transforms_from_args(args: argparse.Namespace) -> list[Any]:
+    """The ``transforms`` option of GymAgent that the options of ``add_transform_options`` ask for, in order."""
+    transforms: list[Any] = []
+    if args.normalize_observations:
+        transforms.append("normalize_observations")
+    if args.scale_rewards is not None:
+        transforms.append(["scale_rewards", {"factor": args.scale_rewards}])
+    if args.clip_rewards is not None:
+        transforms.append(["clip_rewards", {"low": -args.clip_rewards, "high": args.clip_rewards}])
+    return transforms

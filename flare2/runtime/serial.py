@@ -35,7 +35,7 @@ from flare2.runtime import exit_codes
 from flare2.runtime.learner import InlineLearner
 from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
 from flare2.runtime.run_files import record_run, run_logs_and_signals
-from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, Message
+from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class SerialPort:
         self._reply = None
         message = Message(kind, payload, SERIAL_AGENT_ID, self._seq, self.cdp.ct.name)
         now = time.monotonic()
-        self.cdp.accept(message, self, now, learn=kind == LEARN)
+        self.cdp.accept(message, self, now, learn=kind != PREDICT)
         if kind == PREDICT:
             self.cdp.serve_predictions(now)
         else:
@@ -96,6 +96,14 @@ class SerialPort:
     def learn(self, payload: dict[str, Any]) -> None:
         self._ask(LEARN, payload)
         self.control.maybe_service()
+
+    def send_statistics(self, payload: dict[str, Any]) -> int:
+        reply = self._ask(STATISTICS, payload)
+        self._answered[self._seq] = reply
+        return self._seq
+
+    def wait_statistics(self, ticket: int) -> dict[str, Any]:
+        return self._answered.pop(ticket)
 
     def set_evaluating(self, evaluating: bool) -> None:
         message = Message(EVALUATING, {"evaluating": evaluating}, SERIAL_AGENT_ID, self._seq, self.cdp.ct.name)

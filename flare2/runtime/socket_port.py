@@ -13,7 +13,7 @@ import zmq
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.config import MOST_BUSY_WAIT_US
 from flare2.runtime.progress import LatencyHistogram
-from flare2.wire.protocol import EVALUATING, LEARN, PREDICT
+from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS
 from flare2.wire.security import CurveClient
 from flare2.wire.sockets import Requester
 
@@ -100,6 +100,12 @@ class SocketPort:
         while len(self._learns_in_flight) > self.learn_ahead:
             self._wait(self.learner, self._learns_in_flight.popleft(), f"learn on CT {self.ct!r}")
         self.control.maybe_service()
+
+    def send_statistics(self, payload: dict[str, Any]) -> int:
+        return self.learner.send_request(STATISTICS, payload, ct=self.ct)
+
+    def wait_statistics(self, ticket: int) -> dict[str, Any]:
+        return self._wait(self.learner, ticket, f"statistics of CT {self.ct!r}")
 
     def set_evaluating(self, evaluating: bool) -> None:
         self.learner.send(EVALUATING, {"evaluating": evaluating}, ct=self.ct)

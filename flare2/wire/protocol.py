@@ -20,7 +20,8 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 # and a predict request marks its greedy rows with an array.
 # 3: an agent says when it plays an evaluation episode (EVALUATING on a CT's learn socket).
 # 4: ragged arrays (a map of values and lengths where a spec's first dim is None) and the CT's trajectory views.
-PROTOCOL_VERSION = 4
+# 5: agents trade running statistics of their observations with a CT (STATISTICS on its learn socket).
+PROTOCOL_VERSION = 5
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1
@@ -37,11 +38,12 @@ CHECKPOINT = "checkpoint"  # manager -> compute process: save now; the reply say
 LIVE = "live"  # manager -> compute process: the live agents of each CT
 STOP = "stop"  # manager -> anyone: finish and exit
 EVALUATING = "evaluating"  # agent -> CDP: it starts or ends an evaluation episode (no learn requests meanwhile)
+STATISTICS = "statistics"  # agent <-> CDP: an agent's new observation counts; the reply: the run's merged ones
 ERROR = "error"  # a request failed; the payload says why
 BYE = "bye"  # a peer leaves on purpose
 
 KINDS = frozenset(
-    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, EVALUATING, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
+    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, EVALUATING, STATISTICS, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
 )
 
 

@@ -149,3 +149,23 @@ def test_a_one_env_agent_asked_for_several_envs_stops_the_run_with_the_option_an
     assert result.returncode == 2, result.stderr[-3000:]
     assert "--envs-per-agent 3: PolicyAndAuxAgent plays one env per process" in result.stderr
     assert "make PolicyAndAuxAgent a flare2 VectorAgent" in result.stderr
+
+
+def test_observation_statistics_are_kept_in_the_checkpoint_and_a_resumed_run_goes_on_counting(tmp_path):
+    import torch
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    common = ("--num-agents", "2", "--envs-per-agent", "2", "--epochs", "1", "--device", "cpu",
+              "--normalize-observations", "--learner", "process")
+    run_example("cartpole_ppo.py", *common, "--max-steps", "3000", log_dir=first)
+    checkpoint = torch.load(first / "checkpoints" / "RL.pt", weights_only=True)
+    saved, counters = checkpoint["statistics"]["obs"], checkpoint["counters"]
+    # Counted by both agents (every step's observation and each episode's first), merged in the compute process,
+    # written by the learner process. Each agent trades every 1000 rows: fewer were left untraded at its stop.
+    observations = counters["env_steps"] + counters["episodes"] + 4
+    assert observations - 2 * 1000 < saved["count"] <= observations
+    assert saved["m2"].min() > 0
+    run_example("cartpole_ppo.py", *common, "--max-steps", "6000", "--resume", str(first), log_dir=second)
+    resumed = torch.load(second / "checkpoints" / "RL.pt", weights_only=True)["statistics"]["obs"]
+    assert resumed["count"] >= saved["count"] + 1000

@@ -185,8 +185,12 @@ class Agent:
         terminated: bool,
         truncated: bool,
         states: Arrays | None = None,
+        extras: Arrays | None = None,
     ) -> None:
         """Hand one step to the helper of CT ``ct``; ``terminated``/``truncated`` as Gymnasium reports them.
+
+        ``extras`` gives the CT's ``extra_specs`` that the agent fills (entries of the env's ``info``); any left out
+        are zeros, for the helper's ``postprocess`` to fill.
 
         Steps of evaluation episodes are not learned from, so they are dropped here.
         """
@@ -203,6 +207,7 @@ class Agent:
             "actions": rows(actions, specs.actions),
             "rewards": rows(rewards, specs.rewards),
             "states": rows(states or {}, specs.states),
+            "extras": _extras_rows(extras or {}, specs.extras, 1),
             "terminated": np.array([terminated], bool),
             "truncated": np.array([truncated], bool),
             "policy_version": np.array([self._versions[ct]], np.int64),
@@ -221,6 +226,17 @@ def _one_row(value: Any, spec: Spec | None, *, cast: bool = False) -> np.ndarray
     if spec is not None and spec.ragged:
         return Ragged.from_items([value], spec.item_shape, spec.dtype)
     return np.asarray(value, dtype=spec.dtype if cast and spec is not None else None)[None]
+
+
+def _extras_rows(extras: Arrays, specs: Mapping[str, Spec], rows: int) -> Arrays:
+    """``rows`` rows of each extra spec: those given (one row each, or ``[rows, ...]``), zeros for the rest."""
+    unknown = sorted(set(extras) - set(specs))
+    if unknown:
+        raise SpecError(f"extras {unknown} are not among the CT's extra specs {sorted(specs)}")
+    return {
+        name: np.asarray(extras[name], spec.dtype).reshape(rows, *spec.shape) if name in extras else spec.zeros(rows)
+        for name, spec in specs.items()
+    }
 
 
 def _only_row(value: np.ndarray | Ragged) -> np.ndarray:
@@ -330,10 +346,13 @@ class VectorAgent(Agent):
         truncated: np.ndarray,
         states: Arrays | None = None,
         policy_version: np.ndarray | None = None,
+        extras: Arrays | None = None,
     ) -> None:
         """Hand one step of every training env (``num_envs`` rows, arrays the helper may keep) to CT ``ct``'s helper.
 
-        ``policy_version`` (one per row) defaults to the version that answered the latest prediction.
+        ``policy_version`` (one per row) defaults to the version that answered the latest prediction. ``extras``
+        gives rows of the CT's ``extra_specs`` that the agent fills; any left out are zeros (for the helper's
+        ``postprocess``).
         """
         if policy_version is None:
             policy_version = np.full(len(terminated), self._versions[ct], np.int64)
@@ -343,6 +362,7 @@ class VectorAgent(Agent):
             "actions": actions,
             "rewards": rewards,
             "states": states or {},
+            "extras": _extras_rows(extras or {}, self._specs[ct].extras, len(terminated)),
             "terminated": terminated,
             "truncated": truncated,
             "policy_version": policy_version,

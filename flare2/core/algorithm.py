@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -25,7 +25,8 @@ class Experience:
     steps after which the return is zero (no bootstrapping); ``truncated`` marks
     steps where the episode was cut by a time limit (bootstrap from
     ``next_inputs``). ``states`` are the model states before each step (empty
-    for a model without memory).
+    for a model without memory); ``extras`` those of the model's ``extra_specs``
+    (empty when it has none).
     """
 
     inputs: Tensors
@@ -35,6 +36,7 @@ class Experience:
     states: Tensors
     terminated: torch.Tensor
     truncated: torch.Tensor
+    extras: Tensors = field(default_factory=dict)
     policy_version: torch.Tensor | None = None
     """``[B, T]`` int64: the version of the weights that chose each action (see ``policy_lag``)."""
     version: int = 0

@@ -113,7 +113,8 @@ class ComputationTask:
                     "and a name no input has"
                 )
             inputs[view_name] = view.spec(source)
-        self.specs = CTSpecs(inputs=inputs, actions=actions, states=dict(model.state_specs()), rewards=rewards, views=views)
+        self.specs = CTSpecs(inputs=inputs, actions=actions, states=dict(model.state_specs()), rewards=rewards, views=views,
+                             extras=dict(model.extra_specs()))
         if not self.specs.inputs or not self.specs.actions:
             raise ConfigError(f"the model of CT {name!r} must declare at least one input spec and one action spec")
         learn_ahead = algorithm.learn_ahead

@@ -15,7 +15,7 @@ from flare2.core.spaces import ACTION_KEY, ObservationRows, action_specs, env_ac
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
 from flare2.core.views import ViewRows
-from flare2.errors import ConfigError
+from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import concat_rows
 
 
@@ -40,7 +40,9 @@ class GymAgent(VectorAgent):
     Each step asks the CT once for the actions of every env (``--envs-per-agent``
     of them), steps them all, resets the ones whose episode ended and stores the
     step of every env. Experiences go to the CT every ``sample_interval`` steps
-    (``OnlineHelper``: one learn request ``[num_envs, sample_interval, ...]``),
+    (``OnlineHelper``: one learn request ``[num_envs, sample_interval, ...]``;
+    with ``complete_episodes``, whole episodes, at least that many steps per
+    env of them together),
     or, with ``replay`` (the keyword arguments of ``ExpReplayHelper``), into a
     replay buffer in this process that sends sampled sequences.
 
@@ -67,6 +69,10 @@ class GymAgent(VectorAgent):
     transform every observation and reward as it leaves the env: the CT is
     asked with, and learns from, the transformed ones. The episode returns the
     run reports stay the env's own.
+
+    ``infos`` names entries of the env's ``info`` dict that travel with each
+    step to learning: each must be one of the CT's ``extra_specs`` (with its
+    shape and dtype); a step whose ``info`` lacks it stores zeros.
     """
 
     def __init__(
@@ -79,6 +85,8 @@ class GymAgent(VectorAgent):
         replay: dict[str, Any] | None = None,
         double_buffer: bool = False,
         transforms: list[Any] | None = None,
+        infos: list[str] | None = None,
+        complete_episodes: bool = False,
     ) -> None:
         self.env_id = env_id
         self.double_buffer = double_buffer
@@ -87,6 +95,8 @@ class GymAgent(VectorAgent):
         self.sample_interval = sample_interval
         self.replay = replay
         self.transforms = transforms or []
+        self.infos = list(infos or [])
+        self.complete_episodes = complete_episodes
 
     def make_env(self) -> gym.Env:
         return make_gym_env(self.env_id, self.env_kwargs)
@@ -97,7 +107,7 @@ class GymAgent(VectorAgent):
                 return {self.ct: ExpReplayHelper(**self.replay)}
             except TypeError as exc:
                 raise ConfigError(f"GymAgent replay options {self.replay} do not fit ExpReplayHelper: {exc}") from None
-        return {self.ct: OnlineHelper(sample_interval=self.sample_interval)}
+        return {self.ct: OnlineHelper(sample_interval=self.sample_interval, complete_episodes=self.complete_episodes)}
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         ct_specs = specs[self.ct]
@@ -111,6 +121,12 @@ class GymAgent(VectorAgent):
                 f"declares inputs {sorted(ct_specs.acting_inputs)} (besides its views), actions "
                 f"{sorted(ct_specs.actions)}, rewards {sorted(ct_specs.rewards)}: use a model with those spec names or "
                 "write your own Agent"
+            )
+        missing = sorted(set(self.infos) - set(ct_specs.extras))
+        if missing:
+            raise ConfigError(
+                f"GymAgent infos {missing} are not among the extra specs of CT {self.ct!r} ({sorted(ct_specs.extras)}): "
+                "declare them in the model's extra_specs() with the shape and dtype of the info entry"
             )
         for group, env_specs, ct_group in (("input", env_inputs, ct_specs.inputs), ("action", env_actions_, ct_specs.actions)):
             for key, spec in env_specs.items():
@@ -177,6 +193,7 @@ class _EnvGroup:
         self.agent, self.clip, self.action_keys, self.pipeline = agent, clip, action_keys, pipeline
         self.envs = agent.envs[first:stop]
         self.reward_dtype = specs.rewards["reward"].dtype
+        self.extra_specs = specs.extras
         self.obs = _observation_rows(agent, specs, len(self.envs))
         for index, env in enumerate(self.envs):
             self.obs.set(index, env.reset(seed=agent.env_seed(first + index))[0])
@@ -215,12 +232,15 @@ class _EnvGroup:
         rewards = np.empty(count, self.reward_dtype)
         terminated, truncated = np.empty(count, bool), np.empty(count, bool)
         only = next_obs.only_array
+        extras = {name: self.extra_specs[name].zeros(count) for name in self.agent.infos}
         for index, env in enumerate(envs):
-            observation, rewards[index], terminated[index], truncated[index], _ = env.step(per_env[index])
+            observation, rewards[index], terminated[index], truncated[index], info = env.step(per_env[index])
             if only is not None:
                 only[index] = observation
             else:
                 next_obs.set(index, observation)
+            if extras:
+                self._keep_infos(extras, index, info)
         if self.pipeline.observing:
             self.pipeline.observations(next_obs.arrays())
         self.pipeline.rewards(rewards)
@@ -236,7 +256,7 @@ class _EnvGroup:
         step = {
             "inputs": self.inputs, "actions": actions, "rewards": {"reward": rewards},
             "next_inputs": next_inputs, "terminated": terminated, "truncated": truncated, "states": self.states,
-            "policy_version": np.full(count, self.pending.version, np.int64),
+            "policy_version": np.full(count, self.pending.version, np.int64), "extras": extras,
         }
         ended = np.flatnonzero(terminated | truncated)
         self.obs, self.states = next_obs, next_states
@@ -254,6 +274,19 @@ class _EnvGroup:
                 for index in ended:
                     self.views.start(index, self.obs.row(index))
         return step, ended.size
+
+
+    def _keep_infos(self, extras: dict[str, np.ndarray], index: int, info: dict[str, Any]) -> None:
+        for name, rows in extras.items():
+            if name in info:
+                value = np.asarray(info[name])
+                if value.shape != rows.shape[1:] or not np.can_cast(value.dtype, rows.dtype, "same_kind"):
+                    raise SpecError(
+                        f"info[{name!r}] of env {self.agent.env_id!r} is a {value.dtype.name} of shape {value.shape}, "
+                        f"which does not fit extra spec {self.extra_specs[name]} of CT {self.agent.ct!r}: declare the "
+                        "spec as the env gives it"
+                    )
+                rows[index] = value
 
 
 class _EvaluationEpisodes:

@@ -9,7 +9,7 @@ import numpy as np
 from flare2.core.agent import AgentHelper
 from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
 from flare2.errors import ConfigError
-from flare2.wire.ragged import stack_time
+from flare2.wire.ragged import Ragged, concat_time, stack_time
 
 def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
     """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes."""
@@ -26,25 +26,99 @@ def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
 
 
 class OnlineHelper(AgentHelper):
-    """Every ``sample_interval`` steps, send those steps of every env as one learn request ``[K, T, ...]``.
+    """Send the steps of every env as they come, in one of two batch modes.
 
-    Steps run across episode ends: the episode flags in the request tell the
-    algorithm where one episode stopped and how (DESIGN §6). Whether the agent
-    waits for ``learn()`` before it plays on is the CT's ``learn_ahead``.
+    **Truncated fragments** (the default): every ``sample_interval`` steps,
+    those steps of every env go as one learn request ``[K, T, ...]``. Steps
+    run across episode ends: the episode flags tell the algorithm where one
+    episode stopped and how (DESIGN §6), and it bootstraps from the
+    ``next_inputs`` of a fragment's last step. Learning starts after a few
+    steps, memory is fixed, and the requests of all agents batch together.
+
+    **Complete episodes** (``complete_episodes=True``): each env's steps are
+    kept until its episode ends; once ended episodes hold at least
+    ``sample_interval * K`` steps, they go as one request ``[1, T, ...]``,
+    episode after episode in time (the flags mark where each ends, and every
+    sequence ends with an episode's end). Nothing is bootstrapped from a cut,
+    and ``postprocess`` sees whole episodes (Monte-Carlo returns, hindsight
+    relabelling); but a long episode is learned from only when it ends, the
+    helper keeps every step of an unfinished one, and requests of different
+    lengths are learned one at a time (the CDP batches sequences of one length).
+
+    ``postprocess(sequence)`` runs on each env's part of a request before it
+    goes (one whole episode with complete episodes, one fragment otherwise):
+    override it to fill the CT's ``extras`` (RLlib's ``postprocess_trajectory``).
+
+    Whether the agent waits for ``learn()`` before it plays on is the CT's ``learn_ahead``.
     """
 
-    def __init__(self, sample_interval: int = 5) -> None:
+    def __init__(self, sample_interval: int = 5, *, complete_episodes: bool = False) -> None:
         if sample_interval < 1:
             raise ConfigError(f"OnlineHelper.sample_interval must be >= 1, got {sample_interval}")
         self.sample_interval = sample_interval
+        self.complete_episodes = complete_episodes
         self._steps: list[dict[str, Any]] = []
+        self._postprocessing = type(self).postprocess is not OnlineHelper.postprocess
+        # Complete episodes: the steps kept start at step _first; env i's episode started at step _starts[i].
+        self._first = 0
+        self._starts = np.zeros(1, np.int64)
+        self._ended: list[dict[str, Any]] = []
+        self._ended_steps = 0
+
+    def attach(self, ct: str, specs: CTSpecs, port: Any, *, num_envs: int = 1) -> None:
+        super().attach(ct, specs, port, num_envs=num_envs)
+        self._starts = np.zeros(num_envs, np.int64)
+
+    def postprocess(self, sequence: dict[str, Any]) -> None:
+        """Change one env's sequence in place before it is sent: groups and flags as in a learn request, each array
+        ``[T, ...]`` (views of the request: write into them, e.g. ``sequence["extras"]["returns"][:] = ...``)."""
 
     def store(self, step: dict[str, Any]) -> None:
         self._steps.append(step)
-        if len(self._steps) >= self.sample_interval:
+        if self.complete_episodes:
+            self._store_for_episodes(step)
+        elif len(self._steps) >= self.sample_interval:
             payload = stack_steps(self._steps, self.specs)
             self._steps = []
+            if self._postprocessing:
+                for env in range(self.num_envs):
+                    self.postprocess(_sequence(payload, lambda value: _only_sequence(value[env:env + 1])))
             self.port.learn(payload)
+
+    def _store_for_episodes(self, step: dict[str, Any]) -> None:
+        now = self._first + len(self._steps) - 1
+        for env in np.flatnonzero(step["terminated"] | step["truncated"]):
+            window = stack_steps(self._steps[self._starts[env] - self._first:], self.specs)
+            episode = _sequence(window, lambda value: value[[env]])
+            if self._postprocessing:
+                self.postprocess(_sequence(episode, _only_sequence))
+            self._ended.append(episode)
+            self._ended_steps += len(episode["terminated"][0])
+            self._starts[env] = now + 1
+        done = int(self._starts.min()) - self._first
+        if done:
+            del self._steps[:done]
+            self._first += done
+        if self._ended_steps >= self.sample_interval * self.num_envs:
+            ended, self._ended, self._ended_steps = self._ended, [], 0
+            self.port.learn({
+                key: {name: concat_time([e[key][name] for e in ended]) for name in value} if isinstance(value, dict)
+                else concat_time([e[key] for e in ended])
+                for key, value in ended[0].items()
+            })
+
+
+def _sequence(payload: dict[str, Any], take: Any) -> dict[str, Any]:
+    """``take`` applied to every array of a learn payload."""
+    return {
+        key: {name: take(array) for name, array in value.items()} if isinstance(value, dict) else take(value)
+        for key, value in payload.items()
+    }
+
+
+def _only_sequence(value: Any) -> Any:
+    """The one sequence of ``[1, T, ...]``, as ``[T, ...]`` (a view)."""
+    return Ragged(value.values, value.lengths[0]) if isinstance(value, Ragged) else value[0]
 
 
 class ExpReplayHelper(AgentHelper):

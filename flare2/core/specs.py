@@ -209,9 +209,12 @@ class CTSpecs:
     rewards: dict[str, Spec]
     views: dict[str, View] = field(default_factory=dict)
     """The inputs the agent side assembles from the trajectory (each also in ``inputs``, with ``View.spec``)."""
+    extras: dict[str, Spec] = field(default_factory=dict)
+    """Per-step arrays that travel with experiences only, never to ``predict``: entries of the env's ``info`` that
+    the agent names, or values an agent-side postprocessing of each episode computes (``Model.extra_specs``)."""
 
     def __post_init__(self) -> None:
-        for group in ("states", "rewards"):
+        for group in ("states", "rewards", "extras"):
             ragged = sorted(name for name, spec in getattr(self, group).items() if spec.ragged)
             if ragged:
                 raise SpecError(
@@ -239,6 +242,7 @@ class CTSpecs:
             "states": specs_to_wire(self.states),
             "rewards": specs_to_wire(self.rewards),
             "views": {name: view.to_wire() for name, view in self.views.items()},
+            "extras": specs_to_wire(self.extras),
         }
 
     @classmethod
@@ -249,7 +253,8 @@ class CTSpecs:
         if not isinstance(views, dict):
             raise SpecError(f"CT views are a map of name to view, got {type(views).__name__}")
         return cls(**{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")},
-                   views={str(name): View.from_wire(view) for name, view in views.items()})
+                   views={str(name): View.from_wire(view) for name, view in views.items()},
+                   extras=specs_from_wire(value.get("extras", {})))
 
     def check_predict(self, payload: dict[str, Any]) -> int:
         """Validate a predict request ``{"inputs": ..., "states": ..., "greedy": [rows] bool}``; returns its row count.
@@ -270,7 +275,7 @@ class CTSpecs:
         """Validate a learn request: N sequences of T steps, every array ``[N, T, ...]`` (see ``Experience``); returns (N, T)."""
         leading = None
         for group, specs in self.experience_specs().items():
-            leading = check_arrays(group, specs, payload.get(group, {} if group == "states" else None),
+            leading = check_arrays(group, specs, payload.get(group, {} if group in _OPTIONAL_GROUPS else None),
                                    leading_ndim=2, leading=leading)
         sequences, steps = leading
         flags = {name: payload.get(name) for name in STEP_FLAG_SPECS}
@@ -278,7 +283,8 @@ class CTSpecs:
         return sequences, steps
 
 
-EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states")
+EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states", "extras")
+_OPTIONAL_GROUPS = ("states", "extras")  # a learn request of a CT without them may leave them out
 """The array groups of a step, a learn request and ``Experience``; ``CTSpecs.experience_specs`` gives their specs."""
 STEP_FLAG_SPECS = {
     "terminated": Spec((), "bool"),

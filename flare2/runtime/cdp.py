@@ -67,7 +67,7 @@ class _Request:
 def check_finite(payload: dict[str, Any]) -> None:
     """Refuse NaN and infinity in the float arrays of a learn request: one would poison the model for good."""
     for group in EXPERIENCE_GROUPS:
-        for key, array in payload[group].items():
+        for key, array in payload.get(group, {}).items():
             values = array.values if isinstance(array, Ragged) else array
             if values.dtype.kind == "f" and not np.isfinite(values).all():
                 raise SpecError(f"{group}[{key!r}] holds NaN or infinity: check the environment or the agent")

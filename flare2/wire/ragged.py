@@ -162,6 +162,13 @@ def concat_rows(parts: Sequence[Any]) -> Any:
     return np.concatenate(parts)
 
 
+def concat_time(parts: Sequence[Any]) -> Any:
+    """Sequences ``[1, T_i, ...]`` one after another in time, as ``[1, sum T_i, ...]``, for arrays or for Ragged."""
+    if isinstance(parts[0], Ragged):
+        return Ragged(np.concatenate([part.values for part in parts]), np.concatenate([part.lengths for part in parts], axis=1))
+    return np.concatenate(parts, axis=1)
+
+
 def stack_time(parts: Sequence[Any]) -> Any:
     """T steps of K rows as ``[K, T, ...]`` (``np.stack(parts, axis=1)``), for arrays or for Ragged."""
     if not isinstance(parts[0], Ragged):

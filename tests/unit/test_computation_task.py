@@ -140,6 +140,35 @@ def test_learn_hands_the_algorithm_batch_by_time_tensors_with_the_episode_flags(
     assert torch.equal(experience.episode_ends, torch.from_numpy(batch["terminated"] | batch["truncated"]))
 
 
+def test_the_models_extras_reach_learn_as_tensors_and_a_request_without_them_is_refused():
+    seen = {}
+
+    class WithReturns(MLPActorCritic):
+        def extra_specs(self):
+            return {"returns": Spec((), "float32")}
+
+    class Recorder(Algorithm):
+        def predict(self, inputs, states):
+            raise AssertionError("not called")
+
+        def learn(self, experience):
+            seen["experience"] = experience
+            return {}
+
+    torch.manual_seed(0)
+    ct = ComputationTask("RL", Recorder(WithReturns(OBS_SPACE, ACTION_SPACE, hidden=(8,))))
+    assert ct.specs.extras == {"returns": Spec((), "float32")}
+    batch = learn_batch(batch=2, steps=5)
+    with pytest.raises(SpecError, match="extras keys do not match the specs.*missing \\['returns'\\]"):
+        ct.specs.check_learn(batch)
+    batch["extras"] = {"returns": np.arange(10, dtype=np.float32).reshape(2, 5)}
+    assert ct.specs.check_learn(batch) == (2, 5)
+    ct.learn(batch)
+    assert torch.equal(seen["experience"].extras["returns"], torch.arange(10.0).reshape(2, 5))
+    # The specs say so on the wire too, so remote agents fill them.
+    assert type(ct.specs).from_wire(ct.specs.to_wire()) == ct.specs
+
+
 def test_learn_that_returns_no_dict_raises_spec_error_naming_the_algorithm():
     class NoCosts(Algorithm):
         def learn(self, experience):

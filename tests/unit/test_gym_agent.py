@@ -130,3 +130,53 @@ def test_dict_and_sequence_spaces_go_as_ragged_rows_and_each_env_gets_its_own_en
     assert port.sent[3]["inputs"]["crates"].lengths.tolist() == [0, 1, 2]
     assert port.sent[3]["inputs"]["crates"].values[:, 1].tolist() == [0, 0, 0]
     assert last["next_inputs"]["crates"].values[:, 1].tolist() == [3, 3, 3]
+
+
+class Informative(gym.Env):
+    """Gives info {"hits": t} on odd steps t, nothing on even ones."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,))
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,))
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        info = {"hits": self.t} if self.t % 2 else {}
+        return np.zeros(3, np.float32), 0.0, False, False, info
+
+
+def run_informative(infos, extras, steps=4):
+    specs = CTSpecs(inputs=SPECS.inputs, actions=SPECS.actions, states={}, rewards=SPECS.rewards, extras=extras)
+    agent = GymAgent(infos=infos)
+    agent.num_envs = 2
+    agent.make_env = Informative
+    make_envs(agent, 0)
+    port, helper = AnsweringPort(steps, out_of_bounds), KeepingHelper()
+    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
+    with pytest.raises(StopRequested):
+        agent.run()
+    return helper.steps
+
+
+def test_named_info_entries_travel_with_each_step_as_extras_and_a_step_without_one_stores_zeros():
+    steps = run_informative(["hits"], {"hits": Spec((), "int64"), "returns": Spec((), "float32")})
+    assert [step["extras"]["hits"].tolist() for step in steps] == [[1, 1], [0, 0], [3, 3], [0, 0]]
+    # An extra no info names is zeros, for a helper's postprocess to fill.
+    assert [step["extras"]["returns"].tolist() for step in steps] == [[0.0, 0.0]] * 4
+
+
+def test_an_info_entry_that_is_no_extra_spec_or_does_not_fit_one_is_named():
+    from flare2.errors import ConfigError, SpecError
+
+    with pytest.raises(ConfigError, match=r"infos \['hits'\] are not among the extra specs"):
+        run_informative(["hits"], {})
+    with pytest.raises(SpecError, match=r"info\['hits'\] of env 'CartPole-v1' is a int64 of shape \(\), which does not fit"):
+        run_informative(["hits"], {"hits": Spec((2,), "int64")})
+    with pytest.raises(SpecError, match=r"info\['hits'\].*does not fit extra spec Spec\(shape=\(\), dtype='bool'\)"):
+        run_informative(["hits"], {"hits": Spec((), "bool")})

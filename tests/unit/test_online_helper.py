@@ -74,3 +74,88 @@ def test_every_sample_interval_steps_go_out_as_one_request_and_episode_ends_go_w
 def test_a_sample_interval_below_one_is_refused():
     with pytest.raises(ConfigError, match="sample_interval must be >= 1, got 0"):
         OnlineHelper(sample_interval=0)
+
+
+EXTRA_SPECS = CTSpecs(
+    inputs={"obs": Spec((2,), "float32"), "items": Spec((None,), "int64")},
+    actions={"action": Spec((), "int64")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+    extras={"returns": Spec((), "float32")},
+)
+
+
+def episodic_step(t: int, ends: list[int]) -> dict:
+    """Step ``t`` of len(ends) envs; env i's episodes last ends[i] steps. Observation (i, t); reward 1; env i shows
+    t % 3 items of value 10 * i + t; the last env's episodes are cut by a time limit, the others' terminate."""
+    from flare2.wire.ragged import Ragged
+
+    rows = np.arange(len(ends))
+    ended = np.array([(t + 1) % length == 0 for length in ends])
+    last = rows == len(ends) - 1
+    obs = np.stack([rows, np.full(len(ends), t)], axis=1).astype(np.float32)
+    return {
+        "inputs": {"obs": obs, "items": Ragged.from_items([np.full(t % 3, 10 * i + t) for i in rows], (), "int64")},
+        "next_inputs": {"obs": obs + [0, 1], "items": Ragged.from_items([np.zeros(0)] * len(ends), (), "int64")},
+        "actions": {"action": rows},
+        "rewards": {"reward": np.ones(len(ends), np.float32)},
+        "states": {},
+        "extras": {"returns": np.zeros(len(ends), np.float32)},
+        "terminated": ended & ~last,
+        "truncated": ended & last,
+        "policy_version": np.zeros(len(ends), np.int64),
+    }
+
+
+class Returns(OnlineHelper):
+    """Fills extras["returns"] with each step's discounted return to the end of its sequence (gamma 0.5)."""
+
+    def postprocess(self, sequence):
+        rewards, returns = sequence["rewards"]["reward"], sequence["extras"]["returns"]
+        following = 0.0
+        for t in reversed(range(len(rewards))):
+            following = returns[t] = rewards[t] + 0.5 * following
+
+
+def test_complete_episodes_go_whole_one_after_another_in_one_sequence_once_enough_steps_ended():
+    helper, port = Returns(sample_interval=2, complete_episodes=True), Port()
+    ends = [2, 3, 5]
+    helper.attach("RL", EXTRA_SPECS, port, num_envs=3)
+    for t in range(30):
+        helper.store(episodic_step(t, ends))
+    sent = []
+    for payload in port.learned:
+        assert EXTRA_SPECS.check_learn(payload)[0] == 1
+        flags = payload["terminated"][0] | payload["truncated"][0]
+        # At least sample_interval * 3 steps of ended episodes, and only whole ones: the sequence ends with an end.
+        assert len(flags) >= 6 and flags[-1]
+        starts = np.concatenate([[0], np.flatnonzero(flags)[:-1] + 1])
+        for start, stop in zip(starts, np.flatnonzero(flags) + 1):
+            obs = payload["inputs"]["obs"][0, start:stop]
+            env, times = int(obs[0, 0]), obs[:, 1].astype(int)
+            # One env's episode, its steps in order, from its first to its last.
+            assert (obs[:, 0] == env).all() and times.tolist() == list(range(times[0], times[0] + ends[env]))
+            assert times[0] % ends[env] == 0
+            assert bool(payload["truncated"][0, stop - 1]) == (env == 2)
+            items = payload["inputs"]["items"].items()
+            assert [i.tolist() for i in items[start:stop]] == [[10 * env + t] * (t % 3) for t in times]
+            # The hook saw the whole episode: returns of 1 + 0.5 + ... to its own end.
+            returns = payload["extras"]["returns"][0, start:stop]
+            np.testing.assert_allclose(returns, [2 * (1 - 0.5 ** (ends[env] - k)) for k in range(ends[env])])
+            sent.append((env, int(times[0])))
+    # Every episode that ended in time went, exactly once.
+    expected = {(env, first) for env, length in enumerate(ends) for first in range(0, 30, length) if first + length <= 30}
+    pending = {(env, first) for env, first in expected if (env, first) not in sent}
+    assert len(sent) == len(set(sent)) and set(sent) <= expected
+    # What is left is less than one request's worth of ended episodes.
+    assert sum(ends[env] for env, _ in pending) < 6
+
+
+def test_with_fragments_the_hook_sees_each_envs_part_of_a_request_and_writes_into_it():
+    helper, port = Returns(sample_interval=4), Port()
+    helper.attach("RL", EXTRA_SPECS, port, num_envs=3)
+    for t in range(8):
+        helper.store(episodic_step(t, [2, 3, 5]))
+    assert [payload["extras"]["returns"].shape for payload in port.learned] == [(3, 4)] * 2
+    for payload in port.learned:
+        np.testing.assert_allclose(payload["extras"]["returns"], np.tile([1.875, 1.75, 1.5, 1.0], (3, 1)))

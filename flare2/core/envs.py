@@ -209,13 +209,13 @@ class _EnvGroup:
 
     def send(self, evaluation: _EvaluationEpisodes | None) -> None:
         self.with_evaluation = evaluation is not None and evaluation.playing
+        # Stored as they are; the views go in the request only (the helper assembles them again for learning).
         self.inputs = self.obs.arrays()
-        if self.views:
-            self.inputs.update(self.views.current())
+        inputs = {**self.inputs, **self.views.current()} if self.views else self.inputs
         if self.with_evaluation:
-            inputs, states, greedy = evaluation.with_row(self.inputs, self.states)
+            inputs, states, greedy = evaluation.with_row(inputs, self.states)
         else:
-            inputs, states, greedy = self.inputs, self.states, None
+            states, greedy = self.states, None
         self.pending = self.agent.send_rows(self.agent.ct, inputs, states, greedy=greedy)
 
     def step(self, evaluation: _EvaluationEpisodes | None) -> tuple[dict[str, Any], int]:
@@ -252,7 +252,6 @@ class _EnvGroup:
         next_inputs = next_obs.arrays()
         if self.views:
             self.views.advance(next_inputs, actions, {"reward": rewards})
-            next_inputs.update(self.views.current())
         step = {
             "inputs": self.inputs, "actions": actions, "rewards": {"reward": rewards},
             "next_inputs": next_inputs, "terminated": terminated, "truncated": truncated, "states": self.states,
@@ -274,7 +273,6 @@ class _EnvGroup:
                 for index in ended:
                     self.views.start(index, self.obs.row(index))
         return step, ended.size
-
 
     def _keep_infos(self, extras: dict[str, np.ndarray], index: int, info: dict[str, Any]) -> None:
         for name, rows in extras.items():

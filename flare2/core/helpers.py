@@ -9,19 +9,28 @@ import numpy as np
 from flare2.core.agent import AgentHelper
 from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
 from flare2.errors import ConfigError
+from flare2.core.views import EpisodeAges, view_context, with_views
 from flare2.wire.ragged import Ragged, concat_time, stack_time
 
-def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
-    """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes."""
+
+def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs, ages: list[np.ndarray] | None = None,
+                context: int = 0) -> dict[str, Any]:
+    """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes.
+
+    A CT with views needs each step's ``ages`` in its episode (``EpisodeAges``); the first ``context`` steps then
+    only give the views their frames (``with_views``).
+    """
     payload: dict[str, Any] = {
         group: {
             name: stack_time([step[group][name] for step in steps]).astype(spec.dtype, copy=False)
             for name, spec in specs_of_group.items()
         }
-        for group, specs_of_group in specs.experience_specs().items()
+        for group, specs_of_group in specs.stored_specs().items()
     }
     for flag, spec in STEP_FLAG_SPECS.items():
         payload[flag] = np.stack([step[flag] for step in steps], axis=1).astype(spec.dtype, copy=False)
+    if specs.views:
+        payload = with_views(specs, payload, np.stack(ages, axis=1), context)
     return payload
 
 
@@ -59,6 +68,10 @@ class OnlineHelper(AgentHelper):
         self.complete_episodes = complete_episodes
         self._steps: list[dict[str, Any]] = []
         self._postprocessing = type(self).postprocess is not OnlineHelper.postprocess
+        # With views: each kept step's age in its episode, and how many kept steps are only there for their frames.
+        self._episode_ages = EpisodeAges(1)
+        self._ages: list[np.ndarray] = []
+        self._context = 0
         # Complete episodes: the steps kept start at step _first; env i's episode started at step _starts[i].
         self._first = 0
         self._starts = np.zeros(1, np.int64)
@@ -68,6 +81,7 @@ class OnlineHelper(AgentHelper):
     def attach(self, ct: str, specs: CTSpecs, port: Any, *, num_envs: int = 1) -> None:
         super().attach(ct, specs, port, num_envs=num_envs)
         self._starts = np.zeros(num_envs, np.int64)
+        self._episode_ages = EpisodeAges(num_envs)
 
     def postprocess(self, sequence: dict[str, Any]) -> None:
         """Change one env's sequence in place before it is sent: groups and flags as in a learn request, each array
@@ -75,11 +89,16 @@ class OnlineHelper(AgentHelper):
 
     def store(self, step: dict[str, Any]) -> None:
         self._steps.append(step)
+        if self.specs.views:
+            self._ages.append(self._episode_ages.of(step))
         if self.complete_episodes:
             self._store_for_episodes(step)
-        elif len(self._steps) >= self.sample_interval:
-            payload = stack_steps(self._steps, self.specs)
-            self._steps = []
+        elif len(self._steps) - self._context >= self.sample_interval:
+            payload = stack_steps(self._steps, self.specs, self._ages, self._context)
+            # The next request's first views reach back into these steps.
+            self._context = min(view_context(self.specs), len(self._steps))
+            self._steps = self._steps[len(self._steps) - self._context:]
+            self._ages = self._ages[len(self._ages) - self._context:]
             if self._postprocessing:
                 for env in range(self.num_envs):
                     self.postprocess(_sequence(payload, lambda value: _only_sequence(value[env:env + 1])))
@@ -88,7 +107,8 @@ class OnlineHelper(AgentHelper):
     def _store_for_episodes(self, step: dict[str, Any]) -> None:
         now = self._first + len(self._steps) - 1
         for env in np.flatnonzero(step["terminated"] | step["truncated"]):
-            window = stack_steps(self._steps[self._starts[env] - self._first:], self.specs)
+            start = self._starts[env] - self._first
+            window = stack_steps(self._steps[start:], self.specs, self._ages[start:])
             episode = _sequence(window, lambda value: value[[env]])
             if self._postprocessing:
                 self.postprocess(_sequence(episode, _only_sequence))
@@ -98,6 +118,7 @@ class OnlineHelper(AgentHelper):
         done = int(self._starts.min()) - self._first
         if done:
             del self._steps[:done]
+            del self._ages[:done]
             self._first += done
         if self._ended_steps >= self.sample_interval * self.num_envs:
             ended, self._ended, self._ended_steps = self._ended, [], 0
@@ -136,7 +157,9 @@ class ExpReplayHelper(AgentHelper):
     Memory is bounded: ``capacity`` steps (K envs keep ``capacity / K`` steps
     each), preallocated when the helper is attached; ``nbytes`` gives the exact
     size (every spec array of a step, inputs twice for ``next_inputs``, and the
-    step flags).
+    step flags). A CT's views are not kept: each sample rebuilds them from the
+    steps before it and their ages in their episodes (``with_views``), and
+    sequences start late enough that those steps are still in the buffer.
     """
 
     def __init__(
@@ -167,6 +190,9 @@ class ExpReplayHelper(AgentHelper):
         self._rows = 0
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
         self._flags: dict[str, np.ndarray] = {}
+        self._context = 0
+        self._episode_ages = EpisodeAges(1)
+        self._ages = np.zeros((0, 1), np.int64)
 
     def attach(self, ct: str, specs: CTSpecs, port: Any, *, num_envs: int = 1) -> None:
         super().attach(ct, specs, port, num_envs=num_envs)
@@ -178,16 +204,20 @@ class ExpReplayHelper(AgentHelper):
                 "them with OnlineHelper, or give the spec a fixed shape"
             )
         # Time-major, one column per env, so that a sequence is consecutive steps of one env.
-        self._rows = max(-(-self.capacity // num_envs), self.sequence_length)
+        self._context = view_context(specs)
+        self._rows = max(-(-self.capacity // num_envs), self.sequence_length + self._context)
         self._buffers = {
             group: {name: np.zeros((self._rows, num_envs, *spec.shape), spec.dtype) for name, spec in specs_of_group.items()}
-            for group, specs_of_group in specs.experience_specs().items()
+            for group, specs_of_group in specs.stored_specs().items()
         }
         self._flags = {name: np.zeros((self._rows, num_envs), spec.dtype) for name, spec in STEP_FLAG_SPECS.items()}
+        if specs.views:
+            self._episode_ages = EpisodeAges(num_envs)
+            self._ages = np.zeros((self._rows, num_envs), np.int64)
 
     @property
     def nbytes(self) -> int:
-        arrays = [*self._flags.values(), *(a for group in self._buffers.values() for a in group.values())]
+        arrays = [*self._flags.values(), self._ages, *(a for group in self._buffers.values() for a in group.values())]
         return sum(array.nbytes for array in arrays)
 
     def store(self, step: dict[str, Any]) -> None:
@@ -197,26 +227,39 @@ class ExpReplayHelper(AgentHelper):
                 array[index] = step[group][name]
         for name, array in self._flags.items():
             array[index] = step[name]
+        if self.specs.views:
+            self._ages[index] = self._episode_ages.of(step)
         self._next = (index + 1) % self._rows
         self.size = min(self.size + 1, self._rows)
         self.stored += self.num_envs
         intervals = self.stored // self.sample_interval
         due, self._intervals_seen = intervals - self._intervals_seen, intervals
-        if due and self.size * self.num_envs >= self.warmup and self.size >= self.sequence_length:
+        if due and self.size * self.num_envs >= self.warmup and self.size >= self._least_size:
             self.port.learn(self.sample(due * self.batch_size))
 
     def sample(self, count: int) -> dict[str, Any]:
         """A learn payload of ``count`` random sequences, ``[count, sequence_length, ...]``, oldest step first."""
         length = self.sequence_length
-        if self.size < length:
-            raise ValueError(f"the buffer holds {self.size} steps per env, fewer than one sequence of {length}")
+        if self.size < self._least_size:
+            raise ValueError(f"the buffer holds {self.size} steps per env, fewer than one sequence of {self._least_size}")
         oldest = (self._next - self.size) % self._rows
-        # Sequences start anywhere among the stored steps but never run past the newest one.
-        starts = self.rng.integers(0, self.size - length + 1, size=count)
-        rows = (oldest + starts[:, None] + np.arange(length)[None, :]) % self._rows
+        # Sequences start anywhere among the stored steps but never run past the newest one. Their views reach
+        # back context steps, which must not be overwritten ones: until the buffer is full, the steps before the
+        # oldest are the start of the first episodes (age 0 says so), never read.
+        least = self._context if self.size == self._rows else 0
+        context = self._context if self.specs.views else 0
+        starts = self.rng.integers(least, self.size - length + 1, size=count)
+        rows = (oldest + starts[:, None] + np.arange(-context, length)[None, :]) % self._rows
         envs = self.rng.integers(0, self.num_envs, size=count)[:, None]
         payload: dict[str, Any] = {
             group: {name: array[rows, envs] for name, array in arrays.items()} for group, arrays in self._buffers.items()
         }
         payload.update({name: array[rows, envs] for name, array in self._flags.items()})
+        if self.specs.views:
+            payload = with_views(self.specs, payload, self._ages[rows, envs], context)
         return payload
+
+    @property
+    def _least_size(self) -> int:
+        """Steps per env the buffer must hold to sample: a sequence, and the steps its views reach back to once full."""
+        return self.sequence_length + (self._context if self.size == self._rows else 0)

@@ -271,6 +271,15 @@ class CTSpecs:
         """The specs of each array group of ``EXPERIENCE_GROUPS`` (``next_inputs`` are the inputs one step later)."""
         return {group: getattr(self, "inputs" if group == "next_inputs" else group) for group in EXPERIENCE_GROUPS}
 
+    def stored_specs(self) -> dict[str, dict[str, Spec]]:
+        """``experience_specs`` without the views: what a helper keeps of each step (it assembles the views from the
+        trajectory when it sends a learn request, ``flare2.core.views.with_views``)."""
+        groups = self.experience_specs()
+        if self.views:
+            for group in ("inputs", "next_inputs"):
+                groups[group] = self.acting_inputs
+        return groups
+
     def check_learn(self, payload: dict[str, Any]) -> tuple[int, int]:
         """Validate a learn request: N sequences of T steps, every array ``[N, T, ...]`` (see ``Experience``); returns (N, T)."""
         leading = None

@@ -1,12 +1,18 @@
-"""Trajectory views for the envs of one agent: each view's frames, per env, kept in step with the episode.
+"""Trajectory views: built as the agent acts (``ViewRows``) and again from the stored trajectory as it learns
+(``with_views``), the same way, with no second copy of the history.
 
 ``ViewRows`` holds, for each ``View`` of a CT and each of ``count`` envs, the
 last ``frames`` values of its source. The agent asks it for the views of the
 current step (``current``) beside the observations it sends, and moves it on
 after the envs stepped (``advance``); an env that starts an episode is reset
-(``start``), so its missing frames are zeros. What it returns is a copy the
-agent sends and stores: the stored step holds exactly the views its action
-was chosen from, for acting and for learning, online or replayed.
+(``start``), so its missing frames are zeros.
+
+Stored steps hold no views. A helper keeps each step's sources (observations,
+actions, rewards) as it keeps them anyway, plus each step's ``age`` in its
+episode (``EpisodeAges``); ``with_views`` rebuilds every view of a learn
+request from the steps before each one (``view_context`` of them) and those
+ages, which say where an episode starts and so which frames are zeros. The
+views a step is learned with are exactly those its action was chosen from.
 """
 
 from __future__ import annotations
@@ -52,3 +58,56 @@ class ViewRows:
             frames = self._frames[name]
             frames[:, :-1] = frames[:, 1:]
             frames[:, -1] = sources[view.group][view.key][: len(frames)]
+
+
+def view_context(specs: CTSpecs) -> int:
+    """How many steps before the first of a request ``with_views`` reads: the most frames any view reaches back."""
+    return max((view.frames - (view.group == "inputs") for view in specs.views.values()), default=0)
+
+
+class EpisodeAges:
+    """Each env's step count in its current episode (0 at its first step), for the steps a helper stores."""
+
+    def __init__(self, count: int) -> None:
+        self._next = np.zeros(count, np.int64)
+
+    def of(self, step: dict[str, Any]) -> np.ndarray:
+        """The ages of ``step``'s rows (call once per stored step, in order)."""
+        ages = self._next
+        self._next = np.where(step["terminated"] | step["truncated"], 0, ages + 1)
+        return ages
+
+
+def with_views(specs: CTSpecs, payload: dict[str, Any], ages: np.ndarray, context: int) -> dict[str, Any]:
+    """A learn request ``[K, T, ...]`` from stored steps ``[K, context + T, ...]`` (without views) and their ages in
+    their episodes ``[K, context + T]``: the first ``context`` steps only give the views their frames."""
+    steps = ages.shape[1] - context
+    out = {key: _after(value, context) for key, value in payload.items()}
+    ages = ages[:, context:]
+    now = np.arange(context, context + steps)
+    for name, view in specs.views.items():
+        source = payload[view.group][view.key]
+        if view.group == "inputs":
+            # The view of step t ends with its observation; the next one goes on to the next observation.
+            out["inputs"][name] = _frames(source, now, np.arange(view.frames - 1, -1, -1), ages)
+            before = _frames(source, now, np.arange(view.frames - 2, -1, -1), ages)
+            out["next_inputs"][name] = np.concatenate([before, payload["next_inputs"][view.key][:, context:, None]], axis=2)
+        else:
+            # The view of step t ends with step t - 1's action or reward; the next one with step t's.
+            out["inputs"][name] = _frames(source, now, np.arange(view.frames, 0, -1), ages)
+            out["next_inputs"][name] = _frames(source, now, np.arange(view.frames - 1, -1, -1), ages)
+    return out
+
+
+def _after(value: Any, context: int) -> Any:
+    if isinstance(value, dict):
+        return {name: array[:, context:] for name, array in value.items()}
+    return value[:, context:]
+
+
+def _frames(source: np.ndarray, now: np.ndarray, back: np.ndarray, ages: np.ndarray) -> np.ndarray:
+    """``source`` ``back`` steps before each of ``now``, as frames ``[K, T, len(back), ...]``: zeros where that is
+    before the episode's start (further back than the step's age)."""
+    frames = source[:, np.maximum(now[:, None] - back[None, :], 0)]
+    frames[back[None, None, :] > ages[:, :, None]] = 0
+    return frames

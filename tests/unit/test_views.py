@@ -10,7 +10,7 @@ import pytest
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.envs import GymAgent
-from flare2.core.helpers import ExpReplayHelper
+from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.model import Model
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.errors import ConfigError, SpecError
@@ -94,34 +94,65 @@ def as_lists(views: dict, row: int) -> dict[str, list]:
     return {name: views[name][row].tolist() for name in ("stack", "last_action", "last_rewards")}
 
 
-def test_views_sent_and_stored_match_the_hand_built_ones_across_episode_ends():
-    helper = KeepingHelper()
-    _, port = play(7, helper)
-    for step, sent in enumerate(payload["inputs"] for payload in port.sent[:7]):
-        t = step % EPISODE
+class LearningPort(AnsweringPort):
+    """Also keeps the learn requests it is sent."""
+
+    def __init__(self, steps, answer) -> None:
+        super().__init__(steps, answer)
+        self.learned: list[dict] = []
+
+    def learn(self, payload):
+        self.learned.append(payload)
+
+
+def test_views_sent_and_learned_match_the_hand_built_ones_across_episode_and_request_ends():
+    # Episodes of 3 steps, requests of 2: views reach back across both kinds of edge.
+    helper = OnlineHelper(sample_interval=2)
+    made = iter(range(10))
+    agent = GymAgent()
+    agent.num_envs = 2
+    agent.make_env = lambda: Counter(next(made))
+    make_envs(agent, 0)
+    port = LearningPort(9, obs_plus_one)
+    agent.connect(agent_id="a0", seed=0, specs={"RL": view_specs()}, ports={"RL": port}, helpers={"RL": helper})
+    with pytest.raises(StopRequested):
+        agent.run()
+    for step, sent in enumerate(payload["inputs"] for payload in port.sent[:9]):
         for row in range(2):
-            assert as_lists(sent, row) == expected_views(row, t), (step, row)
-    for step, stored in enumerate(helper.steps):
-        t = step % EPISODE
+            assert as_lists(sent, row) == expected_views(row, step % EPISODE), (step, row)
+    assert [payload["inputs"]["obs"].shape[:2] for payload in port.learned] == [(2, 2)] * 4
+    for step in range(8):
+        payload, t = port.learned[step // 2], step % EPISODE
         for row in range(2):
             # What learning sees is what acting saw.
-            assert as_lists(stored["inputs"], row) == expected_views(row, t)
+            assert as_lists(payload["inputs"], (row, step % 2)) == expected_views(row, t), (step, row)
             # The next step's views continue this episode, even where it ended (the final frame stack).
-            nxt = as_lists(stored["next_inputs"], row)
+            nxt = as_lists(payload["next_inputs"], (row, step % 2))
             assert nxt["stack"] == [[100 * row + s if s >= 0 else 0] for s in (t - 1, t, t + 1)]
             assert nxt["last_action"] == [100 * row + t + 1] and nxt["last_rewards"] == [t if t >= 1 else 0, t + 1]
 
 
-def test_replayed_steps_carry_the_views_their_actions_were_chosen_from():
-    replay = ExpReplayHelper(capacity=64, warmup=8, sample_interval=1_000_000, batch_size=4, sequence_length=3, seed=1)
-    play(9, replay)
+def test_stored_steps_hold_no_views_only_what_they_are_made_of():
+    helper = KeepingHelper()
+    play(4, helper)
+    assert all(set(step["inputs"]) == set(step["next_inputs"]) == {"obs"} for step in helper.steps)
+
+
+@pytest.mark.parametrize("capacity, steps", [(64, 9), (14, 40), (14, 41)])
+def test_replayed_steps_carry_the_views_their_actions_were_chosen_from(capacity, steps):
+    # (14, 40/41): the buffer of 7 steps per env went round several times, and views reach back 2 steps.
+    replay = ExpReplayHelper(capacity=capacity, warmup=8, sample_interval=1_000_000, batch_size=4, sequence_length=3,
+                             seed=1)
+    play(steps, replay)
     sample = replay.sample(50)
     obs, stack = sample["inputs"]["obs"][..., 0], sample["inputs"]["stack"][..., 0]
     assert (stack[..., -1] == obs).all()
     for sequence in range(50):
         for t in range(3):
             env, step = int(obs[sequence, t]) // 100, int(obs[sequence, t]) % 100
-            assert as_lists(sample["inputs"], (sequence, t)) == expected_views(env, step)
+            assert as_lists(sample["inputs"], (sequence, t)) == expected_views(env, step), (sequence, t)
+    # The buffer keeps the observations once (and next ones), not their frame stacks.
+    assert "stack" not in replay._buffers["inputs"]
 
 
 def test_views_of_what_the_specs_lack_or_of_ragged_data_are_refused():
@@ -142,3 +173,22 @@ def test_views_of_what_the_specs_lack_or_of_ragged_data_are_refused():
     specs = view_specs()
     assert CTSpecs.from_wire(specs.to_wire()) == specs and specs.inputs["stack"] == Spec((3, 1), "float32")
     assert set(specs.acting_inputs) == {"obs"}
+
+
+def test_complete_episodes_carry_the_views_their_actions_were_chosen_from():
+    helper = OnlineHelper(sample_interval=1, complete_episodes=True)
+    made = iter(range(10))
+    agent = GymAgent()
+    agent.num_envs = 2
+    agent.make_env = lambda: Counter(next(made))
+    make_envs(agent, 0)
+    port = LearningPort(9, obs_plus_one)
+    agent.connect(agent_id="a0", seed=0, specs={"RL": view_specs()}, ports={"RL": port}, helpers={"RL": helper})
+    with pytest.raises(StopRequested):
+        agent.run()
+    # Three rounds of two 3-step episodes.
+    assert [payload["inputs"]["obs"].shape[:2] for payload in port.learned] == [(1, 6)] * 3
+    for payload in port.learned:
+        for t, obs in enumerate(payload["inputs"]["obs"][0, :, 0]):
+            env, step = int(obs) // 100, int(obs) % 100
+            assert step == t % EPISODE and as_lists(payload["inputs"], (0, t)) == expected_views(env, step)

@@ -286,9 +286,14 @@ class ComputationTask:
         with self._statistics_lock:
             merged = {}
             for key, moments in counted.items():
-                statistics = self.statistics.setdefault(key, RunningMoments(moments.shape))
-                statistics.merge(moments)
-                merged[key] = statistics.copy()
+                statistics = self.statistics.get(key, RunningMoments(moments.shape)).copy()
+                with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+                    statistics.merge(moments)
+                if not (np.isfinite(statistics.mean).all() and np.isfinite(statistics.m2).all()):
+                    raise SpecError(f"statistics of {key!r}: merged with the run's, they overflow to infinity")
+                merged[key] = statistics
+            for key, statistics in merged.items():
+                self.statistics[key] = statistics.copy()
         return merged
 
     def statistics_copy(self) -> dict[str, RunningMoments]:

@@ -69,6 +69,9 @@ class RunningMoments:
             self._merge(other.count, other.mean, other.m2)
 
     def _merge(self, count: int, mean: np.ndarray, m2: np.ndarray) -> None:
+        if not self.count:
+            self.count, self.mean, self.m2 = count, np.array(mean, np.float64), np.array(m2, np.float64)
+            return
         total = self.count + count
         delta = mean - self.mean
         self.mean = self.mean + delta * (count / total)
@@ -262,7 +265,12 @@ class Transforms:
         """A pipeline from plain data: ``[["normalize_observations", {"clip": 5}], ["scale_rewards", {"factor": 0.1}]]``."""
         transforms = []
         for option in options:
-            name, kwargs = (option, {}) if isinstance(option, str) else tuple(option) if len(option) == 2 else (option, None)
+            if isinstance(option, str):
+                name, kwargs = option, {}
+            elif isinstance(option, (list, tuple)) and len(option) == 2:
+                name, kwargs = option
+            else:
+                name, kwargs = None, None
             kind = TRANSFORMS.get(name) if isinstance(name, str) else None
             if kind is None or not isinstance(kwargs, dict):
                 raise ConfigError(

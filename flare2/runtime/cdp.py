@@ -298,11 +298,10 @@ class ComputationDataProcessor:
     def _on_statistics(self, message: Message, reply_to: Any) -> None:
         """An agent's new observation counts: merged into the CT's, and the merged ones go back at once."""
         try:
-            counted = check_statistics_request(self.ct.specs, message.payload)
+            merged = self.ct.merge_statistics(check_statistics_request(self.ct.specs, message.payload))
         except SpecError as exc:
             self.reject(reply_to, True, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return
-        merged = self.ct.merge_statistics(counted)
         reply = {"moments": {key: moments.to_wire() for key, moments in merged.items()}}
         self.reply(reply_to, True, Message(STATISTICS, reply, seq=message.seq, ct=self.ct.name))
 

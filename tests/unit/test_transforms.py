@@ -138,16 +138,18 @@ def test_the_statistics_survive_a_checkpoint_and_an_agent_of_the_resumed_run_sta
     ({"x": {"count": 2, "mean": np.zeros(2), "m2": np.array([-1.0, 0.0])}}, "m2 must be >= 0"),
     ({"x": {"count": 2, "mean": np.zeros(2)}}, "must be a map of count, mean, m2"),
     ({}, "carries 'moments'"),
+    ({"x": {"count": 2, "mean": np.full(2, 1e200), "m2": np.full(2, 1e300)}}, "overflow to infinity"),
 ])
-def test_malformed_statistics_are_refused_naming_what_is_wrong_and_change_nothing(moments, named):
+def test_malformed_statistics_are_refused_naming_what_is_wrong_and_leave_the_merged_ones_as_they_were(moments, named):
     ct, cdp = served_ct("a")
     port = CDPPort(cdp, "a")
+    good = {"x": {"count": 2, "mean": -np.full(2, 1e200), "m2": np.ones(2)}}
+    assert port.wait_statistics(port.send_statistics({"moments": good}))["moments"]["x"]["count"] == 2
     with pytest.raises(FlareError, match=named.replace("(", r"\(").replace(")", r"\)")):
         port.wait_statistics(port.send_statistics({"moments": moments}))
-    assert ct.statistics == {}
-    good = {"x": {"count": 2, "mean": np.ones(2), "m2": np.ones(2)}}
+    assert ct.statistics["x"].count == 2
     reply = port.wait_statistics(port.send_statistics({"moments": good}))
-    assert reply["moments"]["x"]["count"] == 2
+    assert reply["moments"]["x"]["count"] == 4
 
 
 def test_a_pipeline_from_options_names_an_unknown_transform_and_bad_arguments():

@@ -75,14 +75,14 @@ def expected_views(index: int, t: int) -> dict[str, list]:
     return {"stack": [[v] for v in obs], "last_action": last_action, "last_rewards": last_rewards}
 
 
-def play(steps: int, helper) -> tuple[GymAgent, AnsweringPort]:
+def play(steps: int, helper, port_class=AnsweringPort) -> tuple[GymAgent, AnsweringPort]:
     made = iter(range(10))
     agent = GymAgent()
     agent.num_envs = 2
     agent.make_env = lambda: Counter(next(made))
     make_envs(agent, 0)
     specs = view_specs()
-    port = AnsweringPort(steps, obs_plus_one)
+    port = port_class(steps, obs_plus_one)
     agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
     agent.check_specs({"RL": specs})
     with pytest.raises(StopRequested):
@@ -105,18 +105,14 @@ class LearningPort(AnsweringPort):
         self.learned.append(payload)
 
 
+def play_learning(helper) -> LearningPort:
+    """Nine steps of two Counter envs with ``helper``; the port that kept the learn requests."""
+    return play(9, helper, LearningPort)[1]
+
+
 def test_views_sent_and_learned_match_the_hand_built_ones_across_episode_and_request_ends():
     # Episodes of 3 steps, requests of 2: views reach back across both kinds of edge.
-    helper = OnlineHelper(sample_interval=2)
-    made = iter(range(10))
-    agent = GymAgent()
-    agent.num_envs = 2
-    agent.make_env = lambda: Counter(next(made))
-    make_envs(agent, 0)
-    port = LearningPort(9, obs_plus_one)
-    agent.connect(agent_id="a0", seed=0, specs={"RL": view_specs()}, ports={"RL": port}, helpers={"RL": helper})
-    with pytest.raises(StopRequested):
-        agent.run()
+    port = play_learning(OnlineHelper(sample_interval=2))
     for step, sent in enumerate(payload["inputs"] for payload in port.sent[:9]):
         for row in range(2):
             assert as_lists(sent, row) == expected_views(row, step % EPISODE), (step, row)
@@ -176,16 +172,7 @@ def test_views_of_what_the_specs_lack_or_of_ragged_data_are_refused():
 
 
 def test_complete_episodes_carry_the_views_their_actions_were_chosen_from():
-    helper = OnlineHelper(sample_interval=1, complete_episodes=True)
-    made = iter(range(10))
-    agent = GymAgent()
-    agent.num_envs = 2
-    agent.make_env = lambda: Counter(next(made))
-    make_envs(agent, 0)
-    port = LearningPort(9, obs_plus_one)
-    agent.connect(agent_id="a0", seed=0, specs={"RL": view_specs()}, ports={"RL": port}, helpers={"RL": helper})
-    with pytest.raises(StopRequested):
-        agent.run()
+    port = play_learning(OnlineHelper(sample_interval=1, complete_episodes=True))
     # Three rounds of two 3-step episodes.
     assert [payload["inputs"]["obs"].shape[:2] for payload in port.learned] == [(1, 6)] * 3
     for payload in port.learned:

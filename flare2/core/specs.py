@@ -160,8 +160,8 @@ class View:
     It is made of ``group[key]`` over ``frames`` consecutive steps, oldest first, as a ``[frames, *source shape]``
     array: for ``inputs``, the last ``frames`` observations up to the current one (a frame stack); for ``actions``
     and ``rewards``, the ``frames`` steps before the current one (the previous action, the previous reward). Frames
-    from before the episode's first step are zeros. The agent builds it as it acts and stores it with the step, so
-    learning sees exactly what acting saw.
+    from before the episode's first step are zeros. The agent builds it as it acts; its helper builds it again from
+    the stored trajectory for learning (``flare2.core.views``), so learning sees exactly what acting saw.
     """
 
     group: str

@@ -57,11 +57,19 @@ class RunningMoments:
 
     def update(self, samples: np.ndarray) -> None:
         """Count ``samples``, ``[n, *shape]``."""
-        count = len(samples)
-        if count:
-            samples = samples.astype(np.float64, copy=False)
-            mean = samples.mean(axis=0)
-            self._merge(count, mean, ((samples - mean) ** 2).sum(axis=0))
+        self.merge(RunningMoments.of(samples))
+
+    @classmethod
+    def of(cls, samples: np.ndarray) -> RunningMoments:
+        """The moments of ``samples``, ``[n, *shape]``."""
+        samples = samples.astype(np.float64, copy=False)
+        moments = cls(samples.shape[1:])
+        if len(samples):
+            moments.count = len(samples)
+            moments.mean = samples.mean(axis=0)
+            deviations = samples - moments.mean
+            moments.m2 = np.einsum("i...,i...->...", deviations, deviations)
+        return moments
 
     def merge(self, other: RunningMoments) -> None:
         """Count every sample that ``other`` counted, as if they had come here."""
@@ -193,10 +201,10 @@ class NormalizeObservations(Transform):
     def observations(self, inputs: dict[str, np.ndarray], rows: np.ndarray | None, *, count: bool) -> None:
         if count:
             for key in self.keys:
-                samples = inputs[key] if rows is None else inputs[key][rows]
-                self.moments[key].update(samples)
-                self._unsent[key].update(samples)
-            self._rows_since_sync += len(samples)
+                counted = RunningMoments.of(inputs[key] if rows is None else inputs[key][rows])
+                self.moments[key].merge(counted)
+                self._unsent[key].merge(counted)
+            self._rows_since_sync += counted.count
             if self._rows_since_sync >= self.sync_every:
                 self._sync()
             else:

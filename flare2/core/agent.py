@@ -189,6 +189,7 @@ class Agent:
     ) -> None:
         """Hand one step to the helper of CT ``ct``; ``terminated``/``truncated`` as Gymnasium reports them.
 
+        ``inputs`` and ``next_inputs`` leave out the CT's views: the helper builds them from the stored steps.
         ``extras`` gives the CT's ``extra_specs`` that the agent fills (entries of the env's ``info``); any left out
         are zeros, for the helper's ``postprocess`` to fill.
 
@@ -202,8 +203,8 @@ class Agent:
             return {name: _one_row(group[name], spec, cast=True) for name, spec in group_specs.items()}
 
         self._helpers[ct].store({
-            "inputs": rows(inputs, specs.inputs),
-            "next_inputs": rows(next_inputs, specs.inputs),
+            "inputs": rows(inputs, specs.acting_inputs),
+            "next_inputs": rows(next_inputs, specs.acting_inputs),
             "actions": rows(actions, specs.actions),
             "rewards": rows(rewards, specs.rewards),
             "states": rows(states or {}, specs.states),

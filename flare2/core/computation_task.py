@@ -16,8 +16,8 @@ from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.core.ragged_tensor import RaggedTensor
-from flare2.core.transforms import RunningMoments
 from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
+from flare2.core.transforms import RunningMoments
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import Ragged, rows_in_order
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from flare2.core.agent import AgentHelper
 from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
-from flare2.errors import ConfigError
 from flare2.core.views import EpisodeAges, view_context, with_views
+from flare2.errors import ConfigError
 from flare2.wire.ragged import Ragged, concat_time, stack_time
 
 

@@ -1,4 +1,5 @@
-"""The ``flare2`` command: ``flare2 attach`` joins a run from another machine, ``flare2 keys`` makes CURVE keys."""
+"""The ``flare2`` command: ``flare2 train`` trains a Gymnasium env with a zoo algorithm, ``flare2 attach`` joins a
+run from another machine, ``flare2 keys`` makes CURVE keys."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flare2", description="flare2: a reinforcement-learning runtime.")
     parser.add_argument("--version", action="version", version=f"flare2 {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    # Its options depend on --algo, so it parses its own command line (below).
+    commands.add_parser("train", help="train a Gymnasium env with a zoo algorithm: flare2 train --env ID --algo NAME",
+                        add_help=False)
 
     attach = commands.add_parser("attach", help="start agents here that join a run on another machine")
     attach.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
@@ -72,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     keys.add_argument("--name", default="client", help="name of the client pair to add (and allow)")
     keys.set_defaults(run=_keys, parser=keys)
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        from flare2.runtime.train import main as train
+
+        return train(argv[1:])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     return args.run(args, args.parser)

@@ -30,7 +30,7 @@ def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     return None, int(match.group(1))
 
 
-def _number(kind: type, *, least: float | None = None, strict: bool = False):
+def number_option(kind: type, *, least: float | None = None, strict: bool = False):
     """An argparse type: a ``kind`` (int or float), >= ``least`` if given (> with ``strict``), else a usage error
     naming it."""
     bound = "" if least is None else f" > {least:g}" if strict else f" >= {least:g}"
@@ -48,31 +48,31 @@ def _number(kind: type, *, least: float | None = None, strict: bool = False):
 
 
 _RUN, _AGENTS, _BATCHING = RunConfig, AgentConfig, BatchingConfig
-_POSITIVE = _number(float, least=0, strict=True)
+_POSITIVE = number_option(float, least=0, strict=True)
 _SUPERVISION = "supervision and checkpoints"
 _NETWORK = "network (agents on other machines join with `flare2 attach`)"
 
 OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     # (group, flag, config class, field, argparse settings): each run option once; its default is the field's.
-    ("run", "--num-agents", _AGENTS, "num_agents", dict(type=_number(int, least=0), help="agent processes on this machine")),
+    ("run", "--num-agents", _AGENTS, "num_agents", dict(type=number_option(int, least=0), help="agent processes on this machine")),
     ("run", "--envs-per-agent", _AGENTS, "envs_per_agent", dict(
-        type=_number(int, least=1), help="environments each agent process plays, asked for in one request per step")),
+        type=number_option(int, least=1), help="environments each agent process plays, asked for in one request per step")),
     ("run", "--serial", _RUN, "serial", dict(
         action="store_true", help="run everything in this one process (one agent with all the envs): for debuggers")),
-    ("run", "--max-steps", _RUN, "max_steps", dict(type=_number(int, least=1), help="stop after this many env steps in total")),
-    ("run", "--max-episodes", _RUN, "max_episodes", dict(type=_number(int, least=1), help="stop after this many episodes in total")),
+    ("run", "--max-steps", _RUN, "max_steps", dict(type=number_option(int, least=1), help="stop after this many env steps in total")),
+    ("run", "--max-episodes", _RUN, "max_episodes", dict(type=number_option(int, least=1), help="stop after this many episodes in total")),
     ("run", "--stop-return", _RUN, "stop_return", dict(
         type=float, help="also stop once the mean return of the last 100 episodes reaches this")),
     ("run", "--eval-every", _RUN, "eval_every", dict(
-        type=_number(int, least=0), metavar="N", help="each agent plays a greedy evaluation episode after every N "
+        type=number_option(int, least=0), metavar="N", help="each agent plays a greedy evaluation episode after every N "
         "training episodes (reported as eval_return_mean; not learned from; 0: none)")),
     ("run", "--stop-eval-return", _RUN, "stop_eval_return", dict(
         type=float, help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)")),
     ("run", "--device", _RUN, "device", dict(help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")),
     ("run", "--torch-threads", _RUN, "torch_threads", dict(
-        type=_number(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
+        type=number_option(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
     ("run", "--busy-wait-us", _RUN, "busy_wait_us", dict(
-        type=_number(int, least=0), metavar="US", help="microseconds a waiting process keeps checking for its message "
+        type=number_option(int, least=0), metavar="US", help="microseconds a waiting process keeps checking for its message "
         "before it sleeps (waking a core is slow); default: %d while the run's busy processes fit the cores, else 0"
         % AUTO_BUSY_WAIT_US)),
     ("run", "--log-dir", _RUN, "log_dir", dict(help="where progress.csv, manager.log and checkpoints go")),
@@ -80,23 +80,23 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     ("run", "--progress-interval", _RUN, "progress_interval_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="seconds between progress lines")),
     ("batching", "--max-batch", _BATCHING, "max_batch", dict(
-        type=_number(int, least=1), help="a prediction batch is flushed once it holds this many requests")),
+        type=number_option(int, least=1), help="a prediction batch is flushed once it holds this many requests")),
     ("batching", "--max-wait-ms", _BATCHING, "max_wait_ms", dict(
-        type=_number(float, least=0), help="... or once its oldest request has waited this long, or every live agent "
+        type=number_option(float, least=0), help="... or once its oldest request has waited this long, or every live agent "
         "waits (0: serve what is waiting each time the compute loop is free)")),
     ("batching", "--learn-max-batch", _BATCHING, "learn_max_batch", dict(
-        type=_number(int, least=1), help="a learn batch is flushed once it holds this many learn requests")),
+        type=number_option(int, least=1), help="a learn batch is flushed once it holds this many learn requests")),
     ("batching", "--learn-max-wait-ms", _BATCHING, "learn_max_wait_ms", dict(
-        type=_number(float, least=0), help="... or once its oldest has waited this long for those of the other live agents")),
+        type=number_option(float, least=0), help="... or once its oldest has waited this long for those of the other live agents")),
     ("batching", "--learner", _RUN, "learner", dict(
         choices=LEARNERS, help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
         "learn() runs mostly outside Python: large models, GPU), or inline between predictions; auto: a process where "
         "the algorithm allows one and there are 2 cores or more")),
     ("batching", "--max-message-bytes", _RUN, "max_message_bytes", dict(
-        type=_number(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
+        type=number_option(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
         "requests must fit; larger ones are refused with an error)")),
     (_SUPERVISION, "--max-restarts", _RUN, "max_restarts", dict(
-        type=_number(int, least=0), help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")),
+        type=number_option(int, least=0), help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")),
     (_SUPERVISION, "--restart-backoff", _RUN, "restart_backoff_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="wait before restarting an agent, doubled for each failure in a row (up to 30 s)")),
     (_SUPERVISION, "--reply-timeout", _RUN, "reply_timeout_s", dict(
@@ -214,7 +214,7 @@ def _field_docs(config_class: type) -> dict[str, str]:
 
 
 # How argparse reads a config field of each plain type.
-_FIELD_PARSERS = {int: _number(int), float: _number(float), str: str}
+_FIELD_PARSERS = {int: number_option(int), float: number_option(float), str: str}
 
 
 def _or_none(parse):
@@ -243,6 +243,7 @@ def add_config_options(
     config_class: type,
     *,
     derived: dict[str, str] | None = None,
+    title: str = "the algorithm's settings",
     **defaults: Any,
 ) -> None:
     """Add one option per field of the dataclass ``config_class`` (``--lr``, ``--gamma``, ``--no-double-q``...), with
@@ -258,7 +259,7 @@ def add_config_options(
         raise TypeError(f"add_config_options got defaults for no field of {config_class.__name__}: {sorted(unknown)}")
     hints = typing.get_type_hints(config_class)
     docs = _field_docs(config_class)
-    group = parser.add_argument_group(f"{config_class.__name__} (the algorithm's settings)")
+    group = parser.add_argument_group(f"{config_class.__name__} ({title})")
     for name, field in fields.items():
         default = _Derived(derived[name]) if name in derived else defaults.get(name, field.default)
         settings = _argument_settings(hints[name], name, config_class)
@@ -296,9 +297,9 @@ def add_transform_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--normalize-observations", action="store_true",
                        help="normalise each observation by running mean and variance, counted by every agent of the "
                             "run together and kept in the checkpoint")
-    group.add_argument("--scale-rewards", type=_number(float), default=None, metavar="FACTOR",
+    group.add_argument("--scale-rewards", type=number_option(float), default=None, metavar="FACTOR",
                        help="multiply every reward by FACTOR (after normalisation of observations, before clipping)")
-    group.add_argument("--clip-rewards", type=_number(float, least=0, strict=True), default=None, metavar="LIMIT",
+    group.add_argument("--clip-rewards", type=number_option(float, least=0, strict=True), default=None, metavar="LIMIT",
                        help="clip every reward to [-LIMIT, LIMIT]")
 
 

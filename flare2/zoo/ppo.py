@@ -77,9 +77,10 @@ class PPO(Algorithm):
         self.steps_seen = 0
 
     @classmethod
-    def for_env(cls, env: gym.Env, config: PPOConfig = PPOConfig(), *, frames: int = 1) -> PPO:
+    def for_env(cls, env: gym.Env, config: PPOConfig = PPOConfig(), *, frames: int = 1,
+                hidden: tuple[int, ...] = (64, 64)) -> PPO:
         """PPO with the zoo's MLP actor-critic for ``env`` (over its last ``frames`` observations)."""
-        return cls(PPOActorCritic(env.observation_space, env.action_space, frames=frames), config)
+        return cls(PPOActorCritic(env.observation_space, env.action_space, frames=frames, hidden=hidden), config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         policy = self.model.policy(inputs)

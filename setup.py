@@ -15,6 +15,13 @@ setup(
         "msgpack>=1.0",
         "gymnasium>=0.29",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6"],
+        # flare2 eval --video: frames to .gif (imageio with Pillow) or .mp4 (imageio-ffmpeg brings its own ffmpeg);
+        # pygame draws the classic-control envs.
+        "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame>=2.1"],
+        # flare2 plot
+        "plot": ["matplotlib>=3.7"],
+    },
     entry_points={"console_scripts": ["flare2=flare2.cli:main"]},
 )

@@ -45,6 +45,8 @@ _EXPORTS = {
     "AgentConfig": "flare2.runtime.config",
     "RunConfig": "flare2.runtime.config",
     "Manager": "flare2.runtime.manager",
+    "load_policy": "flare2.runtime.evaluate",
+    "TrainedPolicy": "flare2.runtime.evaluate",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,5 +1,5 @@
-"""The ``flare2`` command: ``flare2 train`` trains a Gymnasium env with a zoo algorithm, ``flare2 attach`` joins a
-run from another machine, ``flare2 keys`` makes CURVE keys."""
+"""The ``flare2`` command: ``flare2 train`` trains a Gymnasium env with a zoo algorithm, ``flare2 eval`` plays the
+result, ``flare2 attach`` joins a run from another machine, ``flare2 keys`` makes CURVE keys."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     # Its options depend on --algo, so it parses its own command line (below).
     commands.add_parser("train", help="train a Gymnasium env with a zoo algorithm: flare2 train --env ID --algo NAME",
                         add_help=False)
+    commands.add_parser("eval", help="play episodes with a run of flare2 train: flare2 eval RUN_DIR", add_help=False)
 
     attach = commands.add_parser("attach", help="start agents here that join a run on another machine")
     attach.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         from flare2.runtime.train import main as train
 
         return train(argv[1:])
+    if argv[:1] == ["eval"]:
+        from flare2.runtime.evaluate import main as evaluate
+
+        return evaluate(argv[1:])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     return args.run(args, args.parser)

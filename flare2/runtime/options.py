@@ -11,7 +11,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flare2.errors import ConfigError
@@ -305,11 +305,16 @@ def add_transform_options(parser: argparse.ArgumentParser) -> None:
 
 def transforms_from_args(args: argparse.Namespace) -> list[Any]:
     """The ``transforms`` option of GymAgent that the options of ``add_transform_options`` ask for, in order."""
+    return transform_options(vars(args))
+
+
+def transform_options(values: Mapping[str, Any]) -> list[Any]:
+    """``transforms_from_args`` of the values of those options by name (a run's recorded options)."""
     transforms: list[Any] = []
-    if args.normalize_observations:
+    if values.get("normalize_observations"):
         transforms.append("normalize_observations")
-    if args.scale_rewards is not None:
-        transforms.append(["scale_rewards", {"factor": args.scale_rewards}])
-    if args.clip_rewards is not None:
-        transforms.append(["clip_rewards", {"low": -args.clip_rewards, "high": args.clip_rewards}])
+    if values.get("scale_rewards") is not None:
+        transforms.append(["scale_rewards", {"factor": values["scale_rewards"]}])
+    if values.get("clip_rewards") is not None:
+        transforms.append(["clip_rewards", {"low": -values["clip_rewards"], "high": values["clip_rewards"]}])
     return transforms

@@ -25,10 +25,9 @@ from flare2.runtime.options import (
     number_option, run_config_from_args, transforms_from_args,
 )
 from flare2.zoo.recipes import (
-    PRESET_GROUPS, RECIPES, agent_kwargs, build, check_env_id, check_preset, check_spaces, preset, settings_fields,
+    PRESET_GROUPS, RECIPES, TRAIN_FILE, agent_kwargs, build, check_env_id, check_preset, check_spaces, preset, settings_fields,
 )
 
-TRAIN_FILE = "train.json"
 _TRANSFORM_OPTIONS = ("normalize_observations", "scale_rewards", "clip_rewards")
 # Where this run writes and listens belongs to the command line, not to a preset that another run reuses.
 _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_dir", "insecure"}

@@ -16,7 +16,8 @@ setup(
         "gymnasium>=0.29",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        # The tests also cover flare2 plot and flare2 eval --video (as a .gif: no ffmpeg needed).
+        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "imageio>=2.30", "pygame>=2.1"],
         # flare2 eval --video: frames to .gif (imageio with Pillow) or .mp4 (imageio-ffmpeg brings its own ffmpeg);
         # pygame draws the classic-control envs.
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame>=2.1"],

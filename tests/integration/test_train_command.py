@@ -32,3 +32,54 @@ def test_each_algorithm_trains_its_preset_env_and_writes_its_settings_and_checkp
     assert (tmp_path / "checkpoints" / "RL.pt").is_file()
     written = json.loads((tmp_path / "train.json").read_text())
     assert (written["algo"], written["env"], written["run"]["max_steps"]) == (algo, env, budget)
+
+
+def flare2(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flare2.cli", *argv], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A small flare2 train run with normalised observations and a frame stack: what eval must play back alike."""
+    run_dir = tmp_path_factory.mktemp("trained")
+    result = flare2("train", "--env", "CartPole-v1", "--algo", "ppo", "--serial", "--max-steps", "1200", "--epochs", "1",
+                    "--frames", "3", "--normalize-observations", "--device", "cpu", "--log-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr[-4000:]
+    return run_dir
+
+
+def test_eval_plays_a_trained_run_and_reports_its_return(trained, tmp_path):
+    result = flare2("eval", str(trained), "--episodes", "3")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.startswith("ppo on CartPole-v1, 3 greedy episodes: return ")
+    checkpoint = flare2("eval", str(trained / "checkpoints" / "RL.pt"), "--episodes", "1", "--stochastic",
+                        "--video", str(tmp_path / "episode.gif"))
+    assert checkpoint.returncode == 0, checkpoint.stderr[-4000:]
+    assert "1 stochastic episode: " in checkpoint.stdout
+    assert (tmp_path / "episode.gif").read_bytes()[:6] == b"GIF89a"
+
+
+def test_a_loaded_policy_acts_with_the_runs_statistics_and_views(trained):
+    import numpy as np
+
+    import flare2 as package
+
+    policy = package.load_policy(trained)
+    saved = policy.ct.statistics["obs"]
+    assert saved.count > 1000
+    env = policy.make_env()
+    observation, _ = env.reset(seed=3)
+    action = policy.predict(observation, episode_start=True)
+    assert env.action_space.contains(action)
+    for _ in range(5):
+        observation, reward, terminated, truncated, _ = env.step(action)
+        action = policy.predict(observation, reward=reward)
+    # The frames the model sees are the normalised observations, newest last.
+    frames = policy._views.current()["obs_frames"][0]
+    expected = np.clip((observation - saved.mean) / np.sqrt(saved.variance + 1e-8), -10, 10)
+    np.testing.assert_allclose(frames[-1], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_eval_of_a_directory_that_is_no_flare2_train_run_says_so(tmp_path):
+    result = flare2("eval", str(tmp_path))
+    assert result.returncode == 2 and "is no run of flare2 train: " in result.stderr and "train.json is missing" in result.stderr

@@ -50,7 +50,7 @@ class TrainedPolicy:
 
     def __init__(self, run: dict[str, Any], ct: Any) -> None:
         self.algo, self.env_id, self.ct = run["algo"], run["env"], ct
-        self.env_kwargs = {"max_episode_steps": run["run"]["max_episode_steps"]} if run["run"].get("max_episode_steps") else {}
+        self.env_kwargs = _env_kwargs(run)
         env = self.make_env()
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
@@ -102,6 +102,7 @@ class _SavedStatistics:
 
     def __init__(self, saved: dict[str, RunningMoments], specs: Any) -> None:
         self.saved, self.specs = saved, specs
+        self._asked: list[str] = []
 
     def send_statistics(self, payload: dict[str, Any]) -> int:
         self._asked = list(payload["moments"])
@@ -122,17 +123,25 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
             f"{path} is no run of flare2 train: {train_file} is missing (give the log dir of a flare2 train run, or "
             "its checkpoints/RL.pt)"
         )
-    run = json.loads(train_file.read_text(encoding="utf-8"))
-    recipe = RECIPES[run["algo"]]
-    config = recipe.config_class(**_tuples(run["algorithm"]))
-    settings = recipe.settings_class(**_tuples(run["agent"]))
-    env_kwargs = {"max_episode_steps": run["run"]["max_episode_steps"]} if run["run"].get("max_episode_steps") else {}
+    try:
+        run = json.loads(train_file.read_text(encoding="utf-8"))
+        recipe = RECIPES[run["algo"]]
+        config = recipe.config_class(**_tuples(run["algorithm"]))
+        settings = recipe.settings_class(**_tuples(run["agent"]))
+        run["env"], run["run"]  # noqa: B018 (both are read below)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{train_file} is not as flare2 train writes it ({exc!r}): was it edited by hand?") from None
 
     from flare2.core.computation_task import ComputationTask
 
-    ct = ComputationTask("RL", build(run["algo"], run["env"], env_kwargs, config, settings), device=device)
+    ct = ComputationTask("RL", build(run["algo"], run["env"], _env_kwargs(run), config, settings), device=device)
     ct.load(path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, "RL"))
     return TrainedPolicy(run, ct)
+
+
+def _env_kwargs(run: dict[str, Any]) -> dict[str, Any]:
+    steps = run["run"].get("max_episode_steps")
+    return {"max_episode_steps": steps} if steps else {}
 
 
 def _tuples(values: dict[str, Any]) -> dict[str, Any]:

@@ -125,10 +125,12 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
         )
     try:
         run = json.loads(train_file.read_text(encoding="utf-8"))
+        missing = {"algo", "env", "algorithm", "agent", "run"} - set(run)
+        if missing:
+            raise KeyError(f"no {sorted(missing)}")
         recipe = RECIPES[run["algo"]]
         config = recipe.config_class(**_tuples(run["algorithm"]))
         settings = recipe.settings_class(**_tuples(run["agent"]))
-        run["env"], run["run"]  # noqa: B018 (both are read below)
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{train_file} is not as flare2 train writes it ({exc!r}): was it edited by hand?") from None
 

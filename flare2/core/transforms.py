@@ -25,7 +25,7 @@ agent started on another machine builds the same one. Imports no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np

@@ -231,6 +231,8 @@ def _one_row(value: Any, spec: Spec | None, *, cast: bool = False) -> np.ndarray
 
 def _extras_rows(extras: Arrays, specs: Mapping[str, Spec], rows: int) -> Arrays:
     """``rows`` rows of each extra spec: those given (one row each, or ``[rows, ...]``), zeros for the rest."""
+    if not specs and not extras:
+        return {}
     unknown = sorted(set(extras) - set(specs))
     if unknown:
         raise SpecError(f"extras {unknown} are not among the CT's extra specs {sorted(specs)}")

@@ -292,9 +292,8 @@ class ComputationTask:
                 if not (np.isfinite(statistics.mean).all() and np.isfinite(statistics.m2).all()):
                     raise SpecError(f"statistics of {key!r}: merged with the run's, they overflow to infinity")
                 merged[key] = statistics
-            for key, statistics in merged.items():
-                self.statistics[key] = statistics.copy()
-        return merged
+            self.statistics.update(merged)
+            return {key: statistics.copy() for key, statistics in merged.items()}
 
     def statistics_copy(self) -> dict[str, RunningMoments]:
         with self._statistics_lock:

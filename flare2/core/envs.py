@@ -292,6 +292,7 @@ class _EvaluationEpisodes:
 
     def __init__(self, agent: GymAgent, specs: CTSpecs, pipeline: Transforms) -> None:
         self.agent, self.pipeline = agent, pipeline
+        self.reward_dtype = specs.rewards["reward"].dtype
         self.env = agent.eval_env
         self.obs = _observation_rows(agent, specs, 1)
         self.views = ViewRows(specs, 1)
@@ -323,7 +324,7 @@ class _EvaluationEpisodes:
     def step(self, action: Any, action_rows: dict[str, Any], next_states: dict[str, np.ndarray]) -> None:
         observation, reward, terminated, truncated, _ = self.env.step(action)
         self.obs.set(0, observation)
-        rewards = np.array([reward], self.agent.specs(self.agent.ct).rewards["reward"].dtype)
+        rewards = np.array([reward], self.reward_dtype)
         self.pipeline.observations(self.obs.arrays(), count=False)
         self.pipeline.rewards(rewards)
         self.views.advance(self.obs.arrays(), action_rows, {"reward": rewards})

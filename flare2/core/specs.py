@@ -293,8 +293,8 @@ class CTSpecs:
 
 
 EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states", "extras")
-_OPTIONAL_GROUPS = ("states", "extras")  # a learn request of a CT without them may leave them out
 """The array groups of a step, a learn request and ``Experience``; ``CTSpecs.experience_specs`` gives their specs."""
+_OPTIONAL_GROUPS = ("states", "extras")  # a learn request of a CT without them may leave them out
 STEP_FLAG_SPECS = {
     "terminated": Spec((), "bool"),
     "truncated": Spec((), "bool"),

@@ -192,8 +192,10 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
         raise ConfigError("--video needs the video extra: python -m pip install -e '.[video]'") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        imageio.imwrite(path, np.stack(frames), fps=fps) if path.suffix == ".mp4" else imageio.imwrite(
-            path, np.stack(frames), duration=1000 / fps, loop=0)
+        if path.suffix == ".mp4":
+            imageio.imwrite(path, np.stack(frames), fps=fps)
+        else:
+            imageio.imwrite(path, np.stack(frames), duration=1000 / fps, loop=0)
     except (ImportError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"cannot write {path} ({exc}): a .gif needs Pillow, a .mp4 imageio-ffmpeg (the video extra)") from None
     logger.info("wrote %s (%d frames)", path, len(frames))

@@ -286,6 +286,8 @@ def config_from_args(
         return config_class(**values)
     except ConfigError as exc:
         parser.error(str(exc))
+    except TypeError as exc:  # a preset's value of the wrong kind meets the config's checks
+        parser.error(f"{config_class.__name__}: a value of the wrong kind ({exc}): {values}")
 
 
 # ---- the agent side's data transforms ----------------------------------------------------------------------------

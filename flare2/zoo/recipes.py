@@ -214,10 +214,12 @@ def check_preset(data: Any, source: str, known: Mapping[str, set[str]]) -> dict[
         raise ConfigError(f"preset {source} must be a JSON object of algo, env, {', '.join(PRESET_GROUPS)}")
     for group in PRESET_GROUPS:
         values = data.get(group, {})
-        unknown = sorted(set(values) - known[group]) if isinstance(values, dict) else None
-        if unknown is None or unknown:
+        if not isinstance(values, dict):
+            raise ConfigError(f"preset {source}: {group} must be a map of option names to values")
+        unknown = sorted(set(values) - known[group])
+        if unknown:
             raise ConfigError(
-                f"preset {source}: {group} must be a map of option names, and {unknown or 'it'} is not one of "
+                f"preset {source}: {group} must be a map of option names, and {unknown} is not one of "
                 f"{sorted(known[group])}"
             )
     return data

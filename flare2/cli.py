@@ -1,5 +1,6 @@
 """The ``flare2`` command: ``flare2 train`` trains a Gymnasium env with a zoo algorithm, ``flare2 eval`` plays the
-result, ``flare2 plot`` draws curves, ``flare2 attach`` joins a run from another machine, ``flare2 keys`` makes CURVE keys."""
+result, ``flare2 plot`` draws curves, ``flare2 tune`` searches settings, ``flare2 attach`` joins a run from another
+machine, ``flare2 keys`` makes CURVE keys."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("eval", help="play episodes with a run of flare2 train: flare2 eval RUN_DIR", add_help=False)
     commands.add_parser("plot", help="return against env steps of runs: flare2 plot RUN_DIR ... -o curve.png",
                         add_help=False)
+    commands.add_parser("tune", help="search an algorithm's settings for an env with Optuna: flare2 tune --env ID "
+                        "--algo NAME", add_help=False)
 
     attach = commands.add_parser("attach", help="start agents here that join a run on another machine")
     attach.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
@@ -92,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from flare2.runtime.plot import main as plot
 
         return plot(argv[1:])
+    if argv[:1] == ["tune"]:
+        from flare2.runtime.tune import main as tune
+
+        return tune(argv[1:])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     return args.run(args, args.parser)

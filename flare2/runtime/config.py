@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import ipaddress
 import json
 import os
@@ -152,6 +154,9 @@ class RunConfig:
     """Allow a non-loopback bind without CURVE: anyone who reaches the port can join the run."""
     progress_interval_s: float = 5.0
     """Seconds between progress lines (and progress.csv rows)."""
+    tensorboard: bool = False
+    """Also write every scalar of progress.csv and learn.csv as TensorBoard events in the log dir, against env
+    steps (needs the ``tensorboard`` extra)."""
     torch_threads: int = 1
     """Threads torch uses in the compute process, set once as it starts: with small models a second thread
     costs more in handing work over than it saves (a 64-64 MLP at batch 64 is 25 % slower with 2), and the
@@ -212,6 +217,11 @@ class RunConfig:
             raise ConfigError("stop_eval_return needs evaluation episodes: set eval_every (--eval-every N) as well")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(
+                "--tensorboard writes with the tensorboard package, which is not installed: "
+                "python -m pip install -e \".[tensorboard]\" (or pip install tensorboard)"
+            )
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.busy_wait_us is not None and not 0 <= self.busy_wait_us <= MOST_BUSY_WAIT_US:

@@ -28,6 +28,12 @@ SIGTERM = 143
 """Stopped by SIGTERM."""
 
 
+def outcome(code: int) -> str:
+    """How a run ended, as its summary line starts."""
+    return {OK: "run complete", SIGINT: "stopped by Ctrl+C", SIGTERM: "stopped by SIGTERM",
+            CONFIG_ERROR: "run not started: a setting is wrong"}.get(code, "run failed")
+
+
 def describe(code: int) -> str:
     """How a child process ended, for a log line: 'exited with code 2', 'was killed by SIGKILL'."""
     if code < 0:

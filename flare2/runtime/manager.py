@@ -45,7 +45,7 @@ from flare2.runtime.run_files import record_run, run_logs_and_signals, write_run
 from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
-from flare2.runtime.progress import ProgressLog, RunTotals
+from flare2.runtime.progress import ProgressLog, RunTotals, summary_line
 from flare2.runtime.processes import stop_resource_tracker
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HELLO, STATS, STOP, Message, VersionMismatchError, error_payload, error_text, unpack,
@@ -97,10 +97,12 @@ class Manager:
             return SerialRun(self.config).run()
         with run_logs_and_signals(self.log_dir, self._on_signal):
             try:
-                return self._run_with_logs()
+                code = self._run_with_logs()
             finally:
                 if self._progress is not None:
                     self._progress.close()
+            logger.info("%s", summary_line(exit_codes.outcome(code), self.totals, self.log_dir))
+            return code
 
     def _run_with_logs(self) -> int:
         try:
@@ -321,7 +323,8 @@ class Manager:
                 self.config.resume_dir, self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
             )
         self._progress = ProgressLog(
-            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(self.config)
+            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(self.config),
+            max_steps=self.config.max_steps, tensorboard=self.config.tensorboard,
         )
         self._checkpoints.start(time.monotonic(), self.totals.env_steps)
         self.desk.compute_is_up(control, served)

@@ -79,6 +79,9 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     ("run", "--seed", _RUN, "seed", dict(type=int, help="seeds the models and each agent's env")),
     ("run", "--progress-interval", _RUN, "progress_interval_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="seconds between progress lines")),
+    ("run", "--tensorboard", _RUN, "tensorboard", dict(
+        action="store_true", help="also write the progress and learn scalars as TensorBoard events in the log dir "
+        "(needs: pip install -e \".[tensorboard]\")")),
     ("batching", "--max-batch", _BATCHING, "max_batch", dict(
         type=number_option(int, least=1), help="a prediction batch is flushed once it holds this many requests")),
     ("batching", "--max-wait-ms", _BATCHING, "max_wait_ms", dict(

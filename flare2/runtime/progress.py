@@ -114,6 +114,8 @@ class RunTotals:
     recent_eval_returns: deque = field(default_factory=lambda: deque(maxlen=EVAL_RETURN_WINDOW))
     round_trips: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Prediction round trips as the agents timed them, since the last progress row."""
+    best_return_mean: float = float("nan")
+    """The highest ``return_mean`` of any progress row so far."""
     _finished: list = field(default_factory=list)
     """(return, length, evaluation) of the episodes finished since the last ``take_finished``."""
 
@@ -190,6 +192,35 @@ class RunTotals:
         return sum(report.get(key, 0) for report in self.ct_reports.values())
 
 
+def duration_text(seconds: float) -> str:
+    """``45s``, ``12m05s``, ``3h07m``: a duration as a person reads it."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def summary_line(outcome: str, totals: RunTotals, log_dir: Path) -> str:
+    """The run's last line: how it ended, what it did, and where its logs and checkpoints are."""
+    checkpoints = log_dir / "checkpoints"
+    saved = f"checkpoints in {checkpoints}" if any(checkpoints.glob("*.pt")) else "no checkpoint written"
+    return (
+        f"{outcome}: {totals.env_steps} env steps, {totals.episodes} episodes in "
+        f"{duration_text(time.monotonic() - totals.started)}; mean return last {totals.return_mean:.1f}, "
+        f"best {totals.best_return_mean:.1f}; {saved}; logs in {log_dir}"
+    )
+
+
+def _board_writer(log_dir: Path, purge_step: int) -> Any:
+    """A TensorBoard writer in ``log_dir``; TensorBoard hides the events earlier writers there put at ``purge_step``
+    or later, so each step of the curve shows once."""
+    from torch.utils.tensorboard import SummaryWriter  # torch and tensorboard only for runs that ask for events
+
+    return SummaryWriter(str(log_dir), purge_step=purge_step)
+
+
 def _has_header(path: Path, columns: tuple[str, ...]) -> bool:
     try:
         with open(path, newline="", encoding="utf-8") as file:
@@ -205,9 +236,17 @@ class ProgressLog:
     Each report also logs a progress line.
     """
 
-    def __init__(self, log_dir: str | Path, *, start_steps: int = 0, append: bool = False) -> None:
-        """``append`` continues the files of a resumed run in the same directory; ``start_steps`` is where it resumed."""
+    def __init__(self, log_dir: str | Path, *, start_steps: int = 0, append: bool = False,
+                 max_steps: int | None = None, tensorboard: bool = False) -> None:
+        """``append`` continues the files of a resumed run in the same directory; ``start_steps`` is where it resumed.
+
+        With ``max_steps``, each progress line tells how far the run is and when it will end at the pace so far.
+        With ``tensorboard``, each report also goes to TensorBoard event files in the log dir.
+        """
         self.dir = Path(log_dir)
+        self._max_steps = max_steps
+        self._start_steps = start_steps
+        self._start_time = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         progress_path, learn_path = self.dir / "progress.csv", self.dir / "learn.csv"
         append = append and _has_header(progress_path, PROGRESS_COLUMNS)
@@ -231,6 +270,8 @@ class ProgressLog:
         self._last_batches = 0.0
         self._last_ct_counts: dict[str, tuple[float, float, float, float]] = {}
         self._last_lag = (0.0, 0.0)
+        # A resumed run's events hide those an earlier run wrote after its checkpoint; a fresh run's hide them all.
+        self._board = _board_writer(self.dir, purge_step=start_steps + 1 if append else 0) if tensorboard else None
 
     def report(self, totals: RunTotals, *, agents: int, remote_agents: int = 0, envs: int = 0) -> dict[str, Any]:
         now = time.monotonic()
@@ -266,6 +307,8 @@ class ProgressLog:
         }
         totals.max_predict_wait_ms = 0.0
         totals.round_trips.take()
+        if not totals.best_return_mean >= row["return_mean"]:  # NaN compares False both ways
+            totals.best_return_mean = row["return_mean"]
         self._last_time, self._last_steps, self._last_rows, self._last_batches = now, totals.env_steps, rows, batches
         self._progress.writerow([row[column] for column in PROGRESS_COLUMNS])
         self._progress_file.flush()
@@ -276,19 +319,42 @@ class ProgressLog:
                 self._learn.writerow((row["wall_time"], ct, report.get("learn_calls", 0), cost, value))
                 costs_text.append(f"{ct + '/' if several else ''}{cost} {value:.3g}")
         self._learn_file.flush()
+        if self._board is not None:
+            self._write_board(row, totals)
         self._write_ct_rows(row["wall_time"], totals)
         for episode_return, length, evaluation in totals.take_finished():
             self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length, int(evaluation)))
         self._episodes_file.flush()
         eval_text = f" | eval {row['eval_return_mean']:.1f} ({totals.eval_episodes} ep)" if totals.eval_episodes else ""
         logger.info(
-            "steps %d | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | agents %d local, "
+            "steps %d%s | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | agents %d local, "
             "%d remote, %d envs | restarts %d%s",
-            row["env_steps"], row["steps_per_s"], row["episodes"], row["return_mean"], eval_text, row["batch_size_mean"],
+            row["env_steps"], self._budget_text(totals.env_steps, now), row["steps_per_s"], row["episodes"], row["return_mean"], eval_text, row["batch_size_mean"],
             row["learn_steps"], row["policy_lag_mean"], agents, remote_agents, envs, row["restarts"],
             (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row
+
+    def _write_board(self, row: dict[str, Any], totals: RunTotals) -> None:
+        """Every number of the progress row and every cost, against env steps; NaN (nothing to report yet) left out."""
+        step = row["env_steps"]
+        for column in PROGRESS_COLUMNS:
+            if column not in ("wall_time", "env_steps") and math.isfinite(row[column]):
+                self._board.add_scalar(f"progress/{column}", row[column], step)
+        for ct, report in totals.ct_reports.items():
+            for cost, value in report.get("costs", {}).items():
+                self._board.add_scalar(f"learn/{ct}/{cost}", value, step)
+        self._board.flush()
+
+    def _budget_text(self, env_steps: int, now: float) -> str:
+        """What follows the step count, e.g. ``of 100000 (12%, ETA 1m05s)``: the share of ``max_steps`` done and
+        the time left at the pace since this log started."""
+        if self._max_steps is None:
+            return ""
+        done = env_steps - self._start_steps
+        left = self._max_steps - env_steps
+        eta = f", ETA {duration_text(left * (now - self._start_time) / done)}" if done > 0 and left > 0 else ""
+        return f" of {self._max_steps} ({min(env_steps / self._max_steps, 1.0):.0%}{eta})"
 
     def _policy_lag_mean(self, totals: RunTotals) -> float:
         """Mean policy lag (learner version minus the version that acted) of the steps learned since the last row."""
@@ -311,6 +377,8 @@ class ProgressLog:
         self._cts_file.flush()
 
     def close(self) -> None:
+        if self._board is not None:
+            self._board.close()
         self._cts_file.close()
         self._progress_file.close()
         self._learn_file.close()

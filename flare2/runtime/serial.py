@@ -33,7 +33,7 @@ from flare2.runtime.checkpoints import CheckpointSchedule, checkpoint_path, resu
 from flare2.runtime.config import RunConfig
 from flare2.runtime import exit_codes
 from flare2.runtime.learner import InlineLearner
-from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals
+from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals, summary_line
 from flare2.runtime.run_files import record_run, run_logs_and_signals
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
@@ -149,16 +149,18 @@ class SerialRun:
     def run(self) -> int:
         with run_logs_and_signals(self.log_dir, self._on_signal):
             try:
-                return self._run()
+                code = self._run()
             except FlareError as exc:
                 logger.error("%s", exc)
-                return exit_codes.CONFIG_ERROR
+                code = exit_codes.CONFIG_ERROR
             except UserCodeError as exc:
                 logger.error("the run failed: %s", exc)
-                return exit_codes.FAILED
+                code = exit_codes.FAILED
             finally:
                 if self._progress is not None:
                     self._progress.close()
+            logger.info("%s", summary_line(exit_codes.outcome(code), self.totals, self.log_dir))
+            return code
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
@@ -237,7 +239,8 @@ class SerialRun:
         if counters:
             self.totals.resume_from(counters)
         self._progress = ProgressLog(
-            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(config)
+            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(config),
+            max_steps=config.max_steps, tensorboard=config.tensorboard,
         )
 
     def _start_clocks(self) -> None:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
 
 import pytest
 
+from flare2.runtime.train import resolve
+from flare2.runtime.tune import Study
 from runs import read_csv
 
 
 @pytest.mark.parametrize("algo, env, options", [
     # Real processes for one; the others in serial mode, which runs the same code in one process, faster.
     ("ppo", "CartPole-v1", ["--envs-per-agent", "2", "--max-steps", "600", "--epochs", "1"]),
-    ("a2c", "CartPole-v1", ["--serial", "--max-steps", "300"]),
+    ("a2c", "CartPole-v1", ["--serial", "--max-steps", "300", "--tensorboard"]),
     ("dqn", "CartPole-v1", ["--serial", "--max-steps", "600", "--warmup", "200"]),
     ("sarsa", "CliffWalking-v1", ["--serial", "--max-steps", "300"]),
     ("td3", "Pendulum-v1", ["--serial", "--max-steps", "400", "--warmup", "200", "--batch-size", "32"]),
@@ -32,6 +35,8 @@ def test_each_algorithm_trains_its_preset_env_and_writes_its_settings_and_checkp
     assert (tmp_path / "checkpoints" / "RL.pt").is_file()
     written = json.loads((tmp_path / "train.json").read_text())
     assert (written["algo"], written["env"], written["run"]["max_steps"]) == (algo, env, budget)
+    assert any(tmp_path.glob("events.out.tfevents.*")) == ("--tensorboard" in options)
+    assert "run complete: " in result.stderr.splitlines()[-1]
 
 
 def flare2(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -83,3 +88,36 @@ def test_a_loaded_policy_acts_with_the_runs_statistics_and_views(trained):
 def test_eval_of_a_directory_that_is_no_flare2_train_run_says_so(tmp_path):
     result = flare2("eval", str(tmp_path))
     assert result.returncode == 2 and "is no run of flare2 train: " in result.stderr and "train.json is missing" in result.stderr
+
+
+def trial_rows(log_dir) -> list[dict[str, str]]:
+    with open(log_dir / "trials.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def test_tune_runs_its_trials_and_writes_the_best_as_a_preset_flare2_train_takes(tmp_path):
+    result = flare2("tune", "--env", "CartPole-v1", "--algo", "a2c", "--trials", "2", "--trial-steps", "400",
+                    "--serial", "--device", "cpu", "--log-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-4000:]
+    trials = trial_rows(tmp_path)
+    assert [(row["trial"], row["state"]) for row in trials] == [("0", "complete"), ("1", "complete")]
+    assert all(int(row["last_step"]) >= 400 for row in trials)
+    best = max(trials, key=lambda row: float(row["mean_return"]))
+    assert f"best: trial {best['trial']} with mean return " in result.stdout
+    preset = json.loads((tmp_path / "best.json").read_text())
+    assert preset["algorithm"]["lr"] == pytest.approx(float(best["lr"]))
+    plan = resolve(["--preset", str(tmp_path / "best.json"), "--log-dir", str(tmp_path / "again")])
+    assert (plan.algo, plan.env_id, plan.config.lr) == ("a2c", "CartPole-v1", pytest.approx(float(best["lr"])))
+
+
+def test_a_pruned_trial_is_stopped_early_and_ends_cleanly(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    # A pruner that stops every trial at its first report: the run it stops must end at once, not at its budget.
+    study = Study("a2c", ["--algo", "a2c", "--env", "CartPole-v1", "--serial", "--device", "cpu",
+                          "--progress-interval", "0.5"], 10_000_000, tmp_path, 0.5)
+    code = study.run(1, 0, {}, optuna.pruners.ThresholdPruner(lower=1e9))
+    assert code == 1
+    [trial] = trial_rows(tmp_path)
+    assert trial["state"] == "pruned" and 0 < int(trial["last_step"]) < 10_000_000
+    assert "stopped by Ctrl+C" in (tmp_path / "trial_0" / "manager.log").read_text()
+    assert not (tmp_path / "best.json").exists()

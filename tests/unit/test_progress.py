@@ -15,6 +15,8 @@ from flare2.runtime.progress import (
     LatencyHistogram,
     ProgressLog,
     RunTotals,
+    duration_text,
+    summary_line,
 )
 
 
@@ -154,3 +156,81 @@ def test_a_resumed_run_appends_to_its_files_and_a_foreign_progress_file_is_repla
     (tmp_path / "progress.csv").write_text("something,else\n1,2\n")
     ProgressLog(tmp_path, append=True).close()
     assert (tmp_path / "progress.csv").read_text().splitlines() == [",".join(PROGRESS_COLUMNS)]
+
+
+def test_the_progress_line_tells_the_share_of_the_step_budget_and_the_time_left(tmp_path, caplog):
+    log = ProgressLog(tmp_path, start_steps=1000, max_steps=5000)
+    log._start_time -= 10.0  # 10 s ago this log started, at 1000 steps: 100 steps/s
+    totals = RunTotals()
+    totals.add_agent_stats(2000, [])
+    with caplog.at_level("INFO", logger="flare2.progress"):
+        log.report(totals, agents=1)
+    log.close()
+    # 1000 steps in 10 s since the start; 3000 left take 30 s.
+    assert "steps 2000 of 5000 (40%, ETA 30s) |" in caplog.text
+    assert [duration_text(s) for s in (0.4, 59, 61, 3599, 3600 * 3 + 7 * 60 + 20)] == ["0s", "59s", "1m01s", "59m59s", "3h07m"]
+
+
+def test_the_summary_names_the_best_and_last_mean_return_and_where_the_files_are(tmp_path):
+    log = ProgressLog(tmp_path)
+    totals = RunTotals()
+    totals.add_agent_stats(100, [(50.0, 50)])
+    log.report(totals, agents=1)
+    totals.add_agent_stats(100, [(10.0, 10)])
+    log.report(totals, agents=1)
+    log.close()
+    assert totals.best_return_mean == 50.0
+    line = summary_line("run complete", totals, tmp_path)
+    assert line.startswith("run complete: 200 env steps, 2 episodes in 0s; mean return last 30.0, best 50.0; ")
+    assert line.endswith(f"no checkpoint written; logs in {tmp_path}")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "RL.pt").write_bytes(b"")
+    assert f"checkpoints in {tmp_path / 'checkpoints'}; logs in" in summary_line("run complete", totals, tmp_path)
+
+
+def _board_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    """The scalars TensorBoard itself reads from the event files of ``log_dir``, by tag."""
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = event_accumulator.EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_gets_every_progress_and_learn_scalar_and_a_resume_continues_one_curve(tmp_path):
+    pytest.importorskip("tensorboard")
+    totals = RunTotals()
+    log = ProgressLog(tmp_path, tensorboard=True)
+    for steps, episode_return, loss in ((100, 10.0, 0.9), (100, 20.0, 0.8), (100, 30.0, 0.7)):
+        totals.add_agent_stats(steps, [(episode_return, 10)])
+        totals.add_compute_stats({"RL": {"learn_calls": 1, "costs": {"loss": loss}}})
+        log.report(totals, agents=1)
+    log.close()
+    # The run died after 300 steps; its checkpoint was at 200. The resumed run goes on from there in place.
+    resumed = RunTotals()
+    resumed.add_agent_stats(200, [])
+    resumed.recent_returns.extend([10.0, 20.0])
+    log = ProgressLog(tmp_path, start_steps=200, append=True, tensorboard=True)
+    for steps, episode_return, loss in ((100, 40.0, 0.6), (100, 50.0, 0.5)):
+        resumed.add_agent_stats(steps, [(episode_return, 10)])
+        resumed.add_compute_stats({"RL": {"learn_calls": 1, "costs": {"loss": loss}}})
+        log.report(resumed, agents=1)
+    log.close()
+
+    scalars = _board_scalars(tmp_path)
+    # Steps 300 of the first run are hidden by the resumed run's: one curve, each step once.
+    assert scalars["progress/return_mean"] == [(100, 10.0), (200, 15.0), (300, pytest.approx(23.333)), (400, 30.0)]
+    assert scalars["learn/RL/loss"] == [(100, pytest.approx(0.9)), (200, pytest.approx(0.8)), (300, pytest.approx(0.6)),
+                                        (400, pytest.approx(0.5))]
+    numeric = {c for c in PROGRESS_COLUMNS if c not in ("wall_time", "env_steps")}
+    assert {tag.removeprefix("progress/") for tag in scalars if tag.startswith("progress/")} <= numeric
+    assert "progress/steps_per_s" in scalars and "progress/episodes" in scalars
+    # NaN (no evaluation yet) is left out rather than drawn.
+    assert "progress/eval_return_mean" not in scalars
+
+    # A fresh run in the same directory replaces the old curve.
+    log = ProgressLog(tmp_path, tensorboard=True)
+    fresh = RunTotals()
+    fresh.add_agent_stats(100, [(99.0, 10)])
+    log.report(fresh, agents=1)
+    log.close()
+    assert _board_scalars(tmp_path)["progress/return_mean"] == [(100, 99.0)]

@@ -1,0 +1,44 @@
+"""``flare2 tune``: what it searches for each algorithm, the first trial, and the preset it writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flare2.runtime.train import _write_train_file, resolve
+from flare2.runtime.tune import SEARCH_SPACES, _defaults, best_preset
+from flare2.zoo.recipes import PRESETS, RECIPES, TRAIN_FILE, settings_fields
+
+
+def test_every_algorithm_has_a_search_space_of_its_own_settings():
+    assert set(SEARCH_SPACES) == set(RECIPES)
+    for algo, space in SEARCH_SPACES.items():
+        recipe = RECIPES[algo]
+        known = settings_fields(recipe.config_class) | settings_fields(recipe.settings_class)
+        assert set(space) <= known, algo
+        # A setting derived from the budget follows the run that takes the preset; it is not searched.
+        assert not set(space) & set(recipe.derived), algo
+
+
+@pytest.mark.parametrize("algo, env_id", sorted(PRESETS))
+def test_the_first_trial_plays_the_packages_settings_where_they_lie_in_the_space(tmp_path, algo, env_id):
+    plan = resolve(["--env", env_id, "--algo", algo, "--log-dir", str(tmp_path)])
+    first = _defaults(plan)
+    assert first and set(first) <= set(SEARCH_SPACES[algo])
+    assert first["gamma"] == plan.config.gamma
+
+
+def test_the_best_trial_becomes_a_preset_without_the_trials_budget_that_flare2_train_takes(tmp_path):
+    trial = tmp_path / "trial_3"
+    trial_plan = resolve(["--env", "CartPole-v1", "--algo", "ppo", "--lr", "0.0005", "--max-steps", "8000",
+                          "--seed", "4", "--num-agents", "2", "--log-dir", str(trial)])
+    _write_train_file(trial_plan)
+    preset = best_preset(trial, "ppo")
+    assert preset["algorithm"]["lr"] == 0.0005 and "anneal_steps" not in preset["algorithm"]
+    assert "max_steps" not in preset["run"] and "seed" not in preset["run"] and preset["run"]["num_agents"] == 2
+    (tmp_path / "best.json").write_text(json.dumps(preset))
+    plan = resolve(["--preset", str(tmp_path / "best.json"), "--max-steps", "90000", "--log-dir", str(tmp_path / "x")])
+    # The schedule follows the new run's budget; the found settings stay.
+    assert (plan.config.lr, plan.config.anneal_steps, plan.options["num_agents"]) == (0.0005, 90000, 2)
+    assert json.loads((trial / TRAIN_FILE).read_text())["run"]["max_steps"] == 8000

@@ -161,6 +161,14 @@ PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("td3", "Pendulum-v1"): {"algorithm": {"hidden": (64, 64)}},
     ("sarsa", "CliffWalking-v1"): {"algorithm": {"gamma": 1.0}, "run": {"max_episode_steps": 200, "eval_every": 2}},
     ("recurrent-ppo", CARTPOLE_NO_VELOCITY): {},
+    # rl-baselines3-zoo's PPO settings for these two (VecNormalize as --normalize-observations, and for MountainCar a
+    # fixed reward scale in place of its running one).
+    ("ppo", "Acrobot-v1"): {"algorithm": {"gamma": 0.99, "gae_lambda": 0.94, "epochs": 4},
+                            "run": {"normalize_observations": True, "max_steps": 200_000}},
+    ("ppo", "MountainCar-v0"): {"algorithm": {"gamma": 0.99, "gae_lambda": 0.98, "epochs": 4},
+                                "agent": {"sample_interval": 16},
+                                "run": {"envs_per_agent": 16, "normalize_observations": True, "scale_rewards": 0.1,
+                                        "max_steps": 1_000_000}},
 }
 """Known-good settings per (algorithm, env id), over the algorithm's own starting point."""
 

@@ -1,0 +1,90 @@
+"""The README's commands, run as a new user would type them, with small budgets.
+
+Every ```bash block runs line by line, in the README's order, in one scratch
+directory that holds the checkout's examples/ and tools/, so a command may use
+what an earlier one made (``flare2 eval runs/ppo`` plays the run ``flare2
+train`` wrote). Every ```python block runs as a program there. A block right
+after a line ``<!-- not run: REASON -->`` is left out; the reason says where
+it is covered instead.
+
+What changes, so that the whole README runs in about a minute: a budget
+(``--max-steps``, ``--episodes``, ``--trials``, ``--trial-steps``) becomes a
+small one, ``flare2 train`` without one gets ``--max-steps``, a return
+``--threshold`` that a small run cannot reach becomes 0, and the install
+in front of a command (``python -m pip install ... &&``) is dropped: the tests
+run where flare2 is installed with its test extra.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from runs import REPO
+
+README = REPO / "README.md"
+_SKIP = re.compile(r"<!-- not run: .+ -->")
+_SMALL = {"--max-steps": "600", "--episodes": "1", "--trials": "2", "--trial-steps": "300", "--threshold": "0"}
+
+
+def readme_blocks() -> list[tuple[int, str, str]]:
+    """(line number, language, text) of each fenced bash or python block not marked to be left out."""
+    blocks, lines = [], README.read_text(encoding="utf-8").splitlines()
+    index = 0
+    while index < len(lines):
+        fence = re.fullmatch(r"\s*```(bash|python)\s*", lines[index])
+        if not fence:
+            index += 1
+            continue
+        indent = len(lines[index]) - len(lines[index].lstrip())
+        end = next(i for i in range(index + 1, len(lines)) if lines[i].strip() == "```")
+        skipped = index > 0 and _SKIP.fullmatch(lines[index - 1].strip())
+        if not skipped:
+            blocks.append((index + 1, fence.group(1), "\n".join(line[indent:] for line in lines[index + 1:end])))
+        index = end + 1
+    return blocks
+
+
+def small_budget(command: str) -> str:
+    """``command`` with the changes the module docstring lists."""
+    command = re.sub(r"^python -m pip install [^&]*&&\s*", "", command)
+    for option, value in _SMALL.items():
+        command = re.sub(rf"{option}(=|\s+)\S+", f"{option} {value}", command)
+    if command.startswith("flare2 train") and "--max-steps" not in command:
+        command += " --max-steps " + _SMALL["--max-steps"]
+    return command
+
+
+def commands(text: str) -> list[str]:
+    """The commands of a bash block: one per line, a trailing backslash joining lines."""
+    return [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_the_budget_rewrite_shrinks_every_budget_and_drops_the_install():
+    assert small_budget('python -m pip install -e ".[plot]" && flare2 train --env X --max-steps 100000 --trials=9') == (
+        "flare2 train --env X --max-steps 600 --trials 2")
+    assert small_budget("flare2 train --env X") == "flare2 train --env X --max-steps 600"
+    assert small_budget("python tools/steps_to_threshold.py runs/a --threshold 475") == (
+        "python tools/steps_to_threshold.py runs/a --threshold 0")
+    assert small_budget("python examples/cartpole_a2c.py --max-steps 500000 --log-dir runs/a2c") == (
+        "python examples/cartpole_a2c.py --max-steps 600 --log-dir runs/a2c")
+
+
+def test_every_command_of_the_readme_runs(tmp_path):
+    for name in ("examples", "tools"):
+        (tmp_path / name).symlink_to(REPO / name)
+    environment = {**os.environ, "SEED": "0"}
+    blocks = readme_blocks()
+    assert len(blocks) >= 10, "the README's blocks were not found"
+    for line, language, text in blocks:
+        if language == "python":
+            runs = [[sys.executable, "-c", text]]
+        else:
+            runs = [["bash", "-c", small_budget(command)] for command in commands(text)]
+        for argv in runs:
+            result = subprocess.run(argv, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+            assert result.returncode == 0, (
+                f"README line {line}: {argv[-1]!r} exited with {result.returncode}:\n{result.stderr[-3000:]}")

@@ -10,9 +10,12 @@ it is covered instead.
 What changes, so that the whole README runs in about a minute: a budget
 (``--max-steps``, ``--episodes``, ``--trials``, ``--trial-steps``) becomes a
 small one, ``flare2 train`` without one gets ``--max-steps``, a return
-``--threshold`` that a small run cannot reach becomes 0, and the install
-in front of a command (``python -m pip install ... &&``) is dropped: the tests
-run where flare2 is installed with its test extra.
+``--threshold`` that a small run cannot reach becomes 0, the install
+in front of a command (``python -m pip install ... &&``) is dropped (the tests
+run where flare2 is installed with its test extra), and a run goes in one
+process (``--serial``: the same code, without starting a compute process and
+agent processes for a few hundred steps; test_train_command.py and
+test_examples.py run those).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def small_budget(command: str) -> str:
         command = re.sub(rf"{option}(=|\s+)\S+", f"{option} {value}", command)
     if command.startswith("flare2 train") and "--max-steps" not in command:
         command += " --max-steps " + _SMALL["--max-steps"]
+    if re.match(r"flare2 (train|tune) |python examples/", command) and "--serial" not in command:
+        command += " --serial"
     return command
 
 
@@ -65,12 +70,13 @@ def commands(text: str) -> list[str]:
 
 def test_the_budget_rewrite_shrinks_every_budget_and_drops_the_install():
     assert small_budget('python -m pip install -e ".[plot]" && flare2 train --env X --max-steps 100000 --trials=9') == (
-        "flare2 train --env X --max-steps 600 --trials 2")
-    assert small_budget("flare2 train --env X") == "flare2 train --env X --max-steps 600"
+        "flare2 train --env X --max-steps 600 --trials 2 --serial")
+    assert small_budget("flare2 train --env X") == "flare2 train --env X --max-steps 600 --serial"
+    assert small_budget("flare2 eval runs/x --episodes 10") == "flare2 eval runs/x --episodes 1"
     assert small_budget("python tools/steps_to_threshold.py runs/a --threshold 475") == (
         "python tools/steps_to_threshold.py runs/a --threshold 0")
     assert small_budget("python examples/cartpole_a2c.py --max-steps 500000 --log-dir runs/a2c") == (
-        "python examples/cartpole_a2c.py --max-steps 600 --log-dir runs/a2c")
+        "python examples/cartpole_a2c.py --max-steps 600 --log-dir runs/a2c --serial")
 
 
 def test_every_command_of_the_readme_runs(tmp_path):

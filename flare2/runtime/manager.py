@@ -193,6 +193,8 @@ class Manager:
                 self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
             )
             # A row as the run stops, before the episodes that end while the agents stop change the means.
+            if self._progress is not None:
+                self._progress.run_ends()
             self._report_progress()
             return exit_codes.OK
         except RunFailed as exc:
@@ -343,6 +345,8 @@ class Manager:
         """Stop agents, then the compute process (which writes the checkpoint); kill what does not leave."""
         timeout_s = self.config.stop_timeout_s
         compute = self._compute
+        if self._progress is not None:
+            self._progress.run_ends()
         # A failed or dead compute process answers no learn request: agents need not wait for those on their way.
         compute_gone = self._compute_failed or (compute is not None and compute.exitcode is not None)
         self.desk.stop_all(control, compute_gone=compute_gone)

@@ -1,4 +1,4 @@
-"""``flare2 plot RUN_DIR [RUN_DIR ...] -o curve.png``: return against env steps, from each run's progress.csv.
+"""``flare2 plot RUN_DIR [RUN_DIR ...] -o curve.png``: return against env steps, from each run's episodes.
 
 Runs of one configuration that differ only in their seed are drawn as one
 curve, their mean, over the band between the lowest and the highest of them.
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from flare2.errors import ConfigError
+from flare2.runtime.progress import EVAL_RETURN_WINDOW, RETURN_WINDOW
 from flare2.zoo.recipes import TRAIN_FILE
 
 _SEED_SUFFIX = re.compile(r"[_-](s|seed)\d+$")
@@ -29,21 +30,74 @@ _POINTS = 200
 
 
 def read_curves(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``return_mean`` and ``eval_return_mean`` of a run against env_steps, where they are numbers."""
-    path = run_dir / "progress.csv"
-    if not path.is_file():
+    """``return_mean`` and ``eval_return_mean`` of a run against env steps.
+
+    From episodes.csv, one point per finished episode: the mean return of the
+    last 100 training (or 20 evaluation) episodes, as progress.csv reports it,
+    at the episode's place between the two progress rows it came between. A
+    short run has only a few progress rows; it has many episodes. A run
+    without episodes.csv is read from its progress.csv rows.
+    """
+    if not (run_dir / "progress.csv").is_file():
         raise ConfigError(f"{run_dir} has no progress.csv: give the log dir of a run (its --log-dir)")
+    curves = _episode_curves(run_dir / "episodes.csv") or _progress_curves(run_dir / "progress.csv")
+    if "return_mean" not in curves:
+        raise ConfigError(f"{run_dir / 'progress.csv'} has no return yet: the run ended before its first finished "
+                          "episodes were reported")
+    return curves
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
     with path.open(encoding="utf-8", newline="") as file:
-        rows = list(csv.DictReader(file))
+        return list(csv.DictReader(file))
+
+
+def _progress_curves(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     curves = {}
+    rows = _rows(path)
     for column in ("return_mean", "eval_return_mean"):
         points = [(float(row["env_steps"]), float(row[column])) for row in rows if row.get(column) not in (None, "")]
         points = [(steps, value) for steps, value in points if math.isfinite(value)]
         if points:
             curves[column] = (np.array([p[0] for p in points]), np.array([p[1] for p in points]))
-    if "return_mean" not in curves:
-        raise ConfigError(f"{path} has no return yet: the run ended before its first finished episodes were reported")
     return curves
+
+
+def _episode_curves(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    if not path.is_file():
+        return {}
+    try:
+        episodes = [(float(row["env_steps"]), float(row["return"]), row["eval"] == "1") for row in _rows(path)]
+    except (KeyError, TypeError, ValueError):
+        return {}  # not as flare2 writes it: progress.csv instead
+    curves = {}
+    for column, evaluation, window in (("return_mean", False, RETURN_WINDOW), ("eval_return_mean", True, EVAL_RETURN_WINDOW)):
+        chosen = [(steps, value) for steps, value, is_eval in episodes if is_eval == evaluation]
+        if chosen:
+            steps = _spread(np.array([steps for steps, _ in chosen]))
+            returns = np.array([value for _, value in chosen])
+            totals = np.concatenate([[0.0], np.cumsum(returns)])
+            counts = np.minimum(np.arange(1, len(returns) + 1), window)
+            ends = np.arange(1, len(returns) + 1)
+            curves[column] = (steps, (totals[ends] - totals[ends - counts]) / counts)
+    return curves
+
+
+def _spread(row_steps: np.ndarray) -> np.ndarray:
+    """Episodes logged with the env steps of the progress row that reported them, spread evenly over the steps
+    since the row before: the k-th of n episodes of a row at S (the one before at P) sits at P + k (S - P) / n."""
+    spread = row_steps.copy()
+    start = 0
+    previous = 0.0
+    while start < len(row_steps):
+        end = start
+        while end < len(row_steps) and row_steps[end] == row_steps[start]:
+            end += 1
+        count = end - start
+        spread[start:end] = previous + (row_steps[start] - previous) * np.arange(1, count + 1) / count
+        previous = row_steps[start]
+        start = end
+    return spread
 
 
 def group_key(run_dir: Path) -> str:

@@ -245,6 +245,7 @@ class ProgressLog:
         """
         self.dir = Path(log_dir)
         self._max_steps = max_steps
+        self._ending = False
         self._start_steps = start_steps
         self._start_time = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -346,6 +347,10 @@ class ProgressLog:
                 self._board.add_scalar(f"learn/{ct}/{cost}", value, step)
         self._board.flush()
 
+    def run_ends(self) -> None:
+        """The run is stopping: the rows still to come tell no time left."""
+        self._ending = True
+
     def _budget_text(self, env_steps: int, now: float) -> str:
         """What follows the step count, e.g. ``of 100000 (12%, ETA 1m05s)``: the share of ``max_steps`` done and
         the time left at the pace since this log started."""
@@ -353,7 +358,8 @@ class ProgressLog:
             return ""
         done = env_steps - self._start_steps
         left = self._max_steps - env_steps
-        eta = f", ETA {duration_text(left * (now - self._start_time) / done)}" if done > 0 and left > 0 else ""
+        eta = (f", ETA {duration_text(left * (now - self._start_time) / done)}"
+               if done > 0 and left > 0 and not self._ending else "")
         return f" of {self._max_steps} ({min(env_steps / self._max_steps, 1.0):.0%}{eta})"
 
     def _policy_lag_mean(self, totals: RunTotals) -> float:

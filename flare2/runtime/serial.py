@@ -276,6 +276,8 @@ class SerialRun:
 
     def _finish(self) -> None:
         """Learn what is waiting, write the final checkpoint and progress row."""
+        if self._progress is not None:
+            self._progress.run_ends()
         now = time.monotonic()
         for cdp in self.cdps:
             while (batch := cdp.take_learn_batch(now, flush=True)) is not None:

@@ -50,3 +50,16 @@ def test_runs_of_other_settings_are_not_seeds_of_one_and_nan_returns_are_left_ou
 def test_a_directory_without_progress_is_named(tmp_path):
     with pytest.raises(ConfigError, match="has no progress.csv: give the log dir of a run"):
         plot([tmp_path], tmp_path / "c.png")
+
+
+def test_a_run_with_episodes_is_drawn_one_point_per_episode_between_its_progress_rows(tmp_path):
+    run = write_run(tmp_path / "run", [(100, 15.0, "nan"), (400, 30.0, "nan")])
+    # Two episodes reported with the row at 100 steps, three with the row at 400; one evaluation episode.
+    (run / "episodes.csv").write_text("wall_time,env_steps,return,length,eval\n" + "".join(
+        f"0,{steps},{ret},10,{evaluation}\n"
+        for steps, ret, evaluation in [(100, 10, 0), (100, 20, 0), (400, 30, 0), (400, 40, 0), (400, 50, 0), (400, 7, 1)]))
+    curves = read_curves(run)
+    steps, means = curves["return_mean"]
+    assert steps.tolist() == [50, 100, 200, 300, 400]
+    assert means.tolist() == [10, 15, 20, 25, 30]  # the mean of every episode so far (fewer than 100)
+    assert [values.tolist() for values in curves["eval_return_mean"]] == [[400], [7]]

@@ -165,7 +165,11 @@ def test_the_progress_line_tells_the_share_of_the_step_budget_and_the_time_left(
     totals.add_agent_stats(2000, [])
     with caplog.at_level("INFO", logger="flare2.progress"):
         log.report(totals, agents=1)
+        # Stopped early (a target return): no time left to tell.
+        log.run_ends()
+        log.report(totals, agents=1)
     log.close()
+    assert "steps 2000 of 5000 (40%) |" in caplog.text
     # 1000 steps in 10 s since the start; 3000 left take 30 s.
     assert "steps 2000 of 5000 (40%, ETA 30s) |" in caplog.text
     assert [duration_text(s) for s in (0.4, 59, 61, 3599, 3600 * 3 + 7 * 60 + 20)] == ["0s", "59s", "1m01s", "59m59s", "3h07m"]

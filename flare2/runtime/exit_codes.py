@@ -31,7 +31,7 @@ SIGTERM = 143
 def outcome(code: int) -> str:
     """How a run ended, as its summary line starts."""
     return {OK: "run complete", SIGINT: "stopped by Ctrl+C", SIGTERM: "stopped by SIGTERM",
-            CONFIG_ERROR: "run not started: a setting is wrong"}.get(code, "run failed")
+            CONFIG_ERROR: "run stopped: a setting is wrong"}.get(code, "run failed")
 
 
 def describe(code: int) -> str:

@@ -6,8 +6,8 @@ algorithm's search space (``SEARCH_SPACES``). While a trial runs, each new row
 of its progress.csv reports the mean return to Optuna, and the median pruner
 stops (Ctrl+C, so it ends cleanly) a trial that does worse than the trials
 before it did at the same step. A trial scores the mean return of the last
-100 episodes of its last row. The first trial plays the package's own settings,
-so the best found is never worse than them by that score.
+100 episodes of its last row. The first trial plays the package's own settings
+where they lie in the search space (a setting outside it is sampled).
 
 The best trial's settings go to ``best.json``, a preset that ``flare2 train
 --preset best.json`` takes; ``trials.csv`` lists every trial.

@@ -293,7 +293,8 @@ class ComputationTask:
                     raise SpecError(f"statistics of {key!r}: merged with the run's, they overflow to infinity")
                 merged[key] = statistics
             self.statistics.update(merged)
-            return {key: statistics.copy() for key, statistics in merged.items()}
+            # Stored statistics are replaced, never changed in place: the caller may read these without the lock.
+            return merged
 
     def statistics_copy(self) -> dict[str, RunningMoments]:
         with self._statistics_lock:
@@ -379,6 +380,11 @@ class ComputationTask:
             state = torch.load(path, map_location=self.device, weights_only=True)
         except FileNotFoundError:
             raise ConfigError(f"no checkpoint at {path}: check the --resume directory") from None
+        except Exception as exc:  # torch.load fails in many ways on a file it cannot read (pickle, zip, EOF)
+            raise ConfigError(f"checkpoint {path} cannot be read ({type(exc).__name__}): it is no flare2 checkpoint, "
+                              "or it was cut short") from None
+        if not isinstance(state, dict):
+            raise ConfigError(f"checkpoint {path} holds a {type(state).__name__}, not a flare2 checkpoint")
         if state.get("ct") != self.name:
             raise ConfigError(f"checkpoint {path} belongs to CT {state.get('ct')!r}, not {self.name!r}")
         self._check_same_task(path, state)

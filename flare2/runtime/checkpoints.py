@@ -19,7 +19,7 @@ def resume_checkpoint_path(resume_dir: str | os.PathLike, ct_name: str) -> Path:
         if checkpoint_path(directory, ct_name).is_file():
             return checkpoint_path(directory, ct_name)
     raise ConfigError(
-        f"no checkpoint of CT {ct_name!r} in {resume_dir}: --resume takes the log directory of an earlier run "
+        f"no checkpoint of CT {ct_name!r} in {resume_dir}: give the log directory of a run that wrote one "
         f"(it holds checkpoints/{ct_name}.pt)"
     )
 

@@ -224,6 +224,13 @@ def test_loading_a_missing_checkpoint_raises_config_error(tmp_path):
         make_ct().load(tmp_path / "missing.pt")
 
 
+@pytest.mark.parametrize("content", [b"junk\n", b""])
+def test_loading_a_file_that_is_no_checkpoint_raises_config_error_naming_it(tmp_path, content):
+    (tmp_path / "RL.pt").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"RL.pt cannot be read \(\w+\): it is no flare2 checkpoint"):
+        make_ct().load(tmp_path / "RL.pt")
+
+
 # --- misbehaving Algorithms ------------------------------------------------------------------------
 
 

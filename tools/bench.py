@@ -1,6 +1,7 @@
 """Throughput and latency of flare2, each held against a baseline measured in the same run.
 
     python tools/bench.py [--quick] [--json FILE] [--train-args "--num-agents 8"] [--log-root DIR]
+                          [--device cuda] [--procs 1,4,16] [--envs-per-proc 8,128]
 
 One run measures four sections and prints a markdown table for each, then a
 summary of three ratios (and writes everything with ``--json FILE``):
@@ -46,6 +47,11 @@ machine says how much flare2 costs. The summary holds:
   SyncVectorEnv rate at that configuration's env count.
 
 ``--quick`` runs fewer and shorter measurements (about two minutes on two cores).
+``--procs`` and ``--envs-per-proc`` replace the P x E grid of (c) (and leave out
+its double-buffered runs). ``--device cuda`` puts the model of (b), (c) and (d)
+on the GPU; (c) then also reports the GPU's utilisation, the share of time a
+kernel ran as NVML counts it (from the ``nvidia-ml-py`` package, sampled every
+0.1 s over the steady window), and forward passes/s for every configuration.
 
 Internal: ``--run-rollout PROCS ENVS LOGDIR SECONDS`` is the manager script of
 one configuration of (c); the bench starts it in a subprocess.
@@ -55,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -69,7 +76,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +107,7 @@ WINDOW_FILE = "bench_window.json"
 """Written by --run-rollout into its log dir: the progress.csv rows (data-row indices) of the steady state."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """What one bench run measures, and for how long."""
 
@@ -301,7 +307,7 @@ def measure_echo(plan: Plan) -> dict[str, Any]:
 # ---- (b) in-process baseline --------------------------------------------------------------------------------
 
 
-def syncvec_steps_per_s(num_envs: int, duration_s: float, seed: int = 0) -> float:
+def syncvec_steps_per_s(num_envs: int, duration_s: float, device: str, seed: int = 0) -> float:
     """Env steps/s of SyncVectorEnv(num_envs x CartPole) acting with flare2's A2C MLP in this process."""
     import gymnasium as gym
     import torch
@@ -311,12 +317,12 @@ def syncvec_steps_per_s(num_envs: int, duration_s: float, seed: int = 0) -> floa
     torch.set_num_threads(1)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(num_envs)])
     try:
-        model = MLPActorCritic(envs.single_observation_space, envs.single_action_space)
+        model = MLPActorCritic(envs.single_observation_space, envs.single_action_space).to(device)
         obs, _ = envs.reset(seed=seed)
 
         def act(obs: Any) -> Any:
             with torch.inference_mode():
-                return model.sample(model.policy({"obs": torch.as_tensor(obs)})).numpy()
+                return model.sample(model.policy({"obs": torch.as_tensor(obs, device=device)})).cpu().numpy()
 
         for _ in range(20):
             obs = envs.step(act(obs))[0]
@@ -329,32 +335,38 @@ def syncvec_steps_per_s(num_envs: int, duration_s: float, seed: int = 0) -> floa
         envs.close()
 
 
-def act_batch1_us(calls: int) -> float:
-    """Median µs of ``model.sample(model.policy({"obs": x}))`` with x of shape (1, 4), one torch thread."""
+def act_batch1_us(calls: int, device: str) -> float:
+    """Median µs of ``model.sample(model.policy({"obs": x}))`` with x of shape (1, 4), one torch thread; on a GPU
+    from a host array to the action back on the host, as an agent needs it."""
     import gymnasium as gym
+    import numpy as np
     import torch
 
     from flare2.zoo.models import MLPActorCritic
 
     torch.set_num_threads(1)
     env = gym.make(ENV_ID)
-    model = MLPActorCritic(env.observation_space, env.action_space)
-    inputs = {"obs": torch.zeros(1, 4)}
+    model = MLPActorCritic(env.observation_space, env.action_space).to(device)
+    obs = np.zeros((1, 4), np.float32)
+
+    def act() -> Any:
+        return model.sample(model.policy({"obs": torch.as_tensor(obs, device=device)})).cpu()
+
     times = []
     with torch.inference_mode():
         for _ in range(200):
-            model.sample(model.policy(inputs))
+            act()
         for _ in range(calls):
             started = time.perf_counter()
-            model.sample(model.policy(inputs))
+            act()
             times.append(time.perf_counter() - started)
     return statistics.median(times) * 1e6
 
 
-def measure_syncvec(plan: Plan) -> dict[str, Any]:
+def measure_syncvec(plan: Plan, device: str) -> dict[str, Any]:
     return {
-        "act_batch1_us": act_batch1_us(plan.act_calls),
-        "rates": [{"envs": n, "steps_per_s": syncvec_steps_per_s(n, plan.syncvec_s)} for n in plan.total_envs],
+        "act_batch1_us": act_batch1_us(plan.act_calls, device),
+        "rates": [{"envs": n, "steps_per_s": syncvec_steps_per_s(n, plan.syncvec_s, device)} for n in plan.total_envs],
         "duration_s": plan.syncvec_s,
     }
 
@@ -397,9 +409,12 @@ def steady_state(rows: list[dict[str, float]], first: int, last: int) -> dict[st
         return [row[column] for row in window if math.isfinite(row[column])]
 
     batches, p50s, p99s = finite("batch_size_mean"), finite("predict_rtt_p50_ms"), finite("predict_rtt_p99_ms")
+    steps_per_s = (rows[last]["env_steps"] - rows[first]["env_steps"]) / span
+    batch_mean = statistics.fmean(batches) if batches else math.nan
     return {
-        "steps_per_s": (rows[last]["env_steps"] - rows[first]["env_steps"]) / span,
-        "batch_mean": statistics.fmean(batches) if batches else math.nan,
+        "steps_per_s": steps_per_s,
+        "batch_mean": batch_mean,
+        "forwards_per_s": steps_per_s / batch_mean if batch_mean > 0 else math.nan,
         "rtt_p50_ms": statistics.median(p50s) if p50s else math.nan,
         "rtt_p99_ms": statistics.median(p99s) if p99s else math.nan,
         "steady_s": span,
@@ -421,18 +436,53 @@ def build_rollout_a2c() -> Any:
     return A2C(MLPActorCritic(env.observation_space, env.action_space))
 
 
+class GpuLoad:
+    """The utilisation NVML reports for the GPU of ``device`` (the share of the last sample period in which a
+    kernel ran), sampled by the caller; nothing for the CPU or without the ``nvidia-ml-py`` package."""
+
+    def __init__(self, device: str) -> None:
+        self._handle: Any = None
+        self._samples: list[int] = []
+        self.unavailable = "" if device.startswith("cuda") else "not on a GPU"
+        if self.unavailable:
+            return
+        try:
+            import pynvml
+        except ImportError:
+            self.unavailable = "nvidia-ml-py is not installed"
+            return
+        try:
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(int(device.partition(":")[2] or 0))
+        except pynvml.NVMLError as exc:
+            self.unavailable = f"NVML: {exc}"
+        self._nvml = pynvml
+
+    def sample(self) -> None:
+        if self._handle is not None:
+            self._samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def figures(self) -> dict[str, Any]:
+        if not self._samples:
+            return {"gpu_util_percent": None, "gpu_util_unavailable": self.unavailable or "no sample"}
+        return {"gpu_util_percent": statistics.fmean(self._samples), "gpu_util_samples": len(self._samples)}
+
+
 class _StopAfter(threading.Thread):
     """Watches progress.csv of a run in this process; once every agent has played ``seconds`` past start-up,
-    notes the steady rows in WINDOW_FILE and sends this process SIGINT (the manager then stops the run)."""
+    notes the steady rows (and the GPU's load meanwhile) in WINDOW_FILE and sends this process SIGINT (the
+    manager then stops the run)."""
 
-    def __init__(self, log_dir: Path, agents: int, seconds: float) -> None:
+    def __init__(self, log_dir: Path, agents: int, seconds: float, device: str) -> None:
         super().__init__(name="bench-stop-after", daemon=True)
         self.log_dir, self.agents, self.seconds = log_dir, agents, seconds
+        self.gpu = GpuLoad(device)
         self.done = threading.Event()
 
     def _stop_run(self, window: dict[str, Any]) -> None:
         if self.done.is_set():
             return
+        window.update(self.gpu.figures())
         (self.log_dir / WINDOW_FILE).write_text(json.dumps(window), encoding="utf-8")
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -450,6 +500,7 @@ class _StopAfter(threading.Thread):
                     return
                 if first is None:
                     continue
+            self.gpu.sample()
             until = rows[first]["wall_time"] + self.seconds - 0.05
             last = next((i for i in range(first + 1, len(rows)) if rows[i]["wall_time"] >= until), None)
             if last is not None:
@@ -460,7 +511,7 @@ class _StopAfter(threading.Thread):
                 return
 
 
-def run_rollout(procs: int, envs: int, log_dir: str, seconds: float, double_buffer: bool = False) -> int:
+def run_rollout(procs: int, envs: int, log_dir: str, seconds: float, device: str, double_buffer: bool = False) -> int:
     """The manager script of one rollout configuration (--run-rollout); returns the manager's exit code."""
     from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
     from flare2.runtime.manager import Manager
@@ -471,9 +522,9 @@ def run_rollout(procs: int, envs: int, log_dir: str, seconds: float, double_buff
                            kwargs={"env_id": ENV_ID, "double_buffer": double_buffer},
                            num_agents=procs, envs_per_agent=envs),
         # Nothing is learned: a learner process would only add its memory to the figures.
-        log_dir=log_dir, max_steps=10**12, device="cpu", progress_interval_s=1.0, learner="inline",
+        log_dir=log_dir, max_steps=10**12, device=device, progress_interval_s=1.0, learner="inline",
     )
-    watcher = _StopAfter(Path(log_dir), procs, seconds)
+    watcher = _StopAfter(Path(log_dir), procs, seconds, device)
     watcher.start()
     try:
         return Manager(config).run()
@@ -503,12 +554,12 @@ def _failure(what: str, measured: Measured) -> BenchError:
 
 
 def measure_rollout(
-    procs: int, envs: int, seconds: float, log_root: Path, *, double_buffer: bool = False
+    procs: int, envs: int, seconds: float, log_root: Path, device: str, *, double_buffer: bool = False
 ) -> dict[str, Any]:
     """One configuration of (c), run as a subprocess measured by proctree."""
     log_dir = log_root / f"rollout_p{procs}_e{envs}{'_db' if double_buffer else ''}"
-    command = [sys.executable, str(TOOLS / "bench.py"), "--run-rollout",
-               str(procs), str(envs), str(log_dir), str(seconds), *(["--double-buffer"] if double_buffer else [])]
+    command = [sys.executable, str(TOOLS / "bench.py"), "--run-rollout", str(procs), str(envs), str(log_dir),
+               str(seconds), "--device", device, *(["--double-buffer"] if double_buffer else [])]
     result: dict[str, Any] = {"procs": procs, "envs_per_proc": envs, "envs": procs * envs, "log_dir": str(log_dir),
                               "double_buffer": double_buffer}
     try:
@@ -525,6 +576,7 @@ def measure_rollout(
         raise _failure(f"the rollout run {procs}x{envs} (no {WINDOW_FILE})", measured) from None
     if "error" in window:
         raise BenchError(f"the rollout run {procs}x{envs}: {window['error']}")
+    result.update({key: value for key, value in window.items() if key.startswith("gpu_")})
     result.update(steady_state(read_progress(log_dir / "progress.csv"), window["first_row"], window["last_row"]))
     return result
 
@@ -532,17 +584,17 @@ def measure_rollout(
 # ---- (d) flare2 training ------------------------------------------------------------------------------------
 
 
-def train_command(algo: str, log_dir: Path, extra: Sequence[str], serial: bool) -> list[str]:
+def train_command(algo: str, log_dir: Path, extra: Sequence[str], serial: bool, device: str) -> list[str]:
     script, steps = TRAIN_COMMANDS[algo]
-    return [sys.executable, script, "--max-steps", str(steps), "--log-dir", str(log_dir), "--device", "cpu",
+    return [sys.executable, script, "--max-steps", str(steps), "--log-dir", str(log_dir), "--device", device,
             "--seed", "0", "--progress-interval", "1", *extra, *(["--serial"] if serial else [])]
 
 
-def measure_train(algo: str, serial: bool, extra: Sequence[str], log_root: Path) -> dict[str, Any]:
+def measure_train(algo: str, serial: bool, extra: Sequence[str], log_root: Path, device: str) -> dict[str, Any]:
     """One training command of (d), run to its budget as a subprocess measured by proctree."""
     mode = "serial" if serial else "flare2"
     log_dir = log_root / f"train_{algo}_{mode}"
-    command = train_command(algo, log_dir, extra, serial)
+    command = train_command(algo, log_dir, extra, serial, device)
     result: dict[str, Any] = {"algo": algo, "mode": mode, "command": shlex.join(["python", *command[1:]]),
                               "log_dir": str(log_dir)}
     try:
@@ -634,17 +686,18 @@ def rollout_table(rollout: list[dict[str, Any]], syncvec: dict[str, Any] | None)
     rows = []
     for r in rollout:
         if "error" in r:
-            rows.append([r["procs"], r["envs_per_proc"], r["envs"], "failed", "-", "-", "-", "-", "-", "-", "-"])
+            rows.append([r["procs"], r["envs_per_proc"], r["envs"], "failed", *["-"] * 10])
             continue
         rows.append([
             r["procs"], f"{r['envs_per_proc']}{' (2 halves)' if r.get('double_buffer') else ''}", r["envs"],
             _fmt(r["steps_per_s"]),
             _fmt(_ratio(r["steps_per_s"], syncvec_rate(syncvec, r["envs"])), 2),
-            _fmt(r["rtt_p50_ms"], 3), _fmt(r["rtt_p99_ms"], 3), _fmt(r["batch_mean"], 2), _fmt(r["peak_rss_mb"]),
-            _fmt(r["steady_s"], 1), _others_cores(r),
+            _fmt(r["rtt_p50_ms"], 3), _fmt(r["rtt_p99_ms"], 3), _fmt(r["batch_mean"], 2), _fmt(r["forwards_per_s"]),
+            _fmt(r.get("gpu_util_percent")), _fmt(r["peak_rss_mb"]), _fmt(r["steady_s"], 1), _others_cores(r),
         ])
     return markdown_table(["procs", "envs/proc", "envs", "env steps/s", "vs SyncVectorEnv", "rtt p50 ms",
-                           "rtt p99 ms", "mean batch", "peak RSS MB", "steady s", "others' cores"], rows)
+                           "rtt p99 ms", "mean batch", "forward passes/s", "GPU util %", "peak RSS MB", "steady s",
+                           "others' cores"], rows)
 
 
 def train_table(train: list[dict[str, Any]], ratios: dict[str, float | None]) -> str:
@@ -690,6 +743,16 @@ def _json_ready(value: Any) -> Any:
 # ---- main ---------------------------------------------------------------------------------------------------
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is no comma-separated list of counts >= 1 (e.g. 1,4,16)")
+    return counts
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -701,6 +764,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="more options for the four training commands of (d), e.g. \"--num-agents 8\"")
     parser.add_argument("--log-root", metavar="DIR",
                         help="keep the log dirs of the flare2 runs under DIR (default: a temporary dir, removed)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the model of (b), (c) and (d) runs: cpu (default), cuda or cuda:N")
+    parser.add_argument("--procs", type=_counts, metavar="LIST",
+                        help="agent processes of (c), comma-separated, instead of the plan's (e.g. 1,4,16)")
+    parser.add_argument("--envs-per-proc", type=_counts, metavar="LIST",
+                        help="envs per agent process of (c), comma-separated, instead of the plan's (e.g. 8,128)")
     parser.add_argument("--run-rollout", nargs=4, metavar=("PROCS", "ENVS", "LOGDIR", "SECONDS"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--double-buffer", action="store_true", help=argparse.SUPPRESS)
@@ -711,9 +780,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.run_rollout:
         procs, envs, log_dir, seconds = args.run_rollout
-        return run_rollout(int(procs), int(envs), log_dir, float(seconds), args.double_buffer)
+        return run_rollout(int(procs), int(envs), log_dir, float(seconds), args.device, args.double_buffer)
 
     plan = QUICK if args.quick else FULL
+    if args.procs or args.envs_per_proc:
+        plan = dataclasses.replace(plan, procs=args.procs or plan.procs,
+                                   envs_per_proc=args.envs_per_proc or plan.envs_per_proc, double_buffered=())
+    device = args.device
     extra = shlex.split(args.train_args)
     bench_started = time.monotonic()
     failures: list[str] = []
@@ -733,21 +806,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             failures.append(f"(a) echo: {exc}")
 
         note("(b) in-process SyncVectorEnv")
-        syncvec = measure_syncvec(plan)
+        syncvec = measure_syncvec(plan, device)
 
         rollout: list[dict[str, Any]] = []
         for procs in plan.procs:
             for envs in plan.envs_per_proc:
                 note(f"(c) flare2 rollout {procs} procs x {envs} envs")
                 try:
-                    rollout.append(measure_rollout(procs, envs, plan.rollout_s, log_root))
+                    rollout.append(measure_rollout(procs, envs, plan.rollout_s, log_root, device))
                 except BenchError as exc:
                     failures.append(f"(c) rollout {procs}x{envs}: {exc}")
                     rollout.append({"procs": procs, "envs_per_proc": envs, "envs": procs * envs, "error": str(exc)})
         for procs, envs in plan.double_buffered:
             note(f"(c) flare2 rollout {procs} procs x {envs} envs, double-buffered")
             try:
-                rollout.append(measure_rollout(procs, envs, plan.rollout_s, log_root, double_buffer=True))
+                rollout.append(measure_rollout(procs, envs, plan.rollout_s, log_root, device, double_buffer=True))
             except BenchError as exc:
                 failures.append(f"(c) rollout {procs}x{envs} double-buffered: {exc}")
 
@@ -756,7 +829,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for serial in (False, True):
                 note(f"(d) {algo} training{' --serial' if serial else ''}")
                 try:
-                    train.append(measure_train(algo, serial, extra, log_root))
+                    train.append(measure_train(algo, serial, extra, log_root, device))
                 except BenchError as exc:
                     failures.append(f"(d) {algo}{' serial' if serial else ''}: {exc}")
                     train.append({"algo": algo, "mode": "serial" if serial else "flare2", "error": str(exc)})
@@ -771,7 +844,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch  # already loaded by (b); only for the record
 
-    print(f"\nflare2 bench{' --quick' if args.quick else ''}: {ENV_ID}, A2C MLP 64-64, CPU, "
+    where = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
+    print(f"\nflare2 bench{' --quick' if args.quick else ''}: {ENV_ID}, A2C MLP 64-64, {where}, "
           f"{os.cpu_count()} cores, torch {torch.__version__}\n")
     print("## (a) raw ZeroMQ + msgpack echo\n")
     print(echo_table(echo) if echo else "failed")
@@ -792,7 +866,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             **summary,
             "quick": args.quick,
             "bench_wall_s": bench_wall_s,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "device": device,
+            "machine": {"cpus": os.cpu_count(), "device": where, "python": platform.python_version(), "torch": torch.__version__,
                         "platform": platform.platform()},
             "echo": echo,
             "syncvec": syncvec,

@@ -110,12 +110,13 @@ def build_cts(configs: tuple[CTConfig, ...], *, device: str, seed: int, torch_th
     """The ComputationTasks of a run, built in order after seeding torch (the learner process builds the same)."""
     import torch
 
-    from flare2.core.computation_task import ComputationTask, resolve_device
+    from flare2.core.computation_task import ComputationTask, choose_device
 
     torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)
-    resolved = resolve_device(device)
-    return [ComputationTask(config.name, config.build(), device=resolved) for config in configs]
+    algorithms = [config.build() for config in configs]
+    resolved = choose_device(device, algorithms)
+    return [ComputationTask(config.name, algorithm, device=resolved) for config, algorithm in zip(configs, algorithms)]
 
 
 def choose_learner(name: str, cts: list[Any]) -> str:
@@ -162,7 +163,8 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
 
             learner = LearnerProcess(cts, LearnerSettings(
-                cts=settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads,
+                # The device the compute process chose: the learner's CTs learn where they act.
+                cts=settings.cts, device=str(cts[0].device), seed=settings.seed, torch_threads=settings.torch_threads,
                 resume_paths=resume_paths, parent_pid=os.getpid(),
             ))
         busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + (kind == "process"))

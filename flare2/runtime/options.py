@@ -68,7 +68,8 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
         "training episodes (reported as eval_return_mean; not learned from; 0: none)")),
     ("run", "--stop-eval-return", _RUN, "stop_eval_return", dict(
         type=float, help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)")),
-    ("run", "--device", _RUN, "device", dict(help="where the models run: cpu, cuda, cuda:N or auto (cuda when there is one)")),
+    ("run", "--device", _RUN, "device", dict(help="where the models run: cpu, cuda, cuda:N or auto (cuda when there "
+                                                  "is one and the networks hold 1M parameters or more)")),
     ("run", "--torch-threads", _RUN, "torch_threads", dict(
         type=number_option(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
     ("run", "--busy-wait-us", _RUN, "busy_wait_us", dict(

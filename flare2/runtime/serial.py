@@ -223,15 +223,16 @@ class SerialRun:
     def _build_cts(self) -> None:
         import torch
 
-        from flare2.core.computation_task import ComputationTask, resolve_device
+        from flare2.core.computation_task import ComputationTask, choose_device
 
         config = self.config
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
-        device = resolve_device(config.device)
+        algorithms = [ct_config.build() for ct_config in config.cts]
+        device = choose_device(config.device, algorithms)
         counters: dict[str, Any] = {}
-        for ct_config in config.cts:
-            ct = ComputationTask(ct_config.name, ct_config.build(), device=device)
+        for ct_config, algorithm in zip(config.cts, algorithms):
+            ct = ComputationTask(ct_config.name, algorithm, device=device)
             if config.resume_dir:
                 counters = ct.load(resume_checkpoint_path(config.resume_dir, ct.name))
             self.cdps.append(ComputationDataProcessor(ct, config=ct_config.batching, reply=lambda *_: None))

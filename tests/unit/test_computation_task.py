@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from flare2.core.algorithm import Algorithm
-from flare2.core.computation_task import ComputationTask
+from flare2.core.computation_task import (
+    AUTO_CUDA_MIN_PARAMETERS,
+    ComputationTask,
+    choose_device,
+    count_parameters,
+    resolve_device,
+)
 from flare2.core.model import Model
 from flare2.core.specs import Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
@@ -281,6 +287,35 @@ def test_a_ct_needs_an_algorithm():
 def test_an_unknown_device_raises_config_error(device):
     with pytest.raises(ConfigError, match="device"):
         ComputationTask("RL", A2C(make_model()), device=device)
+
+
+def test_parameters_are_counted_once_for_a_network_two_attributes_share():
+    model = make_model()
+    algorithm = A2C(model)
+    algorithm.same_model = model
+    assert count_parameters(algorithm) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("gpu, parameters, expected", [
+    (True, AUTO_CUDA_MIN_PARAMETERS - 1, "cpu"),
+    (True, AUTO_CUDA_MIN_PARAMETERS, "cuda"),
+    (True, None, "cuda"),
+    (False, 10 * AUTO_CUDA_MIN_PARAMETERS, "cpu"),
+])
+def test_auto_takes_the_gpu_only_for_networks_large_enough_to_pay(monkeypatch, gpu, parameters, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    assert resolve_device("auto", parameters).type == expected
+    assert resolve_device("cpu", parameters).type == "cpu"
+
+
+def test_auto_says_why_it_left_a_gpu_unused(monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    small = A2C(make_model())
+    with caplog.at_level("INFO", logger="flare2.core.computation_task"):
+        assert choose_device("auto", [small, A2C(make_model())]).type == "cpu"
+    [record] = caplog.records
+    assert f"networks hold {2 * count_parameters(small)} parameters" in record.getMessage()
+    assert "--device cuda" in record.getMessage()
 
 
 def test_a_save_that_dies_half_way_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):

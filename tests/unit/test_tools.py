@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 def load_tool(name: str):
     spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -102,3 +104,23 @@ def test_the_ragged_bench_feeds_both_layouts_the_same_entities_and_the_same_netw
     for key in bench.ENTITY_TYPES:
         assert unpadded[key].lengths.tolist() == arrays[key].lengths.tolist()
     assert bench.main(["--rows", "8", "--requests", "2", "--seconds", "0"]) == 0
+
+
+def test_bench_takes_its_grid_and_device_from_the_command_line_and_refuses_bad_counts(capsys):
+    bench = load_tool("bench")
+    args = bench.parse_args(["--device", "cuda", "--procs", "1,4,16", "--envs-per-proc", "8"])
+    assert (args.device, args.procs, args.envs_per_proc) == ("cuda", (1, 4, 16), (8,))
+    for bad in ("0,2", "four", ""):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--procs", bad])
+        assert "comma-separated list of counts >= 1" in capsys.readouterr().err
+
+
+def test_bench_rollout_figures_hold_forward_passes_and_say_why_there_is_no_gpu_load():
+    bench = load_tool("bench")
+    rows = [{"wall_time": t, "env_steps": 1000.0 * t, "batch_size_mean": 50.0, "predict_rtt_p50_ms": 0.2,
+             "predict_rtt_p99_ms": 0.5, "return_mean": 20.0} for t in range(5)]
+    figures = bench.steady_state(rows, 1, 4)
+    assert figures["steps_per_s"] == pytest.approx(1000.0)
+    assert figures["forwards_per_s"] == pytest.approx(20.0)
+    assert bench.GpuLoad("cpu").figures() == {"gpu_util_percent": None, "gpu_util_unavailable": "not on a GPU"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import importlib.util
 import json
@@ -10,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
@@ -39,10 +41,20 @@ def die_with_parent(parent_pid: int) -> None:
     A child must not outlive its manager even when the manager is killed with
     SIGKILL and gets no chance to clean up.
     """
+    _signal_at_parent_death(signal.SIGKILL, parent_pid)
+
+
+def interrupt_at_parent_death(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that runs a whole flare2 run (a trial of ``flare2 tune``): the kernel sends it
+    SIGINT when ``parent_pid`` dies, even by SIGKILL, and it stops as after Ctrl+C, taking its own children along."""
+    return functools.partial(_signal_at_parent_death, signal.SIGINT, parent_pid)
+
+
+def _signal_at_parent_death(signum: int, parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
+        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    if os.getppid() != parent_pid:  # it died before prctl: no signal will come
         os._exit(1)
 
 

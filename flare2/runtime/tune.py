@@ -21,6 +21,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.options import number_option
+from flare2.runtime.processes import interrupt_at_parent_death
 from flare2.runtime.train import resolve
 from flare2.zoo.recipes import RECIPES, TRAIN_FILE
 
@@ -177,7 +179,8 @@ class Study:
                    "--max-steps", str(self.trial_steps), "--log-dir", str(trial_dir)]
         print(f"flare2 tune: trial {trial.number}: {' '.join(flags)}", file=sys.stderr)
         with open(trial_dir / "console.log", "wb") as console:
-            process = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT,
+                                       preexec_fn=interrupt_at_parent_death(os.getpid()))
             try:
                 pruned, score = self._follow(process, trial, trial_dir / "progress.csv")
             finally:

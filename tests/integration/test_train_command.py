@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -121,3 +124,40 @@ def test_a_pruned_trial_is_stopped_early_and_ends_cleanly(tmp_path):
     assert trial["state"] == "pruned" and 0 < int(trial["last_step"]) < 10_000_000
     assert "stopped by Ctrl+C" in (tmp_path / "trial_0" / "manager.log").read_text()
     assert not (tmp_path / "best.json").exists()
+
+
+def test_a_tune_trial_is_interrupted_when_flare2_tune_dies_even_by_sigkill():
+    # Stands in for flare2 tune: starts a child the way it starts a trial, and is then killed with SIGKILL.
+    parent = subprocess.Popen([sys.executable, "-c", """if True:
+        import os, subprocess, sys
+        from flare2.runtime.processes import interrupt_at_parent_death
+        subprocess.Popen([sys.executable, "-c", '''if True:
+            import signal, sys
+            signal.signal(signal.SIGINT, lambda *_: (print("interrupted", flush=True), sys.exit(0)))
+            print("playing", flush=True)
+            signal.pause()'''], preexec_fn=interrupt_at_parent_death(os.getpid()))
+        import signal
+        signal.pause()
+    """], stdout=subprocess.PIPE)
+    try:
+        assert read_until_end(parent.stdout, b"playing\n", timeout_s=30) == b"playing\n"
+        parent.kill()
+        # Then "interrupted" and the end of the pipe: the trial has ended.
+        assert read_until_end(parent.stdout, None, timeout_s=30) == b"interrupted\n"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def read_until_end(pipe, stop_after: bytes | None, timeout_s: float) -> bytes:
+    """What ``pipe`` gives until ``stop_after`` has come (None: until its end), failing past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while stop_after is None or not data.endswith(stop_after):
+        ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"nothing more within {timeout_s} s; so far {data!r}"
+        chunk = os.read(pipe.fileno(), 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data

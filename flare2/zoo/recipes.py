@@ -169,6 +169,12 @@ PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
                                 "agent": {"sample_interval": 16},
                                 "run": {"envs_per_agent": 16, "normalize_observations": True, "scale_rewards": 0.1,
                                         "max_steps": 1_000_000}},
+    # rl-baselines3-zoo's DQN settings for Acrobot (its exploration, network, learning rate and buffer; a gradient step
+    # of 128 transitions per env step, as its gradient_steps=-1), with flare2's soft target updates and 3-step returns.
+    ("dqn", "Acrobot-v1"): {"algorithm": {"lr": 6.3e-4, "epsilon_end": 0.1, "exploration_steps": 12_000,
+                                          "minibatch_size": 128},
+                            "agent": {"hidden": (256, 256), "buffer": 50_000, "sample_interval": 1, "batch_size": 128},
+                            "run": {"max_steps": 100_000}},
 }
 """Known-good settings per (algorithm, env id), over the algorithm's own starting point."""
 

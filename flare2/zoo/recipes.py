@@ -175,12 +175,6 @@ PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
                                           "minibatch_size": 128},
                             "agent": {"hidden": (256, 256), "buffer": 50_000, "sample_interval": 1, "batch_size": 128},
                             "run": {"max_steps": 100_000}},
-    # rl-baselines3-zoo's DQN settings for MountainCar (a gradient step of 128 transitions per 2 env steps, as its
-    # train_freq=16 with gradient_steps=8).
-    ("dqn", "MountainCar-v0"): {"algorithm": {"lr": 4e-3, "gamma": 0.98, "epsilon_end": 0.07, "exploration_steps": 24_000,
-                                              "minibatch_size": 128},
-                                "agent": {"hidden": (256, 256), "buffer": 10_000, "batch_size": 128},
-                                "run": {"max_steps": 120_000}},
 }
 """Known-good settings per (algorithm, env id), over the algorithm's own starting point."""
 

@@ -54,11 +54,11 @@ def choose_device(name: str, algorithms: list[Algorithm]) -> torch.device:
     return device
 
 
-def resolve_device(name: str, parameters: int | None = None) -> torch.device:
+def resolve_device(name: str, parameters: int) -> torch.device:
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto``: cuda when there is one and the networks hold ``parameters`` >=
-    AUTO_CUDA_MIN_PARAMETERS (None: whatever their size)."""
+    AUTO_CUDA_MIN_PARAMETERS."""
     if name == "auto":
-        large = parameters is None or parameters >= AUTO_CUDA_MIN_PARAMETERS
+        large = parameters >= AUTO_CUDA_MIN_PARAMETERS
         return torch.device("cuda" if torch.cuda.is_available() and large else "cpu")
     try:
         device = torch.device(name)

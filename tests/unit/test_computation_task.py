@@ -299,7 +299,6 @@ def test_parameters_are_counted_once_for_a_network_two_attributes_share():
 @pytest.mark.parametrize("gpu, parameters, expected", [
     (True, AUTO_CUDA_MIN_PARAMETERS - 1, "cpu"),
     (True, AUTO_CUDA_MIN_PARAMETERS, "cuda"),
-    (True, None, "cuda"),
     (False, 10 * AUTO_CUDA_MIN_PARAMETERS, "cpu"),
 ])
 def test_auto_takes_the_gpu_only_for_networks_large_enough_to_pay(monkeypatch, gpu, parameters, expected):

@@ -743,6 +743,18 @@ def _json_ready(value: Any) -> Any:
 # ---- main ---------------------------------------------------------------------------------------------------
 
 
+def checked_device(name: str) -> str:
+    """``--device`` as flare2 resolves it for the bench's small MLP (``auto``: the CPU); exits with flare2's message
+    for a device this machine lacks, before any measurement."""
+    from flare2.core.computation_task import resolve_device
+    from flare2.errors import ConfigError
+
+    try:
+        return str(resolve_device(name, parameters=0))
+    except ConfigError as exc:
+        sys.exit(f"bench.py: {exc}")
+
+
 def _counts(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(part) for part in text.split(","))
@@ -786,7 +798,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.procs or args.envs_per_proc:
         plan = dataclasses.replace(plan, procs=args.procs or plan.procs,
                                    envs_per_proc=args.envs_per_proc or plan.envs_per_proc, double_buffered=())
-    device = args.device
+    device = checked_device(args.device)
     extra = shlex.split(args.train_args)
     bench_started = time.monotonic()
     failures: list[str] = []

@@ -330,8 +330,9 @@ class ProgressLog:
         logger.info(
             "steps %d%s | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | agents %d local, "
             "%d remote, %d envs | restarts %d%s",
-            row["env_steps"], self._budget_text(totals.env_steps, now), row["steps_per_s"], row["episodes"], row["return_mean"], eval_text, row["batch_size_mean"],
-            row["learn_steps"], row["policy_lag_mean"], agents, remote_agents, envs, row["restarts"],
+            row["env_steps"], self._budget_text(totals.env_steps, now), row["steps_per_s"], row["episodes"],
+            row["return_mean"], eval_text, row["batch_size_mean"], row["learn_steps"], row["policy_lag_mean"], agents,
+            remote_agents, envs, row["restarts"],
             (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row

@@ -184,7 +184,7 @@ class Study:
             try:
                 pruned, score = self._follow(process, trial, trial_dir / "progress.csv")
             finally:
-                if process.poll() is None:  # Ctrl+C or an error here: the trial's run must not outlive flare2 tune
+                if process.poll() is None:  # pruned, Ctrl+C or an error here: the run must not outlive its trial
                     process.send_signal(signal.SIGINT)
                     try:
                         process.wait(timeout=30)
@@ -221,9 +221,7 @@ class Study:
             if not running:
                 return False, score
             if trial.should_prune():
-                process.send_signal(signal.SIGINT)
-                process.wait()
-                return True, score
+                return True, score  # the caller stops the run
 
     def _trial_dir(self, number: int) -> Path:
         return self.log_dir / f"trial_{number}"

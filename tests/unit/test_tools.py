@@ -124,3 +124,11 @@ def test_bench_rollout_figures_hold_forward_passes_and_say_why_there_is_no_gpu_l
     assert figures["steps_per_s"] == pytest.approx(1000.0)
     assert figures["forwards_per_s"] == pytest.approx(20.0)
     assert bench.GpuLoad("cpu").figures() == {"gpu_util_percent": None, "gpu_util_unavailable": "not on a GPU"}
+
+
+def test_bench_refuses_a_device_this_machine_lacks_with_flare2s_message(monkeypatch):
+    bench = load_tool("bench")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.checked_device("auto") == "cpu"
+    with pytest.raises(SystemExit, match="torch sees no CUDA device: use --device cpu"):
+        bench.checked_device("cuda")

@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
@@ -35,8 +36,11 @@ class BrokenA2C(A2C):
         return super().learn(experience)
 
 
-def build(fail_after: int, sleep_once_s: float, build_delay_s: float) -> BrokenA2C:
-    time.sleep(build_delay_s)  # a model that takes a while to build (or to load)
+def build(fail_after: int, sleep_once_s: float, build_after: str | None) -> BrokenA2C:
+    # A model that takes a while to build (or to load): as long as the test wants, and at most two minutes.
+    deadline = time.monotonic() + 120
+    while build_after and not Path(build_after).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     env = make_gym_env("CartPole-v1")
     return BrokenA2C(MLPActorCritic(env.observation_space, env.action_space), fail_after, sleep_once_s)
 
@@ -45,10 +49,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail-learn-after", type=int, default=0, help="learn() raises after this many calls (0: never)")
     parser.add_argument("--sleep-learn-once", type=float, default=0.0, help="the third learn() sleeps this long")
-    parser.add_argument("--build-delay", type=float, default=0.0, help="building the Algorithm takes this long")
+    parser.add_argument("--build-after", help="building the Algorithm waits until this file exists")
     parser.add_argument("--agent", default="flare2.core.envs:GymAgent")
     add_run_options(parser, num_agents=4, max_steps=1_000_000)
     args = parser.parse_args()
-    ct = CTConfig(name="RL", build=partial(build, args.fail_learn_after, args.sleep_learn_once, args.build_delay), batching=batching_from_args(args))
+    ct = CTConfig(name="RL", build=partial(build, args.fail_learn_after, args.sleep_learn_once, args.build_after), batching=batching_from_args(args))
     config = run_config_from_args(parser, args, cts=[ct], agent_path=args.agent)
     sys.exit(Manager(config).run())

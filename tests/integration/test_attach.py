@@ -89,12 +89,13 @@ def test_attach_restarts_an_agent_that_was_killed_and_the_manager_takes_it_back(
 
 
 def test_remote_agents_dropped_before_the_compute_process_is_up_are_taken_back_once_they_wake(tmp_path):
-    # The CT takes 20 s to build; the attached agents are frozen before it is up and thawed after.
+    # The CT is built only once the attached agents, frozen, have been dropped; they are thawed after it is up.
     # A budget that takes the agents a good while once they play (about 20 s): all four must be back before it is
     # reached (they were back 1.3 s after the CT was up when measured).
-    manager = RunProcess(HERE / "faulty_run.py", "--build-delay", "20", "--num-agents", "1", "--envs-per-agent", "1",
-                         "--max-steps", "20000", "--heartbeat-timeout", "3", "--progress-interval", "0.5", "--device", "cpu",
-                         log_dir=tmp_path)
+    built_after = tmp_path / "agents_dropped"
+    manager = RunProcess(HERE / "faulty_run.py", "--build-after", str(built_after), "--num-agents", "1",
+                         "--envs-per-agent", "1", "--max-steps", "20000", "--heartbeat-timeout", "3",
+                         "--progress-interval", "0.5", "--device", "cpu", log_dir=tmp_path)
     remote = None
     try:
         endpoint = re.search(r"control endpoint (tcp://\S+),", manager.wait_for_line(r"control endpoint tcp://", 60)).group(1)
@@ -106,6 +107,7 @@ def test_remote_agents_dropped_before_the_compute_process_is_up_are_taken_back_o
             os.kill(pid, signal.SIGSTOP)
         for _ in range(4):
             manager.wait_for_line(r"remote agent r-\S+ silent for 3s .*; dropped from the run", timeout_s=30)
+        built_after.touch()
         manager.wait_for_line(UP, timeout_s=60)
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)

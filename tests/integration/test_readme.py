@@ -7,6 +7,10 @@ train`` wrote). Every ```python block runs as a program there. A block right
 after a line ``<!-- not run: REASON -->`` is left out; the reason says where
 it is covered instead.
 
+Commands that share no run directory run side by side, one per core: a command
+waits for every earlier one that names a run directory it names (``runs/NAME``),
+so each run directory sees its commands in the README's order.
+
 What changes, so that the whole README runs in about a minute: a budget
 (``--max-steps``, ``--episodes``, ``--trials``, ``--trial-steps``) becomes a
 small one, ``flare2 train`` without one gets ``--max-steps``, a return
@@ -24,12 +28,14 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from runs import REPO
 
 README = REPO / "README.md"
 _SKIP = re.compile(r"<!-- not run: .+ -->")
+_RUN_DIRECTORY = re.compile(r"runs/[\w$.-]+")
 _SMALL = {"--max-steps": "600", "--episodes": "1", "--trials": "2", "--trial-steps": "300", "--threshold": "0"}
 
 
@@ -79,18 +85,60 @@ def test_the_budget_rewrite_shrinks_every_budget_and_drops_the_install():
         "python examples/cartpole_a2c.py --max-steps 600 --log-dir runs/a2c --serial")
 
 
+def run_directories(command: str, seed: str) -> set[str]:
+    """The run directories ``command`` names, ``$SEED`` expanded (``runs/ckpt/checkpoints/RL.pt`` names runs/ckpt)."""
+    return {name.replace("$SEED", seed) for name in _RUN_DIRECTORY.findall(command)}
+
+
+def dependencies(commands: list[str], seed: str) -> list[set[int]]:
+    """For each command, the earlier ones that name one of its run directories."""
+    named = [run_directories(command, seed) for command in commands]
+    return [{earlier for earlier in range(index) if named[earlier] & named[index]} for index in range(len(commands))]
+
+
+def test_commands_wait_for_every_earlier_command_on_their_run_directories():
+    commands = ["flare2 train --log-dir runs/a_s$SEED", "flare2 train --log-dir runs/b", "python -c 'print(1)'",
+                "flare2 eval runs/a_s0/checkpoints/RL.pt", "flare2 plot runs/a_s0 runs/b -o x.png"]
+    assert dependencies(commands, seed="0") == [set(), set(), set(), {0}, {0, 1, 3}]
+
+
+def run_in_dependency_order(argvs: list[list[str]], waits_for: list[set[int]], workers: int, **options):
+    """Run every argv, at most ``workers`` at once, none before those it waits for; the results in argv order.
+    After a failure nothing new starts, so the first failure is not buried under the ones it causes."""
+    results: dict[int, subprocess.CompletedProcess] = {}
+    running: dict[Future, int] = {}
+    waiting = list(range(len(argvs)))
+    with ThreadPoolExecutor(workers) as pool:
+        while waiting or running:
+            failed = any(result.returncode != 0 for result in results.values())
+            for index in [] if failed else list(waiting):
+                if len(running) < workers and waits_for[index] <= results.keys():
+                    running[pool.submit(subprocess.run, argvs[index], **options)] = index
+                    waiting.remove(index)
+            if not running:
+                break
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                results[running.pop(future)] = future.result()
+    return [results.get(index) for index in range(len(argvs))]
+
+
 def test_every_command_of_the_readme_runs(tmp_path):
     for name in ("examples", "tools"):
         (tmp_path / name).symlink_to(REPO / name)
-    environment = {**os.environ, "SEED": "0"}
+    seed = "0"
     blocks = readme_blocks()
     assert len(blocks) >= 10, "the README's blocks were not found"
+    lines, texts, argvs = [], [], []
     for line, language, text in blocks:
-        if language == "python":
-            runs = [[sys.executable, "-c", text]]
-        else:
-            runs = [["bash", "-c", small_budget(command)] for command in commands(text)]
-        for argv in runs:
-            result = subprocess.run(argv, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
-            assert result.returncode == 0, (
-                f"README line {line}: {argv[-1]!r} exited with {result.returncode}:\n{result.stderr[-3000:]}")
+        for command in [text] if language == "python" else [small_budget(command) for command in commands(text)]:
+            lines.append(line)
+            texts.append(command)
+            argvs.append([sys.executable, "-c", command] if language == "python" else ["bash", "-c", command])
+    results = run_in_dependency_order(
+        argvs, dependencies(texts, seed), workers=os.cpu_count() or 1,
+        cwd=tmp_path, env={**os.environ, "SEED": seed}, capture_output=True, text=True, timeout=300)
+    failures = [f"README line {line}: {text!r} exited with {result.returncode}:\n{result.stderr[-3000:]}"
+                for line, text, result in zip(lines, texts, results) if result and result.returncode != 0]
+    assert not failures, failures[0]
+    assert None not in results, "a command did not start"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -132,12 +134,17 @@ SERIAL_RUNS = {
 def test_every_example_runs_to_its_budget_in_serial_mode(tmp_path):
     assert set(SERIAL_RUNS) == {path.name for path in (REPO / "examples").glob("*.py") if "agent" not in path.stem} | {
         "custom_agent.py"}
-    for name, args in SERIAL_RUNS.items():
+
+    def run_serially(name: str) -> None:
+        # One process each, so they run side by side, one per core.
         log_dir = tmp_path / name.removesuffix(".py")
         log_dir.mkdir()
-        result = run_example(name, "--serial", *args, log_dir=log_dir)
+        result = run_example(name, "--serial", *SERIAL_RUNS[name], log_dir=log_dir)
         assert "budget reached" in result.stderr, name
         assert read_csv(log_dir / "progress.csv")[-1]["learn_steps"] >= 1, name
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(run_serially, SERIAL_RUNS))
 
 
 def test_a_one_env_agent_asked_for_several_envs_stops_the_run_with_the_option_and_the_fix(tmp_path):

@@ -3,7 +3,7 @@
     python examples/cliffwalking_sarsa.py --num-agents 8 --max-steps 60000 --eval-every 2 --log-dir runs/sarsa
 
 The Q-network is linear over a one-hot state: a Q-table of 48 states x 4
-actions, plus a bias per action that all states share.
+actions, each step moving its own entry by lr times its TD error.
 Every 8 steps each agent sends its last 8 steps; a target bootstraps from the
 action the agent took next. CliffWalking has no time limit of its own, so the
 env gets one (--time-limit); stepping off the cliff costs -100 and returns to

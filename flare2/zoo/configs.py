@@ -139,7 +139,8 @@ class DQNConfig:
 @dataclass(frozen=True)
 class SARSAConfig:
     lr: float = 0.1
-    """Adam learning rate (0.1 suits a linear Q-table; a hidden layer needs a much smaller one)."""
+    """Step size: a Q-table moves each visited entry by lr times its TD error; with hidden layers, Adam's learning
+    rate (they need a much smaller one)."""
     gamma: float = 0.99
     """Discount factor."""
     epsilon: float = 0.1

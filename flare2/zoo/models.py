@@ -18,16 +18,18 @@ from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError
 
 
-def mlp(sizes: Sequence[int], *, out_gain: float = 1.0, activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
+def mlp(sizes: Sequence[int], *, out_gain: float = 1.0, activation: type[nn.Module] = nn.Tanh,
+        bias: bool = True) -> nn.Sequential:
     """MLP with orthogonal init; tanh hidden layers by default (the usual choice for on-policy control)."""
     if any(size < 1 for size in sizes):
         raise ConfigError(f"layer sizes must be >= 1, got {list(sizes)}: check the hidden sizes (--hidden)")
     layers: list[nn.Module] = []
     for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
         last = index == len(sizes) - 2
-        linear = nn.Linear(fan_in, fan_out)
+        linear = nn.Linear(fan_in, fan_out, bias=bias)
         nn.init.orthogonal_(linear.weight, out_gain if last else math.sqrt(2))
-        nn.init.zeros_(linear.bias)
+        if bias:
+            nn.init.zeros_(linear.bias)
         layers.append(linear)
         if not last:
             layers.append(activation())
@@ -193,8 +195,8 @@ class QNetwork(Model):
     """One Q-value per Discrete action from an observation ``obs`` (Box, or Discrete one-hot encoded).
 
     ``hidden=()`` makes it linear. Over a one-hot observation that is a
-    Q-table (one weight per state and action) plus a bias per action that all
-    states share, which learns the common offset of the values quickly.
+    Q-table (``is_table``): one weight per state and action and no bias, so
+    that learning a state's value moves no other state's.
     """
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: Sequence[int] = (64, 64)) -> None:
@@ -204,8 +206,9 @@ class QNetwork(Model):
         self._obs_spec = observation_spec(observation_space)
         self.one_hot_size = one_hot_size(observation_space)
         obs_size = self.one_hot_size or int(np.prod(self._obs_spec.shape))
+        self.is_table = not hidden and bool(self.one_hot_size)
         # ReLU is the usual choice for value-based methods.
-        self.q = mlp([obs_size, *hidden, int(action_space.n)], activation=nn.ReLU)
+        self.q = mlp([obs_size, *hidden, int(action_space.n)], activation=nn.ReLU, bias=not self.is_table)
 
     def input_specs(self) -> dict[str, Spec]:
         return {"obs": self._obs_spec}

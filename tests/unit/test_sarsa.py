@@ -24,10 +24,8 @@ class Env:
 
 def tabular_sarsa(**config) -> SARSA:
     algorithm = SARSA.for_env(Env(), SARSAConfig(**{"gamma": GAMMA, "epsilon": EPSILON, **config}))
-    linear = algorithm.model.q[-1]
     with torch.no_grad():
-        linear.weight.copy_(TABLE.T)
-        linear.bias.zero_()
+        algorithm.model.q[-1].weight.copy_(TABLE.T)
     return algorithm
 
 
@@ -48,9 +46,10 @@ def one_sequence(obs, next_obs, actions, rewards, terminated, truncated) -> Expe
     )
 
 
-def test_linear_q_network_over_a_one_hot_state_is_a_q_table_plus_a_bias_per_action():
-    assert [name for name, _ in SARSA.for_env(Env()).model.named_parameters()] == ["q.0.weight", "q.0.bias"]
+def test_linear_q_network_over_a_one_hot_state_is_a_q_table_and_with_hidden_layers_is_not():
+    assert [name for name, _ in SARSA.for_env(Env()).model.named_parameters()] == ["q.0.weight"]
     torch.testing.assert_close(tabular_sarsa().model(torch.tensor([0, 1, 2])), TABLE)
+    assert SARSA.for_env(Env()).model.is_table and not SARSA.for_env(Env(), hidden=(8,)).model.is_table
 
 
 def test_targets_use_the_next_action_taken_and_the_expected_value_where_the_sequence_or_episode_stops():
@@ -72,14 +71,18 @@ def test_targets_use_the_next_action_taken_and_the_expected_value_where_the_sequ
     torch.testing.assert_close(targets, torch.tensor([hand]))
 
 
-def test_learning_moves_the_visited_q_value_towards_its_target_most_and_leaves_the_other_action_of_that_state():
+def test_a_table_moves_each_visited_entry_by_lr_times_its_own_td_error_and_no_other_entry():
     algorithm = tabular_sarsa(lr=0.5)
-    experience = one_sequence(obs=[2], next_obs=[2], actions=[0], rewards=[10.0], terminated=[True], truncated=[False])
+    # Two sequences: state 2 action 0 terminates with reward 10 (TD error 10 - (-4) = 14); state 0 action 1 terminates
+    # with reward 0 (TD error -2). However many samples share the batch, each entry moves by its own error alone.
+    experience = Experience(
+        inputs={"obs": torch.tensor([[2], [0]])}, next_inputs={"obs": torch.tensor([[2], [0]])},
+        actions={"action": torch.tensor([[0], [1]])}, rewards={"reward": torch.tensor([[10.0], [0.0]])}, states={},
+        terminated=torch.tensor([[True], [True]]), truncated=torch.tensor([[False], [False]]),
+    )
     algorithm.learn(experience)
     change = algorithm.model(torch.tensor([0, 1, 2])).detach() - TABLE
-    assert 0 < change[2, 0] <= 10.0 - TABLE[2, 0]
-    assert change[2, 0] > change[:2, 0].max()  # other states move only through the shared bias
-    torch.testing.assert_close(change[:, 1], torch.zeros(3))
+    torch.testing.assert_close(change, torch.tensor([[0.0, 0.5 * -2.0], [0.0, 0.0], [0.5 * 14.0, 0.0]]))
 
 
 def test_sarsa_learns_a_two_step_chain_to_its_discounted_values():

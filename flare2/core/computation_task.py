@@ -422,7 +422,15 @@ class ComputationTask:
             raise ConfigError(f"checkpoint {path} belongs to CT {state.get('ct')!r}, not {self.name!r}")
         self._check_same_task(path, state)
         with self._learn_lock:
-            self.algorithm.load_state_dict(state["algorithm"])
+            try:
+                self.algorithm.load_state_dict(state["algorithm"])
+            except (KeyError, RuntimeError, ValueError) as exc:  # torch names the missing, unexpected or resized keys
+                detail = str(exc).strip().replace("\n\t", " ").replace("\n", " ")
+                raise ConfigError(
+                    f"checkpoint {path} of CT {self.name!r} does not fit this run's {type(self.algorithm).__name__} "
+                    f"({detail}): it was written with other network settings (such as --hidden) or by another "
+                    "version of flare2; load it with the settings that wrote it, or train again"
+                ) from None
             with self._statistics_lock:
                 self.statistics = {
                     key: RunningMoments(self.specs.inputs[key].shape, int(m["count"]), m["mean"].cpu().numpy(), m["m2"].cpu().numpy())

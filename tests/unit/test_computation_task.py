@@ -447,3 +447,8 @@ def test_resuming_from_a_checkpoint_of_another_algorithm_or_other_specs_is_refus
     wider = MLPActorCritic(gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(2))
     with pytest.raises(ConfigError, match=r"inputs\['obs'\] = \{'shape': \[4\], 'dtype': 'float32'\}, .*\[6\]"):
         ComputationTask("RL", A2C(wider), device="cpu").load(path)
+    # Same specs, other layers: torch's own complaint, inside flare2's message.
+    other_layers = MLPActorCritic(OBS_SPACE, ACTION_SPACE, hidden=(8, 8))
+    with pytest.raises(ConfigError, match=r"does not fit this run's A2C \(Error\(s\) in loading state_dict for "
+                                          r"MLPActorCritic: .*\): it was written with other network settings"):
+        ComputationTask("RL", A2C(other_layers), device="cpu").load(path)

@@ -16,17 +16,19 @@ setup(
         "gymnasium>=0.29",
     ],
     extras_require={
-        # The tests also cover flare2 plot, flare2 eval --video (as a .gif: no ffmpeg needed), --tensorboard and
-        # flare2 tune.
+        # The tests also cover flare2 plot, flare2 eval --video (as a .gif: no ffmpeg needed), --tensorboard, --wandb
+        # (offline) and flare2 tune.
         "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "imageio>=2.30", "pygame>=2.1", "tensorboard>=2.10",
-                 "optuna>=3.4"],
+                 "wandb>=0.16", "optuna>=3.4"],
         # flare2 eval --video: frames to .gif (imageio with Pillow) or .mp4 (imageio-ffmpeg brings its own ffmpeg);
         # pygame draws the classic-control envs.
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame>=2.1"],
         # flare2 plot
         "plot": ["matplotlib>=3.7"],
-        # --tensorboard: event files written through torch.utils.tensorboard, read by TensorBoard (and `wandb sync`)
+        # --tensorboard: event files written through torch.utils.tensorboard, read by TensorBoard
         "tensorboard": ["tensorboard>=2.10"],
+        # --wandb: the same scalars to Weights & Biases, through its TensorBoard sync
+        "wandb": ["wandb>=0.16", "tensorboard>=2.10"],
         # flare2 tune: Optuna samples the settings and prunes trials
         "tune": ["optuna>=3.4"],
     },

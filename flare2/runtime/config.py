@@ -157,6 +157,9 @@ class RunConfig:
     tensorboard: bool = False
     """Also write every scalar of progress.csv and learn.csv as TensorBoard events in the log dir, against env
     steps (needs the ``tensorboard`` extra)."""
+    wandb_project: str | None = None
+    """Also log those scalars to this Weights & Biases project, through W&B's TensorBoard sync (turns
+    ``tensorboard`` on; needs the ``wandb`` extra)."""
     torch_threads: int = 1
     """Threads torch uses in the compute process, set once as it starts: with small models a second thread
     costs more in handing work over than it saves (a 64-64 MLP at batch 64 is 25 % slower with 2), and the
@@ -217,10 +220,17 @@ class RunConfig:
             raise ConfigError("stop_eval_return needs evaluation episodes: set eval_every (--eval-every N) as well")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
-        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        if self.wandb_project is not None and not self.wandb_project.strip():
+            raise ConfigError("--wandb needs a W&B project name, got an empty one")
+        if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
             raise ConfigError(
-                "--tensorboard writes with the tensorboard package, which is not installed: "
-                "python -m pip install -e \".[tensorboard]\" (or pip install tensorboard)"
+                "--wandb logs with the wandb package, which is not installed: "
+                "python -m pip install -e \".[wandb]\" (or pip install wandb tensorboard)"
+            )
+        if (self.tensorboard or self.wandb_project is not None) and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(
+                f"{'--tensorboard' if self.tensorboard else '--wandb'} writes with the tensorboard package, which is not "
+                "installed: python -m pip install -e \".[tensorboard]\" (or pip install tensorboard)"
             )
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")

@@ -327,6 +327,7 @@ class Manager:
         self._progress = ProgressLog(
             self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(self.config),
             max_steps=self.config.max_steps, tensorboard=self.config.tensorboard,
+            wandb_project=self.config.wandb_project,
         )
         self._checkpoints.start(time.monotonic(), self.totals.env_steps)
         self.desk.compute_is_up(control, served)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import time
@@ -221,6 +222,26 @@ def _board_writer(log_dir: Path, purge_step: int) -> Any:
     return SummaryWriter(str(log_dir), purge_step=purge_step)
 
 
+def _start_wandb(log_dir: Path, project: str) -> Any:
+    """A W&B run named after ``log_dir``, with the run's settings, that takes every scalar the TensorBoard writers made
+    after it write (W&B's TensorBoard sync); None, with the reason logged, when W&B will not start."""
+    import wandb
+
+    from flare2.runtime.run_files import CONFIG_FILE
+    from flare2.zoo.recipes import TRAIN_FILE
+
+    # flare2 train's settings name the algorithm's hyperparameters; any run has its config.json.
+    settings = {name.removesuffix(".json"): json.loads((log_dir / name).read_text(encoding="utf-8"))
+                for name in (TRAIN_FILE, CONFIG_FILE) if (log_dir / name).is_file()}
+    try:
+        return wandb.init(project=project, name=log_dir.name, dir=str(log_dir), config=settings, sync_tensorboard=True)
+    except Exception as exc:  # no login, no network: W&B's own message says which
+        logger.error("--wandb: W&B did not start (%s: %s); the run goes on with its TensorBoard events in %s. "
+                     "Run wandb login first, or set WANDB_MODE=offline and wandb sync later",
+                     type(exc).__name__, exc, log_dir)
+        return None
+
+
 def _has_header(path: Path, columns: tuple[str, ...]) -> bool:
     try:
         with open(path, newline="", encoding="utf-8") as file:
@@ -237,11 +258,12 @@ class ProgressLog:
     """
 
     def __init__(self, log_dir: str | Path, *, start_steps: int = 0, append: bool = False,
-                 max_steps: int | None = None, tensorboard: bool = False) -> None:
+                 max_steps: int | None = None, tensorboard: bool = False, wandb_project: str | None = None) -> None:
         """``append`` continues the files of a resumed run in the same directory; ``start_steps`` is where it resumed.
 
         With ``max_steps``, each progress line tells how far the run is and when it will end at the pace so far.
-        With ``tensorboard``, each report also goes to TensorBoard event files in the log dir.
+        With ``tensorboard``, each report also goes to TensorBoard event files in the log dir; with ``wandb_project``
+        to those and to a W&B run.
         """
         self.dir = Path(log_dir)
         self._max_steps = max_steps
@@ -271,8 +293,10 @@ class ProgressLog:
         self._last_batches = 0.0
         self._last_ct_counts: dict[str, tuple[float, float, float, float]] = {}
         self._last_lag = (0.0, 0.0)
+        self._wandb = _start_wandb(self.dir, wandb_project) if wandb_project is not None else None
         # A resumed run's events hide those an earlier run wrote after its checkpoint; a fresh run's hide them all.
-        self._board = _board_writer(self.dir, purge_step=start_steps + 1 if append else 0) if tensorboard else None
+        self._board = (_board_writer(self.dir, purge_step=start_steps + 1 if append else 0)
+                       if tensorboard or wandb_project is not None else None)
 
     def report(self, totals: RunTotals, *, agents: int, remote_agents: int = 0, envs: int = 0) -> dict[str, Any]:
         now = time.monotonic()
@@ -386,6 +410,8 @@ class ProgressLog:
     def close(self) -> None:
         if self._board is not None:
             self._board.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         self._cts_file.close()
         self._progress_file.close()
         self._learn_file.close()

@@ -241,7 +241,7 @@ class SerialRun:
             self.totals.resume_from(counters)
         self._progress = ProgressLog(
             self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(config),
-            max_steps=config.max_steps, tensorboard=config.tensorboard,
+            max_steps=config.max_steps, tensorboard=config.tensorboard, wandb_project=config.wandb_project,
         )
 
     def _start_clocks(self) -> None:

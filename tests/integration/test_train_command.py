@@ -42,6 +42,27 @@ def test_each_algorithm_trains_its_preset_env_and_writes_its_settings_and_checkp
     assert "run complete: " in result.stderr.splitlines()[-1]
 
 
+def test_wandb_gets_every_scalar_and_the_runs_settings_through_its_tensorboard_sync(tmp_path):
+    pytest.importorskip("wandb")
+    # Offline, W&B keeps its run on disk for a later `wandb sync`; its settings and caches stay in the test's folder.
+    wandb_environment = {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+                         "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}
+    log_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "flare2.cli", "train", "--env", "CartPole-v1", "--algo", "a2c", "--serial",
+         "--max-steps", "600", "--progress-interval", "0.2", "--wandb", "flare2-tests", "--log-dir", str(log_dir)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, **wandb_environment},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "W&B did not start" not in result.stderr
+    [run_file] = (log_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = run_file.read_bytes()
+    for scalar in ("progress/return_mean", "progress/steps_per_s", "learn/RL/policy_loss"):
+        assert scalar.encode() in records, scalar
+    assert b'"algo":"a2c"' in records  # train.json, as the W&B run's config
+    assert any(log_dir.glob("events.out.tfevents.*"))
+
+
 def flare2(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flare2.cli", *argv], capture_output=True, text=True, timeout=timeout)
 

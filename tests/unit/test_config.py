@@ -130,3 +130,17 @@ def test_every_setting_of_a_run_has_one_option_and_the_option_defaults_are_the_c
 def test_a_default_for_no_option_is_refused():
     with pytest.raises(TypeError, match="no run option: \\['num_envs'\\]"):
         add_run_options(argparse.ArgumentParser(), num_envs=4)
+
+
+def test_tensorboard_and_wandb_without_their_packages_name_the_extra_to_install(monkeypatch):
+    import importlib.util
+
+    with pytest.raises(ConfigError, match="--wandb needs a W&B project name"):
+        run_config(wandb_project=" ")
+    installed = importlib.util.find_spec
+    for missing, option, extra in (("wandb", {"wandb_project": "p"}, "wandb"), ("tensorboard", {"wandb_project": "p"},
+                                   "tensorboard"), ("tensorboard", {"tensorboard": True}, "tensorboard")):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest, gone=missing: (
+            None if name == gone else installed(name, *rest)))
+        with pytest.raises(ConfigError, match=rf"not installed: python -m pip install -e \"\.\[{extra}\]\""):
+            run_config(**option)

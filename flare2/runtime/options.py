@@ -85,8 +85,8 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
         "(needs: pip install -e \".[tensorboard]\")")),
     ("run", "--wandb", _RUN, "wandb_project", dict(
         metavar="PROJECT", help="also log the progress and learn scalars to this Weights & Biases project, as a W&B run "
-        "named after the log dir (turns on --tensorboard; needs: pip install -e \".[wandb]\" and wandb login, or WANDB_MODE=offline to "
-        "keep the W&B run in the log dir for a later wandb sync)")),
+        "named after the log dir (turns on --tensorboard; needs: pip install -e \".[wandb]\" and wandb login, or "
+        "WANDB_MODE=offline to keep the W&B run in the log dir for a later wandb sync)")),
     ("batching", "--max-batch", _BATCHING, "max_batch", dict(
         type=number_option(int, least=1), help="a prediction batch is flushed once it holds this many requests")),
     ("batching", "--max-wait-ms", _BATCHING, "max_wait_ms", dict(

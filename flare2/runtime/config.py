@@ -202,6 +202,11 @@ class RunConfig:
     stop_timeout_s: float = 5.0
     """How long children get to exit after being asked before they are killed."""
 
+    @property
+    def board(self) -> bool:
+        """Whether the run writes TensorBoard events (``--wandb`` reads them)."""
+        return self.tensorboard or self.wandb_project is not None
+
     def __post_init__(self) -> None:
         if not self.cts:
             raise ConfigError("a run needs at least one CTConfig")

@@ -45,7 +45,7 @@ from flare2.runtime.run_files import record_run, run_logs_and_signals, write_run
 from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
-from flare2.runtime.progress import ProgressLog, RunTotals, summary_line
+from flare2.runtime.progress import ProgressLog, RunTotals, summary_line, wandb_logging
 from flare2.runtime.processes import stop_resource_tracker
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HELLO, STATS, STOP, Message, VersionMismatchError, error_payload, error_text, unpack,
@@ -95,7 +95,7 @@ class Manager:
             from flare2.runtime.serial import SerialRun
 
             return SerialRun(self.config).run()
-        with run_logs_and_signals(self.log_dir, self._on_signal):
+        with run_logs_and_signals(self.log_dir, self._on_signal), wandb_logging(self.config):
             try:
                 code = self._run_with_logs()
             finally:
@@ -326,8 +326,7 @@ class Manager:
             )
         self._progress = ProgressLog(
             self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(self.config),
-            max_steps=self.config.max_steps, tensorboard=self.config.tensorboard,
-            wandb_project=self.config.wandb_project,
+            max_steps=self.config.max_steps, tensorboard=self.config.board,
         )
         self._checkpoints.start(time.monotonic(), self.totals.env_steps)
         self.desk.compute_is_up(control, served)

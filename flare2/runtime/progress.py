@@ -8,9 +8,13 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from flare2.runtime.config import RunConfig
 
 logger = logging.getLogger("flare2.progress")
 
@@ -222,19 +226,36 @@ def _board_writer(log_dir: Path, purge_step: int) -> Any:
     return SummaryWriter(str(log_dir), purge_step=purge_step)
 
 
-def _start_wandb(log_dir: Path, project: str) -> Any:
-    """A W&B run named after ``log_dir``, with the run's settings, that takes every scalar the TensorBoard writers made
-    after it write (W&B's TensorBoard sync); None, with the reason logged, when W&B will not start."""
+@contextmanager
+def wandb_logging(config: RunConfig) -> Iterator[None]:
+    """With ``wandb_project``, a W&B run for the run's whole length that takes every scalar the TensorBoard writers
+    made inside write (W&B's TensorBoard sync). It starts before the run's processes do, because logging in and
+    reaching W&B's server may take a while and nothing may wait on the manager meanwhile; it is finished after the
+    last event is written. A W&B that will not start is logged and the run goes on."""
+    run = _start_wandb(config) if config.wandb_project is not None else None
+    try:
+        yield
+    finally:
+        if run is not None:
+            run.finish()
+
+
+def _start_wandb(config: RunConfig) -> Any:
+    """A W&B run named after the log dir, with the run's settings as its config; None, with the reason logged."""
     import wandb
 
-    from flare2.runtime.run_files import CONFIG_FILE
+    from flare2.runtime.run_files import run_record
     from flare2.zoo.recipes import TRAIN_FILE
 
-    # flare2 train's settings name the algorithm's hyperparameters; any run has its config.json.
-    settings = {name.removesuffix(".json"): json.loads((log_dir / name).read_text(encoding="utf-8"))
-                for name in (TRAIN_FILE, CONFIG_FILE) if (log_dir / name).is_file()}
+    log_dir = Path(config.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    settings = run_record(config, {})
+    train_file = log_dir / TRAIN_FILE  # flare2 train's settings name the algorithm's hyperparameters
+    if train_file.is_file():
+        settings["train"] = json.loads(train_file.read_text(encoding="utf-8"))
     try:
-        return wandb.init(project=project, name=log_dir.name, dir=str(log_dir), config=settings, sync_tensorboard=True)
+        return wandb.init(project=config.wandb_project, name=log_dir.name, dir=str(log_dir), config=settings,
+                          sync_tensorboard=True)
     except Exception as exc:  # no login, no network: W&B's own message says which
         logger.error("--wandb: W&B did not start (%s: %s); the run goes on with its TensorBoard events in %s. "
                      "Run wandb login first, or set WANDB_MODE=offline and wandb sync later",
@@ -258,12 +279,11 @@ class ProgressLog:
     """
 
     def __init__(self, log_dir: str | Path, *, start_steps: int = 0, append: bool = False,
-                 max_steps: int | None = None, tensorboard: bool = False, wandb_project: str | None = None) -> None:
+                 max_steps: int | None = None, tensorboard: bool = False) -> None:
         """``append`` continues the files of a resumed run in the same directory; ``start_steps`` is where it resumed.
 
         With ``max_steps``, each progress line tells how far the run is and when it will end at the pace so far.
-        With ``tensorboard``, each report also goes to TensorBoard event files in the log dir; with ``wandb_project``
-        to those and to a W&B run.
+        With ``tensorboard``, each report also goes to TensorBoard event files in the log dir.
         """
         self.dir = Path(log_dir)
         self._max_steps = max_steps
@@ -293,10 +313,8 @@ class ProgressLog:
         self._last_batches = 0.0
         self._last_ct_counts: dict[str, tuple[float, float, float, float]] = {}
         self._last_lag = (0.0, 0.0)
-        self._wandb = _start_wandb(self.dir, wandb_project) if wandb_project is not None else None
         # A resumed run's events hide those an earlier run wrote after its checkpoint; a fresh run's hide them all.
-        self._board = (_board_writer(self.dir, purge_step=start_steps + 1 if append else 0)
-                       if tensorboard or wandb_project is not None else None)
+        self._board = _board_writer(self.dir, purge_step=start_steps + 1 if append else 0) if tensorboard else None
 
     def report(self, totals: RunTotals, *, agents: int, remote_agents: int = 0, envs: int = 0) -> dict[str, Any]:
         now = time.monotonic()
@@ -410,8 +428,6 @@ class ProgressLog:
     def close(self) -> None:
         if self._board is not None:
             self._board.close()
-        if self._wandb is not None:
-            self._wandb.finish()
         self._cts_file.close()
         self._progress_file.close()
         self._learn_file.close()

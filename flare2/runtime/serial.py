@@ -33,7 +33,7 @@ from flare2.runtime.checkpoints import CheckpointSchedule, checkpoint_path, resu
 from flare2.runtime.config import RunConfig
 from flare2.runtime import exit_codes
 from flare2.runtime.learner import InlineLearner
-from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals, summary_line
+from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals, summary_line, wandb_logging
 from flare2.runtime.run_files import record_run, run_logs_and_signals
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
@@ -147,7 +147,7 @@ class SerialRun:
         self._checkpoints = CheckpointSchedule(config)
 
     def run(self) -> int:
-        with run_logs_and_signals(self.log_dir, self._on_signal):
+        with run_logs_and_signals(self.log_dir, self._on_signal), wandb_logging(self.config):
             try:
                 code = self._run()
             except FlareError as exc:
@@ -241,7 +241,7 @@ class SerialRun:
             self.totals.resume_from(counters)
         self._progress = ProgressLog(
             self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(config),
-            max_steps=config.max_steps, tensorboard=config.tensorboard, wandb_project=config.wandb_project,
+            max_steps=config.max_steps, tensorboard=config.board,
         )
 
     def _start_clocks(self) -> None:

@@ -247,8 +247,7 @@ def _start_wandb(config: RunConfig) -> Any:
     from flare2.runtime.run_files import run_record
     from flare2.zoo.recipes import TRAIN_FILE
 
-    log_dir = Path(config.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(config.log_dir)  # made by run_logs_and_signals, entered first
     settings = run_record(config, {})
     train_file = log_dir / TRAIN_FILE  # flare2 train's settings name the algorithm's hyperparameters
     if train_file.is_file():

@@ -36,8 +36,9 @@ class SARSA(Algorithm):
     def __init__(self, model: QNetwork, config: SARSAConfig = SARSAConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config
-        optimizer = torch.optim.SGD if model.is_table else torch.optim.Adam
-        self.optimizer = optimizer(model.parameters(), lr=config.lr)
+        # A Q-model of the user's own is learned as a network, whatever its layers.
+        self.tabular = getattr(model, "is_table", False)
+        self.optimizer = (torch.optim.SGD if self.tabular else torch.optim.Adam)(model.parameters(), lr=config.lr)
 
     @classmethod
     def for_env(cls, env: gym.Env, config: SARSAConfig = SARSAConfig(), hidden: tuple[int, ...] = ()) -> SARSA:
@@ -75,5 +76,5 @@ class SARSA(Algorithm):
         q = self.model(experience.inputs["obs"]).gather(-1, experience.actions["action"].unsqueeze(-1)).squeeze(-1)
         squared_errors = (q - target).pow(2)
         # Summed, a gradient step of lr moves each sampled entry of a table by lr times its own TD error.
-        self.optimize(squared_errors.sum() / 2 if self.model.is_table else squared_errors.mean())
+        self.optimize(squared_errors.sum() / 2 if self.tabular else squared_errors.mean())
         return {"td_loss": squared_errors.mean().item(), "q_mean": q.mean().item()}

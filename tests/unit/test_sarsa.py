@@ -112,3 +112,13 @@ def test_bad_configs_and_spaces_name_the_problem():
         SARSAConfig(epsilon=1.5)
     with pytest.raises(ConfigError, match="Discrete action space"):
         QNetwork(gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (1,)))
+
+
+def test_a_q_model_of_the_users_own_learns_as_a_network():
+    class OwnQ(QNetwork):
+        def __init__(self):
+            super().__init__(Env.observation_space, Env.action_space, hidden=())
+            del self.is_table
+
+    algorithm = SARSA(OwnQ())
+    assert not algorithm.tabular and isinstance(algorithm.optimizer, torch.optim.Adam)

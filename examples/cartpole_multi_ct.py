@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from flare2 import Algorithm, Model, Spec
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
-from flare2.runtime.manager import Manager
+from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
     add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
 )

@@ -20,7 +20,7 @@ import sys
 from functools import partial
 
 from flare2.runtime.config import CTConfig
-from flare2.runtime.manager import Manager
+from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
     add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
 )

@@ -44,9 +44,9 @@ _EXPORTS = {
     "CTConfig": "flare2.runtime.config",
     "AgentConfig": "flare2.runtime.config",
     "RunConfig": "flare2.runtime.config",
-    "Manager": "flare2.runtime.manager",
-    "load_policy": "flare2.runtime.evaluate",
-    "TrainedPolicy": "flare2.runtime.evaluate",
+    "Manager": "flare2.runtime.manager.manager",
+    "load_policy": "flare2.commands.evaluate",
+    "TrainedPolicy": "flare2.commands.evaluate",
 }
 
 __all__ = ["__version__", *_EXPORTS]

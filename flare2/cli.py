@@ -15,7 +15,7 @@ from flare2.runtime.config import RunConfig
 
 
 def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from flare2.runtime.attach import AttachConfig, attach
+    from flare2.commands.attach import AttachConfig, attach
     from flare2.wire.security import load_client
 
     try:
@@ -84,19 +84,19 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
-        from flare2.runtime.train import main as train
+        from flare2.commands.train import main as train
 
         return train(argv[1:])
     if argv[:1] == ["eval"]:
-        from flare2.runtime.evaluate import main as evaluate
+        from flare2.commands.evaluate import main as evaluate
 
         return evaluate(argv[1:])
     if argv[:1] == ["plot"]:
-        from flare2.runtime.plot import main as plot
+        from flare2.commands.plot import main as plot
 
         return plot(argv[1:])
     if argv[:1] == ["tune"]:
-        from flare2.runtime.tune import main as tune
+        from flare2.commands.tune import main as tune
 
         return tune(argv[1:])
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ import torch
 
 from flare2.core.model import Model
 from flare2.core.specs import Spec
-from flare2.runtime.agent_process import StopRequested
+from flare2.runtime.agents.agent_process import StopRequested
 
 
 class Scale(Model):

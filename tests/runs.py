@@ -113,7 +113,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def agent_pids(manager_pid: int) -> list[int]:
-    return _children_running(manager_pid, b"flare2.runtime.agent_process")
+    return _children_running(manager_pid, b"flare2.runtime.agents.agent_process")
 
 
 def compute_pid(manager_pid: int) -> int:

@@ -514,7 +514,7 @@ class _StopAfter(threading.Thread):
 def run_rollout(procs: int, envs: int, log_dir: str, seconds: float, device: str, double_buffer: bool = False) -> int:
     """The manager script of one rollout configuration (--run-rollout); returns the manager's exit code."""
     from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
-    from flare2.runtime.manager import Manager
+    from flare2.runtime.manager.manager import Manager
 
     config = RunConfig(
         cts=(CTConfig(name="RL", build=build_rollout_a2c),),

@@ -178,7 +178,7 @@ class RunConfig:
     ``auto``: a process where every CT's algorithm allows one and the machine has a second core, else inline."""
     serial: bool = False
     """Run the compute side and one agent in this process, over in-process ports (for debuggers; see
-    flare2.runtime.serial)."""
+    flare2.runtime.manager.serial)."""
     max_message_bytes: int = DEFAULT_MAX_BYTES
     """Largest message any socket accepts."""
     max_restarts: int = 10

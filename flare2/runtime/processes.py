@@ -19,6 +19,8 @@ from typing import Any
 from flare2.errors import ConfigError
 
 _PR_SET_PDEATHSIG = 1
+COMPUTE_IDENTITY = "compute"
+"""The compute process's identity on the manager's control socket."""
 
 
 def stop_resource_tracker() -> None:
@@ -100,7 +102,7 @@ def agent_command(
 ) -> list[str]:
     """The command line of one agent process, as the manager and ``flare2 attach`` start it."""
     return [
-        sys.executable, "-m", "flare2.runtime.agent_process",
+        sys.executable, "-m", "flare2.runtime.agents.agent_process",
         "--control", control_endpoint,
         "--agent-id", agent_id,
         "--agent", agent_path,

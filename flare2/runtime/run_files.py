@@ -3,6 +3,7 @@
 - manager.log: everything flare2 logs while the run lasts (``run_logs_and_signals``,
   which also hands Ctrl+C and SIGTERM to the run);
 - run.json: where the run listens, for tools and for agents attached by hand;
+- train.json: what ``flare2 train`` was asked, as a preset (``flare2 eval`` rebuilds the run from it);
 - config.json: the resolved configuration, with each CT's algorithm and specs.
   What cannot work on resume (another algorithm, other specs) is refused where
   the checkpoint is loaded (``ComputationTask.load``); the rest may change, and
@@ -27,6 +28,8 @@ from flare2.runtime.config import RunConfig
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+TRAIN_FILE = "train.json"
+"""What ``flare2 train`` writes in the log dir: the run's settings as a preset (``flare2 eval`` rebuilds from it)."""
 
 
 def _plain(value: Any) -> Any:

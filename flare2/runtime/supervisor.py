@@ -21,8 +21,8 @@ from flare2.runtime import exit_codes
 from flare2.runtime.config import RunConfig
 from flare2.runtime.exit_codes import RunFailed
 from flare2.runtime.processes import agent_command
-from flare2.runtime.progress import RunTotals
-from flare2.runtime.registry import AgentRecord, AgentRegistry
+from flare2.runtime.manager.progress import RunTotals
+from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
 from flare2.runtime.restarts import failure_streak, restart_backoff
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
 

@@ -184,8 +184,6 @@ PRESETS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
 """Known-good settings per (algorithm, env id), over the algorithm's own starting point."""
 
 PRESET_GROUPS = ("algorithm", "agent", "run")
-TRAIN_FILE = "train.json"
-"""What ``flare2 train`` writes in the log dir: the run's settings as a preset (``flare2 eval`` rebuilds from it)."""
 
 
 def registered_id(env_id: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
-from flare2.runtime.manager import Manager
+from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
 from flare2.zoo.a2c import A2C
 from flare2.zoo.models import MLPActorCritic

@@ -14,11 +14,11 @@ import torch
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.errors import ConfigError
-from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
-from flare2.runtime.compute_process import build_cts, choose_learner
+from flare2.runtime.compute.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.compute.compute_process import build_cts, choose_learner
 from flare2.runtime.config import BatchingConfig, CTConfig
-from flare2.runtime.learner import LearnerDiedError
-from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
+from flare2.runtime.compute.learners import LearnerDiedError
+from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings
 from flare2.wire.protocol import LEARN, LEARNED, Message
 
 from doubles import Scale, learn_payload

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from flare2.runtime.train import resolve
-from flare2.runtime.tune import Study
+from flare2.commands.train import resolve
+from flare2.commands.tune import Study
 from runs import read_csv
 
 

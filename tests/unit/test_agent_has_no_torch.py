@@ -9,9 +9,9 @@ import sys
 CHECK = """
 import sys
 import flare2
-import flare2.runtime.agent_process
-import flare2.runtime.manager
-import flare2.runtime.attach
+import flare2.runtime.agents.agent_process
+import flare2.runtime.manager.manager
+import flare2.commands.attach
 import flare2.runtime.options
 import flare2.zoo.configs
 import flare2.core.envs

@@ -15,9 +15,9 @@ import zmq
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.runtime.cdp_sockets import SocketFront
-from flare2.runtime.compute_process import serve_ready
-from flare2.runtime.learner import InlineLearner, LearnerThread
+from flare2.runtime.compute.cdp_sockets import SocketFront
+from flare2.runtime.compute.compute_process import serve_ready
+from flare2.runtime.compute.learners import InlineLearner, LearnerThread
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.codec import DEFAULT_MAX_BYTES

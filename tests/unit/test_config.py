@@ -8,7 +8,7 @@ import pytest
 
 from flare2.errors import ConfigError
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
-from flare2.runtime.manager import Manager
+from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import add_run_options, parse_checkpoint_every, run_config_from_args
 
 

@@ -8,7 +8,7 @@ import pytest
 from flare2.core.agent import Agent
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import SpecError
-from flare2.runtime.episodes import EpisodeRecorder, EpisodeStats, is_evaluation_episode
+from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats, is_evaluation_episode
 
 
 class _OneStepEnv:

@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
-from flare2.runtime.manager import Manager
+from flare2.runtime.manager.manager import Manager
 from flare2.wire.protocol import BYE, HELLO, Message
 
 

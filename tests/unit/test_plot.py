@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flare2.errors import ConfigError
-from flare2.runtime.plot import group_key, main, plot, read_curves
+from flare2.commands.plot import group_key, main, plot, read_curves
 
 HEADER = "wall_time,env_steps,episodes,return_mean,eval_return_mean\n"
 

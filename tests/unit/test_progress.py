@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flare2.runtime.progress import (
+from flare2.runtime.manager.progress import (
     EVAL_RETURN_WINDOW,
     PROGRESS_COLUMNS,
     RETURN_WINDOW,

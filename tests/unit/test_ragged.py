@@ -14,7 +14,7 @@ from flare2.core.model import Model
 from flare2.core.ragged_tensor import RaggedTensor
 from flare2.core.specs import CTSpecs, Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
-from flare2.runtime.cdp import ComputationDataProcessor
+from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import decode, encode
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message

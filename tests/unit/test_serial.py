@@ -12,7 +12,7 @@ import pytest
 
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.errors import ConfigError
-from flare2.runtime.manager import Manager
+from flare2.runtime.manager.manager import Manager
 from flare2.zoo.a2c import A2C
 from flare2.zoo.models import MLPActorCritic
 

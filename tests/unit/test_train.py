@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from flare2.runtime.train import resolve
+from flare2.commands.train import resolve
 from flare2.zoo.recipes import RECIPES
 
 

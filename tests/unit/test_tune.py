@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from flare2.runtime.train import _write_train_file, resolve
-from flare2.runtime.tune import SEARCH_SPACES, _defaults, best_preset
-from flare2.zoo.recipes import PRESETS, RECIPES, TRAIN_FILE, settings_fields
+from flare2.commands.train import _write_train_file, resolve
+from flare2.commands.tune import SEARCH_SPACES, _defaults, best_preset
+from flare2.runtime.run_files import TRAIN_FILE
+from flare2.zoo.recipes import PRESETS, RECIPES, settings_fields
 
 
 def test_every_algorithm_has_a_search_space_of_its_own_settings():

@@ -11,7 +11,7 @@ from flare2.core.envs import GymAgent
 from flare2.core.helpers import stack_steps
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
-from flare2.runtime.agent_process import StopRequested, check_envs_per_agent, make_envs
+from flare2.runtime.agents.agent_process import StopRequested, check_envs_per_agent, make_envs
 
 from doubles import AnsweringPort, KeepingHelper
 

@@ -2,7 +2,7 @@
 
 On a CPU with small models both ``learn()`` and ``predict()`` are mostly
 Python, so a learner thread takes turns with the predictions at the GIL (see
-:mod:`flare2.runtime.learner`); a process does not. The compute process starts
+:mod:`flare2.runtime.compute.learners`); a process does not. The compute process starts
 it when every CT's Algorithm allows it (``Algorithm.may_learn_in_own_process``):
 
 - it builds the same CTs from the same configs (CTs that share modules share
@@ -32,9 +32,10 @@ import torch
 
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.transforms import RunningMoments
-from flare2.runtime.cdp import LearnBatch, learn_with_lag
+from flare2.runtime.compute.cdp import LearnBatch, learn_with_lag
+from flare2.runtime.compute.cts import build_cts
 from flare2.runtime.config import CTConfig
-from flare2.runtime.learner import LearnerDiedError
+from flare2.runtime.compute.learners import LearnerDiedError
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.codec import decode, encode
 
@@ -222,8 +223,6 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
 
 
 def _build(settings: LearnerSettings, weights: list[list[torch.Tensor]]) -> list[ComputationTask]:
-    from flare2.runtime.compute_process import build_cts
-
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
     for index, ct in enumerate(cts):
         if settings.resume_paths:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from flare2.errors import DecodeError
-from flare2.runtime.cdp import ComputationDataProcessor
+from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import Message, pack, unpack

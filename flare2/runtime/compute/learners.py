@@ -13,7 +13,7 @@ operators, so the two threads overlap even in one process. The loop hands
 over the next batch only when the thread is idle: batches wait in the CDP's
 queues meanwhile (and grow), never in an unbounded queue here.
 
-A learner process (:mod:`flare2.runtime.learner_process`) is the third kind,
+A learner process (:mod:`flare2.runtime.compute.learner_process`) is the third kind,
 and where an algorithm allows one, the fastest on a CPU.
 """
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
-from flare2.runtime.cdp import LearnBatch
+from flare2.runtime.compute.cdp import LearnBatch
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask

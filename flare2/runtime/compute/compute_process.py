@@ -3,8 +3,8 @@
 A single loop polls the control socket and every CDP socket; its poll timeout
 is the nearest batch deadline, so a batch waits at most ``max_wait`` plus one
 wake-up. Ready learn batches go to the learner the run chose (``learner``):
-a learner process (:mod:`flare2.runtime.learner_process`) or a thread
-(:mod:`flare2.runtime.learner`) while the loop keeps serving predictions, or
+a learner process (:mod:`flare2.runtime.compute.learner_process`) or a thread
+(:mod:`flare2.runtime.compute.learners`) while the loop keeps serving predictions, or
 the loop itself, between predictions.
 """
 
@@ -21,18 +21,18 @@ import zmq
 
 from flare2.errors import ConfigError, DecodeError, FlareError
 from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
-from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
-from flare2.runtime.cdp_sockets import SocketFront
-from flare2.runtime.learner import InlineLearner, Learner, LearnerDiedError, LearnerThread
+from flare2.runtime.compute.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.compute.cdp_sockets import SocketFront
+from flare2.runtime.compute.cts import build_cts
+from flare2.runtime.compute.learners import InlineLearner, Learner, LearnerDiedError, LearnerThread
 from flare2.runtime.config import CTConfig, busy_wait_us
-from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
+from flare2.runtime.processes import COMPUTE_IDENTITY, configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
 from flare2.wire.security import CurveClient, CurveServer, start_authenticator
 from flare2.wire.sockets import connect_dealer, context, poll_timeout_ms
 
 logger = logging.getLogger(__name__)
 
-COMPUTE_IDENTITY = "compute"
 _IDLE_POLL_S = 0.1
 _ERROR_LINGER_MS = 2000
 
@@ -106,19 +106,6 @@ def _report_failure(control: zmq.Socket, exc: Exception) -> None:
     control.send_multipart(pack(Message(ERROR, payload)))
 
 
-def build_cts(configs: tuple[CTConfig, ...], *, device: str, seed: int, torch_threads: int) -> list[Any]:
-    """The ComputationTasks of a run, built in order after seeding torch (the learner process builds the same)."""
-    import torch
-
-    from flare2.core.computation_task import ComputationTask, choose_device
-
-    torch.set_num_threads(torch_threads)
-    torch.manual_seed(seed)
-    algorithms = [config.build() for config in configs]
-    resolved = choose_device(device, algorithms)
-    return [ComputationTask(config.name, algorithm, device=resolved) for config, algorithm in zip(configs, algorithms)]
-
-
 def choose_learner(name: str, cts: list[Any]) -> str:
     """``process``, ``thread`` or ``inline`` for ``--learner NAME``; ``auto`` picks a process where every CT's
     algorithm allows one and there is a core for it."""
@@ -160,7 +147,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             learner = LearnerThread(ctx)
         elif kind == "process":
             # Imported here: the manager imports this module and must not load torch.
-            from flare2.runtime.learner_process import LearnerProcess, LearnerSettings
+            from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings
 
             learner = LearnerProcess(cts, LearnerSettings(
                 # The device the compute process chose: the learner's CTs learn where they act.

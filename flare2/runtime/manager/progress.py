@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flare2.runtime.config import RunConfig
+from flare2.runtime.latency import LatencyHistogram
 
 logger = logging.getLogger("flare2.progress")
 
@@ -47,48 +48,7 @@ PROGRESS_COLUMNS = (
 CT_COLUMNS = ("wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean")
 """cts.csv: per CT, the batches since the last row and their mean size (requests per forward pass or learn call)."""
 RETURN_WINDOW = 100
-# Round-trip histogram: quarter-octave buckets from 1 µs; the last bucket holds everything above ~1 min.
-_BUCKETS_PER_OCTAVE = 4
-_LATENCY_BUCKETS = 26 * _BUCKETS_PER_OCTAVE
 EVAL_RETURN_WINDOW = 20
-
-
-class LatencyHistogram:
-    """Counts of durations in log-spaced buckets (about 19 % wide): cheap to fill in an agent, exact to add up.
-
-    Agents send theirs with their stats; the manager adds them and reads
-    quantiles, so a percentile over all agents is right without shipping every
-    sample.
-    """
-
-    def __init__(self) -> None:
-        self.counts = [0] * _LATENCY_BUCKETS
-
-    def add(self, seconds: float) -> None:
-        micros = seconds * 1e6
-        bucket = int(math.log2(micros) * _BUCKETS_PER_OCTAVE) if micros > 1 else 0
-        self.counts[min(bucket, _LATENCY_BUCKETS - 1)] += 1
-
-    def take(self) -> list[int]:
-        counts, self.counts = self.counts, [0] * _LATENCY_BUCKETS
-        return counts
-
-    def merge(self, counts: Any) -> None:
-        """Add counts an agent sent; anything but a list of as many non-negative ints is ignored."""
-        if isinstance(counts, list) and len(counts) == _LATENCY_BUCKETS and all(type(c) is int and c >= 0 for c in counts):
-            self.counts = [mine + theirs for mine, theirs in zip(self.counts, counts)]
-
-    def quantile(self, q: float) -> float:
-        """The ``q`` quantile in milliseconds (the middle of its bucket); NaN when empty."""
-        total = sum(self.counts)
-        if not total:
-            return float("nan")
-        seen = 0
-        for bucket, count in enumerate(self.counts):
-            seen += count
-            if seen >= q * total:
-                return 2 ** ((bucket + 0.5) / _BUCKETS_PER_OCTAVE) / 1000
-        return float("nan")
 
 
 @dataclass
@@ -244,8 +204,7 @@ def _start_wandb(config: RunConfig) -> Any:
     """A W&B run named after the log dir, with the run's settings as its config; None, with the reason logged."""
     import wandb
 
-    from flare2.runtime.run_files import run_record
-    from flare2.zoo.recipes import TRAIN_FILE
+    from flare2.runtime.run_files import TRAIN_FILE, run_record
 
     log_dir = Path(config.log_dir)  # made by run_logs_and_signals, entered first
     settings = run_record(config, {})

@@ -27,13 +27,14 @@ from typing import Any
 from flare2.core.agent import Agent, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError
-from flare2.runtime.agent_process import StopRequested, make_agent, make_envs, play
-from flare2.runtime.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.agents.agent_process import StopRequested, make_agent, make_envs, play
+from flare2.runtime.compute.cdp import ComputationDataProcessor, UserCodeError
 from flare2.runtime.checkpoints import CheckpointSchedule, checkpoint_path, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.config import RunConfig
 from flare2.runtime import exit_codes
-from flare2.runtime.learner import InlineLearner
-from flare2.runtime.progress import LatencyHistogram, ProgressLog, RunTotals, summary_line, wandb_logging
+from flare2.runtime.compute.learners import InlineLearner
+from flare2.runtime.latency import LatencyHistogram
+from flare2.runtime.manager.progress import ProgressLog, RunTotals, summary_line, wandb_logging
 from flare2.runtime.run_files import record_run, run_logs_and_signals
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error

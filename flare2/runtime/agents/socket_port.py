@@ -12,7 +12,7 @@ import zmq
 
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.config import MOST_BUSY_WAIT_US
-from flare2.runtime.progress import LatencyHistogram
+from flare2.runtime.latency import LatencyHistogram
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS
 from flare2.wire.security import CurveClient
 from flare2.wire.sockets import Requester

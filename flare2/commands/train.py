@@ -19,13 +19,14 @@ from typing import Any
 from flare2.core.envs import make_gym_env
 from flare2.errors import ConfigError
 from flare2.runtime.config import CTConfig, RunConfig
-from flare2.runtime.manager import Manager
+from flare2.runtime.manager.manager import Manager
+from flare2.runtime.run_files import TRAIN_FILE
 from flare2.runtime.options import (
     OPTIONS, add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
     number_option, run_config_from_args, transforms_from_args,
 )
 from flare2.zoo.recipes import (
-    PRESET_GROUPS, RECIPES, TRAIN_FILE, agent_kwargs, build, check_env_id, check_preset, check_spaces, preset, settings_fields,
+    PRESET_GROUPS, RECIPES, agent_kwargs, build, check_env_id, check_preset, check_spaces, preset, settings_fields,
 )
 
 _TRANSFORM_OPTIONS = ("normalize_observations", "scale_rewards", "clip_rewards")

@@ -18,11 +18,11 @@ from typing import Any
 import zmq
 
 from flare2.runtime import exit_codes
-from flare2.runtime.compute_process import COMPUTE_IDENTITY
 from flare2.runtime.config import RunConfig
 from flare2.runtime.exit_codes import RunFailed
-from flare2.runtime.progress import RunTotals
-from flare2.runtime.registry import AgentRecord, AgentRegistry
+from flare2.runtime.manager.progress import RunTotals
+from flare2.runtime.processes import COMPUTE_IDENTITY
+from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
 from flare2.wire.protocol import (
     BYE, ERROR, HEARTBEAT, HELLO, LIVE, PROTOCOL_VERSION, STATS, STOP, WELCOME, Message, error_payload, error_text,
 )

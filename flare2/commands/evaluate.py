@@ -27,7 +27,8 @@ from flare2.core.views import ViewRows
 from flare2.errors import ConfigError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.options import transform_options
-from flare2.zoo.recipes import RECIPES, TRAIN_FILE, build
+from flare2.runtime.run_files import TRAIN_FILE
+from flare2.zoo.recipes import RECIPES, build
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The agent process: one Agent, its envs, and its sockets. Imports no torch.
 
-Started by the manager (``python -m flare2.runtime.agent_process ...``) or by
+Started by the manager (``python -m flare2.runtime.agents.agent_process ...``) or by
 ``flare2 attach`` on another machine; both paths run :func:`run_agent`. The
 agent registers with the manager (hello/welcome: specs and CDP endpoints),
 then plays: episode after episode for an ``Agent``, ``run()`` for a
@@ -33,9 +33,9 @@ from flare2.core.agent import Agent, AgentHelper, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
 from flare2.runtime import exit_codes
-from flare2.runtime.episodes import EpisodeRecorder, EpisodeStats, is_evaluation_episode
-from flare2.runtime.progress import LatencyHistogram
-from flare2.runtime.socket_port import SocketPort
+from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats, is_evaluation_episode
+from flare2.runtime.latency import LatencyHistogram
+from flare2.runtime.agents.socket_port import SocketPort
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, HELLO, STATS, STOP, error_payload, unpack
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient

@@ -37,16 +37,16 @@ import zmq
 
 from flare2.errors import ConfigError, DecodeError
 from flare2.runtime import exit_codes
-from flare2.runtime.agent_desk import AgentDesk
+from flare2.runtime.manager.agent_desk import AgentDesk
 from flare2.runtime.exit_codes import RunFailed
-from flare2.runtime.registry import AgentRegistry
+from flare2.runtime.manager.registry import AgentRegistry
 from flare2.runtime.supervisor import AgentSupervisor
 from flare2.runtime.run_files import record_run, run_logs_and_signals, write_run_file
 from flare2.runtime.checkpoints import CheckpointSchedule, resume_checkpoint_path, resuming_in_place
-from flare2.runtime.compute_process import COMPUTE_IDENTITY, ComputeSettings, compute_main
+from flare2.runtime.compute.compute_process import ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig, is_loopback
-from flare2.runtime.progress import ProgressLog, RunTotals, summary_line, wandb_logging
-from flare2.runtime.processes import stop_resource_tracker
+from flare2.runtime.manager.progress import ProgressLog, RunTotals, summary_line, wandb_logging
+from flare2.runtime.processes import COMPUTE_IDENTITY, stop_resource_tracker
 from flare2.wire.protocol import (
     BYE, CHECKPOINT, ERROR, HELLO, STATS, STOP, Message, VersionMismatchError, error_payload, error_text, unpack,
 )
@@ -92,7 +92,7 @@ class Manager:
     def run(self) -> int:
         """Start the run, supervise it to the end and return the process exit code."""
         if self.config.serial:
-            from flare2.runtime.serial import SerialRun
+            from flare2.runtime.manager.serial import SerialRun
 
             return SerialRun(self.config).run()
         with run_logs_and_signals(self.log_dir, self._on_signal), wandb_logging(self.config):

@@ -32,8 +32,9 @@ from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.options import number_option
 from flare2.runtime.processes import interrupt_at_parent_death
-from flare2.runtime.train import resolve
-from flare2.zoo.recipes import RECIPES, TRAIN_FILE
+from flare2.commands.train import resolve
+from flare2.runtime.run_files import TRAIN_FILE
+from flare2.zoo.recipes import RECIPES
 
 # (kind, bounds): "log" and "float" sample a float in [low, high] (log-uniformly for "log"), "int" an integer,
 # "choice" one of the values. Names are the fields of the algorithm's config or its agent settings.

@@ -14,10 +14,10 @@ Requests are validated against the CT's specs before they join a batch; a bad
 one gets an ERROR reply naming the key, what was expected and what arrived.
 
 The batching does not know how requests arrive: ``SocketFront``
-(:mod:`flare2.runtime.cdp_sockets`) feeds it
+(:mod:`flare2.runtime.compute.cdp_sockets`) feeds it
 from the CT's two ROUTER sockets in the compute process, the serial runner
 from in-process ports. A ready learn batch goes to a learner
-(:mod:`flare2.runtime.learner`), which may run ``learn()`` in another thread
+(:mod:`flare2.runtime.compute.learners`), which may run ``learn()`` in another thread
 while predictions go on; its reply comes back through ``learned``.
 """
 

@@ -1,0 +1,1 @@
+"""The user commands: flare2 train, eval, plot, tune and attach."""

@@ -1,0 +1,1 @@
+"""See flare2.runtime for the layout."""

@@ -59,7 +59,7 @@ class OneStepActorCritic(Algorithm):
         logits, values = self.model(experience.inputs["position"])
         with torch.no_grad():
             _, next_values = self.model(experience.next_inputs["position"])
-            # A termination ends the return; a truncation still bootstraps (DESIGN §6).
+            # A termination ends the return; a truncation still bootstraps (docs/architecture.md: Episode edges).
             targets = experience.rewards["reward"] + self.gamma * next_values * (~experience.terminated)
         advantages = (targets - values).detach()
         log_probs = F.log_softmax(logits, -1).gather(-1, experience.actions["move"].unsqueeze(-1)).squeeze(-1)

@@ -10,6 +10,9 @@ The tree::
     │   ├── PeerDiedError  the other side is gone (distinct from a slow peer)
     │   └── ReplyTimeoutError  no reply within a set limit (the peer may be slow or gone)
     ├── RemoteError        user code raised in another process; carries its traceback
+    │   ├── UserCodeError  an Algorithm or Model raised while the compute side served a batch (the run stops)
+    │   └── LearnerDiedError  the learner process ended, or could not start, without being asked to
+    ├── RunFailed          the run cannot go on; ``exit_code`` says why (the manager's and --serial's exit code)
     └── EncodeError        a value that cannot travel on the wire (fix what is sent)
 """
 
@@ -60,6 +63,26 @@ class RemoteError(FlareError):
         if self.remote_traceback:
             return f"{text}\n--- remote traceback ---\n{self.remote_traceback.rstrip()}"
         return text
+
+
+class UserCodeError(RemoteError):
+    """User code (Algorithm/Model) raised while serving a batch of CT ``ct``; the run must stop."""
+
+    def __init__(self, ct: str, what: str, remote_traceback: str) -> None:
+        super().__init__(f"{what} of CT {ct!r} raised", remote_traceback)
+        self.ct = ct
+
+
+class LearnerDiedError(RemoteError):
+    """The learner process ended, or could not start, without being asked to."""
+
+
+class RunFailed(FlareError):
+    """The run cannot go on; ``exit_code`` (one of ``flare2.runtime.exit_codes``) says why."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class EncodeError(FlareError, TypeError):

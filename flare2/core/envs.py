@@ -46,7 +46,7 @@ class GymAgent(VectorAgent):
     or, with ``replay`` (the keyword arguments of ``ExpReplayHelper``), into a
     replay buffer in this process that sends sampled sequences.
 
-    Episode edges (DESIGN §6): ``terminated`` and ``truncated`` are Gymnasium's;
+    Episode edges (docs/architecture.md): ``terminated`` and ``truncated`` are Gymnasium's;
     the stored ``next_inputs`` row of an env whose episode ended is its final
     observation, and the env starts its next episode from the observation
     ``reset()`` gives. Each env is seeded apart (``env_seed``) at its first reset.

@@ -40,7 +40,7 @@ class OnlineHelper(AgentHelper):
     **Truncated fragments** (the default): every ``sample_interval`` steps,
     those steps of every env go as one learn request ``[K, T, ...]``. Steps
     run across episode ends: the episode flags tell the algorithm where one
-    episode stopped and how (DESIGN §6), and it bootstraps from the
+    episode stopped and how (docs/architecture.md: Episode edges), and it bootstraps from the
     ``next_inputs`` of a fragment's last step. Learning starts after a few
     steps, memory is fixed, and the requests of all agents batch together.
 

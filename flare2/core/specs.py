@@ -300,6 +300,6 @@ STEP_FLAG_SPECS = {
     "truncated": Spec((), "bool"),
     "policy_version": Spec((), "int64"),
 }
-"""Per-step arrays of every learn request besides the spec groups: how the episode ended there (DESIGN §6), and
+"""Per-step arrays of every learn request besides the spec groups: how the episode ended there (docs/architecture.md: Episode edges), and
 the version of the weights that chose the action (the reply to its prediction said which)."""
 _GREEDY_SPECS = {"greedy": Spec((), "bool")}

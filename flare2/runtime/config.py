@@ -39,7 +39,7 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """How one CT batches requests (DESIGN §5)."""
+    """How one CT batches requests (docs/architecture.md: Batching)."""
 
     max_batch: int = 64
     """Flush a prediction batch once it holds this many requests."""

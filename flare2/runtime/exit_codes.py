@@ -43,10 +43,3 @@ def describe(code: int) -> str:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
 
-
-class RunFailed(Exception):
-    """The run cannot go on; ``exit_code`` says why."""
-
-    def __init__(self, message: str, exit_code: int = FAILED) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code

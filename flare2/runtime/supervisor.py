@@ -17,9 +17,9 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+from flare2.errors import RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import RunConfig
-from flare2.runtime.exit_codes import RunFailed
 from flare2.runtime.processes import agent_command
 from flare2.runtime.manager.progress import RunTotals
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
@@ -88,13 +88,14 @@ class AgentSupervisor:
         if exit_code == exit_codes.CONFIG_ERROR:
             raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error or cause}", exit_codes.CONFIG_ERROR)
         if exit_code == exit_codes.MANAGER_LOST and not compute_up:
-            raise RunFailed(f"agent {agent.agent_id} could not register with the manager: {cause}")
+            raise RunFailed(f"agent {agent.agent_id} could not register with the manager: {cause}", exit_codes.FAILED)
         totals = self.totals
         totals.restarts += 1
         if totals.restarts > self.config.max_restarts:
             raise RunFailed(
                 f"agent {agent.agent_id} {cause}; that is {totals.restarts} agent failures, more than "
-                f"max_restarts={self.config.max_restarts}: fix the cause above or raise --max-restarts{detail}"
+                f"max_restarts={self.config.max_restarts}: fix the cause above or raise --max-restarts{detail}",
+                exit_codes.FAILED,
             )
         now = time.monotonic()
         agent.failure_streak = failure_streak(agent.failure_streak, now - agent.started_at)

@@ -1,4 +1,4 @@
-"""Failure semantics (DESIGN §7): agents killed, user code raising, signals, a killed manager, resume."""
+"""Failure semantics (docs/architecture.md: Failures): agents killed, user code raising, signals, a killed manager, resume."""
 
 from __future__ import annotations
 

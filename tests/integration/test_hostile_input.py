@@ -1,4 +1,4 @@
-"""Hostile input (DESIGN §4, §8): thousands of random and mutated messages at a running run's sockets and streams.
+"""Hostile input (docs/architecture.md: Wire; Security): thousands of random and mutated messages at a running run's sockets and streams.
 
 The generator is seeded; a failure names its seed, and FLARE2_FUZZ_SEED=<seed> replays it.
 """

@@ -29,7 +29,6 @@ import re
 import subprocess
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from pathlib import Path
 
 from runs import REPO
 

@@ -1,4 +1,4 @@
-"""Agent processes and the manager stay small: what they import must not pull in torch (DESIGN §10: about 140 MB
+"""Agent processes and the manager stay small: what they import must not pull in torch (docs/architecture.md: What the hot path costs: about 140 MB
 each); only the compute process (and its learner process) loads it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CDP batching rule of DESIGN §5, over real ZeroMQ sockets on loopback.
+"""The CDP batching rule of docs/architecture.md: Batching, over real ZeroMQ sockets on loopback.
 
 The CDP runs in this thread: the test drives its poll loop the way the
 compute process does, and agents are DEALER sockets of the same context.

@@ -7,7 +7,8 @@ import pytest
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.runtime.compute.cdp import ComputationDataProcessor, UserCodeError
+from flare2.errors import UserCodeError
+from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
 

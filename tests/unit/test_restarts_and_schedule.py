@@ -12,7 +12,7 @@ from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.checkpoints import CheckpointSchedule
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
-from flare2.runtime.exit_codes import RunFailed
+from flare2.errors import RunFailed
 from flare2.runtime.manager.progress import RunTotals
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
 from flare2.runtime.restarts import HEALTHY_LIFE_S, MAX_RESTART_BACKOFF_S, failure_streak, restart_backoff

@@ -1,6 +1,6 @@
 """n_step_returns against returns worked out by hand (gamma 0.5 keeps every value exact in float32).
 
-The rule (DESIGN §6, ALF's TimeStep): a terminated step stops bootstrapping;
+The rule (docs/architecture.md: Episode edges, ALF's TimeStep): a terminated step stops bootstrapping;
 a truncated step and the last step of a sequence bootstrap from
 ``next_values`` of that step; no step borrows the return of the next episode.
 """

@@ -28,13 +28,13 @@ import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn, TYPE_CHECKING
 
 import numpy as np
 
 from flare2.core.specs import EXPERIENCE_GROUPS, STEP_FLAG_SPECS
 from flare2.core.transforms import check_statistics_request
-from flare2.errors import SpecError
+from flare2.errors import SpecError, UserCodeError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import (
     ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, STATISTICS, Message, error_payload,
@@ -71,14 +71,6 @@ def check_finite(payload: dict[str, Any]) -> None:
             values = array.values if isinstance(array, Ragged) else array
             if values.dtype.kind == "f" and not np.isfinite(values).all():
                 raise SpecError(f"{group}[{key!r}] holds NaN or infinity: check the environment or the agent")
-
-
-class UserCodeError(Exception):
-    """User code (Algorithm/Model) raised while serving a batch; the run must stop."""
-
-    def __init__(self, ct: str, what: str, remote_traceback: str) -> None:
-        super().__init__(f"{what} of CT {ct!r} raised:\n{remote_traceback}")
-        self.remote_traceback = remote_traceback
 
 
 class _BatchQueue:
@@ -342,7 +334,7 @@ class ComputationDataProcessor:
             return LearnBatch(self, batch, self._experience(batch))
         return None
 
-    def _fail(self, batch: list[_Request], learn: bool, what: str, text: str) -> None:
+    def _fail(self, batch: list[_Request], learn: bool, what: str, text: str) -> NoReturn:
         reason = f"{what} of CT {self.ct.name!r} raised in the compute process"
         for request in batch:
             self.reply(request.reply_to, learn, Message(ERROR, error_payload(reason, traceback=text, code="user_code"), seq=request.seq, ct=self.ct.name))
@@ -402,6 +394,6 @@ class ComputationDataProcessor:
         for request in batch.requests:
             self.reply(request.reply_to, True, Message(LEARNED, reply, seq=request.seq, ct=self.ct.name))
 
-    def learn_failed(self, batch: LearnBatch, text: str) -> None:
+    def learn_failed(self, batch: LearnBatch, text: str) -> NoReturn:
         """``learn()`` raised (``text`` is its traceback): the requesters hear why, and the run must stop."""
         self._fail(batch.requests, True, "learn", text)

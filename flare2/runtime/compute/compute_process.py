@@ -19,12 +19,12 @@ from typing import Any
 
 import zmq
 
-from flare2.errors import ConfigError, DecodeError, FlareError
+from flare2.errors import ConfigError, DecodeError, FlareError, LearnerDiedError, UserCodeError
 from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
-from flare2.runtime.compute.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.cdp_sockets import SocketFront
 from flare2.runtime.compute.cts import build_cts
-from flare2.runtime.compute.learners import InlineLearner, Learner, LearnerDiedError, LearnerThread
+from flare2.runtime.compute.learners import InlineLearner, Learner, LearnerThread
 from flare2.runtime.config import CTConfig, busy_wait_us
 from flare2.runtime.processes import COMPUTE_IDENTITY, configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
@@ -96,9 +96,9 @@ class _Reported(Exception):
 def _report_failure(control: zmq.Socket, exc: Exception) -> None:
     """Tell the manager why this process fails (call it in the ``except`` block that caught ``exc``)."""
     if isinstance(exc, UserCodeError):
-        payload = error_payload(str(exc).splitlines()[0], traceback=exc.remote_traceback, code="user_code")
+        payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code="user_code")
     elif isinstance(exc, LearnerDiedError):
-        payload = error_payload(str(exc), traceback=exc.remote_traceback, code="crash")
+        payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code="crash")
     elif isinstance(exc, FlareError):
         payload = error_payload(str(exc), code="config")
     else:

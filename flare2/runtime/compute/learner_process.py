@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
+from flare2.errors import LearnerDiedError
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.transforms import RunningMoments
 from flare2.runtime.compute.cdp import LearnBatch, learn_with_lag
 from flare2.runtime.compute.cts import build_cts
 from flare2.runtime.config import CTConfig
-from flare2.runtime.compute.learners import LearnerDiedError
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.codec import decode, encode
 

@@ -32,14 +32,6 @@ if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
 
 
-class LearnerDiedError(RuntimeError):
-    """The learner process ended, or could not start, without being asked to."""
-
-    def __init__(self, message: str, remote_traceback: str = "") -> None:
-        super().__init__(message)
-        self.remote_traceback = remote_traceback
-
-
 class Learner(Protocol):
     """Where the compute loop's learn batches go (an inline call, a thread or a process)."""
 

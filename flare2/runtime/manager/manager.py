@@ -10,7 +10,7 @@ local agents are started and restarted (``supervisor`` with the policy of
 ``restarts``), the checkpoint schedule (``checkpoints``) and the files of the
 run (``run_files``).
 
-Supervision (DESIGN §7): the local agents' restarts are the supervisor's
+Supervision (docs/architecture.md: Failures): the local agents' restarts are the supervisor's
 (``supervisor``); a failure in the compute process (user code in an Algorithm
 or Model included) stops the run with its traceback.
 
@@ -35,10 +35,9 @@ from typing import Any
 
 import zmq
 
-from flare2.errors import ConfigError, DecodeError
+from flare2.errors import ConfigError, DecodeError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.manager.agent_desk import AgentDesk
-from flare2.runtime.exit_codes import RunFailed
 from flare2.runtime.manager.registry import AgentRegistry
 from flare2.runtime.supervisor import AgentSupervisor
 from flare2.runtime.run_files import record_run, run_logs_and_signals, write_run_file
@@ -171,7 +170,8 @@ class Manager:
                 if self.desk.served is None and now > startup_deadline:
                     raise RunFailed(
                         f"the compute process did not come up within {config.startup_timeout_s:.0f}s "
-                        "(startup_timeout_s): building the Algorithm takes too long or hangs"
+                        "(startup_timeout_s): building the Algorithm takes too long or hangs",
+                        exit_codes.FAILED,
                     )
                 if now >= next_progress:
                     next_progress = now + config.progress_interval_s
@@ -246,7 +246,9 @@ class Manager:
     def _supervise(self, control: zmq.Socket) -> None:
         compute = self._compute
         if compute is not None and compute.exitcode is not None:
-            raise RunFailed(f"the compute process died: it {exit_codes.describe(compute.exitcode)} (see its log above)")
+            raise RunFailed(
+                f"the compute process died: it {exit_codes.describe(compute.exitcode)} (see its log above)", exit_codes.FAILED
+            )
         for agent, cause, exit_code in self.supervisor.failures(time.monotonic()):
             if exit_code == exit_codes.COMPUTE_FAILED:
                 # The compute process failed; its own report (with the traceback) ends the run.

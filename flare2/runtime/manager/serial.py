@@ -26,9 +26,9 @@ from typing import Any
 
 from flare2.core.agent import Agent, VectorAgent
 from flare2.core.specs import CTSpecs
-from flare2.errors import ConfigError, FlareError
+from flare2.errors import ConfigError, FlareError, UserCodeError
 from flare2.runtime.agents.agent_process import StopRequested, make_agent, make_envs, play
-from flare2.runtime.compute.cdp import ComputationDataProcessor, UserCodeError
+from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.checkpoints import CheckpointSchedule, checkpoint_path, resume_checkpoint_path, resuming_in_place
 from flare2.runtime.config import RunConfig
 from flare2.runtime import exit_codes
@@ -151,12 +151,12 @@ class SerialRun:
         with run_logs_and_signals(self.log_dir, self._on_signal), wandb_logging(self.config):
             try:
                 code = self._run()
-            except FlareError as exc:
-                logger.error("%s", exc)
-                code = exit_codes.CONFIG_ERROR
             except UserCodeError as exc:
                 logger.error("the run failed: %s", exc)
                 code = exit_codes.FAILED
+            except FlareError as exc:
+                logger.error("%s", exc)
+                code = exit_codes.CONFIG_ERROR
             finally:
                 if self._progress is not None:
                     self._progress.close()
@@ -192,7 +192,7 @@ class SerialRun:
             play(agent, control.maybe_service)
         except StopRequested:
             pass
-        except (FlareError, UserCodeError):
+        except FlareError:
             raise
         except Exception:
             logger.error("the agent raised in its episode code:\n%s", traceback.format_exc())

@@ -74,8 +74,8 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
         type=number_option(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
     ("run", "--busy-wait-us", _RUN, "busy_wait_us", dict(
         type=number_option(int, least=0), metavar="US", help="microseconds a waiting process keeps checking for its message "
-        "before it sleeps (waking a core is slow); default: %d while the run's busy processes fit the cores, else 0"
-        % AUTO_BUSY_WAIT_US)),
+        f"before it sleeps (waking a core is slow); default: {AUTO_BUSY_WAIT_US} while the run's busy processes fit the "
+        "cores, else 0")),
     ("run", "--log-dir", _RUN, "log_dir", dict(help="where progress.csv, manager.log and checkpoints go")),
     ("run", "--seed", _RUN, "seed", dict(type=int, help="seeds the models and each agent's env")),
     ("run", "--progress-interval", _RUN, "progress_interval_s", dict(

@@ -11,6 +11,9 @@ no item ever attends to another observation's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, overload
+
 import numpy as np
 import torch
 
@@ -144,7 +147,20 @@ class RaggedTensor:
         return RaggedTensor(self.values[positions], counts)
 
 
-def flat_rows(tensors: dict[str, torch.Tensor | RaggedTensor], leading_ndim: int = 2) -> dict[str, torch.Tensor | RaggedTensor]:
+# Overloaded so that tensors with no ragged entry stay typed as plain tensors.
+@overload
+def flat_rows(tensors: Mapping[str, torch.Tensor], leading_ndim: int = 2) -> dict[str, torch.Tensor]:
+    ...
+
+
+@overload
+def flat_rows(
+    tensors: Mapping[str, torch.Tensor | RaggedTensor], leading_ndim: int = 2
+) -> dict[str, torch.Tensor | RaggedTensor]:
+    ...
+
+
+def flat_rows(tensors: Mapping[str, torch.Tensor | RaggedTensor], leading_ndim: int = 2) -> dict[str, Any]:
     """Merge the ``leading_ndim`` leading dims of every tensor (``[N, T, ...]`` to ``[N * T, ...]``), ragged or not."""
     return {
         key: value.flat() if isinstance(value, RaggedTensor) else value.reshape(-1, *value.shape[leading_ndim:])
@@ -152,7 +168,19 @@ def flat_rows(tensors: dict[str, torch.Tensor | RaggedTensor], leading_ndim: int
     }
 
 
-def take_rows(tensors: dict[str, torch.Tensor | RaggedTensor], index: torch.Tensor) -> dict[str, torch.Tensor | RaggedTensor]:
+@overload
+def take_rows(tensors: Mapping[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
+    ...
+
+
+@overload
+def take_rows(
+    tensors: Mapping[str, torch.Tensor | RaggedTensor], index: torch.Tensor
+) -> dict[str, torch.Tensor | RaggedTensor]:
+    ...
+
+
+def take_rows(tensors: Mapping[str, torch.Tensor | RaggedTensor], index: torch.Tensor) -> dict[str, Any]:
     """The rows ``index`` of every tensor (flat leading dim), ragged or not."""
     return {key: value.take(index) if isinstance(value, RaggedTensor) else value[index] for key, value in tensors.items()}
 
@@ -168,8 +196,12 @@ def pad_rows(
     ``[rows, longest]`` mask of real tokens (``~mask`` is a transformer's ``src_key_padding_mask``) and, per part,
     the (row, position) of each of its items: ``padded[row, position]`` reads their outputs back, in ``values`` order.
     """
-    rows = parts[0].rows if parts else first.shape[0]
-    device = parts[0].device if parts else first.device
+    if parts:
+        rows, device = parts[0].rows, parts[0].device
+    elif first is not None:
+        rows, device = first.shape[0], first.device
+    else:
+        raise ValueError("pad_rows needs ragged parts or a first token per row to know the rows")
     used = torch.full((rows,), int(first is not None), dtype=torch.int64, device=device)
     where = []
     for part in parts:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -56,7 +56,15 @@ class Spec:
     @property
     def item_shape(self) -> tuple[int, ...]:
         """The shape of one item of a ragged spec."""
-        return self.shape[1:]
+        # __post_init__ lets None stand only as the first dim.
+        return cast("tuple[int, ...]", self.shape[1:])
+
+    @property
+    def fixed_shape(self) -> tuple[int, ...]:
+        """The shape of a spec that is not ragged (all of it fixed), for arrays that must have one."""
+        if self.ragged:
+            raise SpecError(f"a ragged spec {self.shape} has no fixed shape: its rows are Ragged, not arrays")
+        return cast("tuple[int, ...]", self.shape)
 
     def zeros(self, rows: int | None = None) -> np.ndarray | Ragged:
         """Zeros of this spec (``rows`` of them); for a ragged spec, rows of no items."""
@@ -64,7 +72,7 @@ class Spec:
             if rows is None:
                 raise SpecError(f"a ragged spec {self.shape} has zeros only as rows of no items: give the rows")
             return Ragged.empty((rows,), self.item_shape, self.dtype)
-        shape = self.shape if rows is None else (rows, *self.shape)
+        shape = self.fixed_shape if rows is None else (rows, *self.fixed_shape)
         return np.zeros(shape, dtype=self.dtype)
 
     def to_wire(self) -> dict[str, Any]:
@@ -74,7 +82,7 @@ class Spec:
     def from_wire(cls, value: Any) -> Spec:
         if not isinstance(value, dict) or not isinstance(value.get("shape"), list) or not isinstance(value.get("dtype"), str):
             raise SpecError(f"a spec is a map with 'shape' and 'dtype' (a list and a str), got {value!r}")
-        return cls(shape=tuple(value["shape"]), dtype=value.get("dtype"))
+        return cls(shape=tuple(value["shape"]), dtype=value["dtype"])
 
 
 Specs = Mapping[str, Spec]
@@ -92,9 +100,21 @@ def specs_from_wire(value: Any) -> dict[str, Spec]:
     return {str(name): Spec.from_wire(spec) for name, spec in value.items()}
 
 
+@overload
+def check_arrays(group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: tuple[int, ...]) -> tuple[int, ...]:
+    ...
+
+
+@overload
+def check_arrays(
+    group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: None = None
+) -> tuple[int, ...] | None:
+    ...
+
+
 def check_arrays(
     group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: tuple[int, ...] | None = None
-) -> tuple[int, ...]:
+) -> tuple[int, ...] | None:
     """Check that ``arrays`` holds exactly the arrays of ``specs``, each with the same leading dims.
 
     Each array has shape ``leading + spec.shape`` where ``leading`` has
@@ -261,7 +281,10 @@ class CTSpecs:
 
         ``greedy`` (optional) marks the rows of evaluation episodes, which get the action without exploration.
         """
-        (rows,) = check_arrays("inputs", self.inputs, payload.get("inputs"))
+        leading = check_arrays("inputs", self.inputs, payload.get("inputs"))
+        if leading is None:
+            raise SpecError("a predict request counts its rows by its inputs, and this CT has none: give it an input")
+        (rows,) = leading
         check_arrays("states", self.states, payload.get("states", {}), leading=(rows,))
         if "greedy" in payload:
             check_arrays("greedy rows", _GREEDY_SPECS, {"greedy": payload["greedy"]}, leading=(rows,))
@@ -282,13 +305,15 @@ class CTSpecs:
 
     def check_learn(self, payload: dict[str, Any]) -> tuple[int, int]:
         """Validate a learn request: N sequences of T steps, every array ``[N, T, ...]`` (see ``Experience``); returns (N, T)."""
-        leading = None
+        leading: tuple[int, ...] | None = None
         for group, specs in self.experience_specs().items():
             leading = check_arrays(group, specs, payload.get(group, {} if group in _OPTIONAL_GROUPS else None),
                                    leading_ndim=2, leading=leading)
-        sequences, steps = leading
         flags = {name: payload.get(name) for name in STEP_FLAG_SPECS}
-        check_arrays("step flags", STEP_FLAG_SPECS, flags, leading_ndim=2, leading=leading)
+        # The step flags always count the sequences and steps, even of a CT whose groups hold no arrays.
+        leading = check_arrays("step flags", STEP_FLAG_SPECS, flags, leading_ndim=2, leading=leading)
+        assert leading is not None, "STEP_FLAG_SPECS is never empty"
+        sequences, steps = leading
         return sequences, steps
 
 

@@ -20,6 +20,7 @@ from flare2.zoo.returns import n_step_returns
 
 
 class A2C(Algorithm):
+    model: MLPActorCritic
     may_learn_in_own_process = True
 
     def __init__(self, model: MLPActorCritic, config: A2CConfig = A2CConfig()) -> None:

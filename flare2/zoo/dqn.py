@@ -25,6 +25,7 @@ from flare2.zoo.returns import n_step_returns
 
 
 class DQN(Algorithm):
+    model: QNetwork
     def __init__(self, model: QNetwork, config: DQNConfig = DQNConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config

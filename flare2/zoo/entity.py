@@ -190,6 +190,8 @@ class UniformEntityPolicy(Algorithm):
     """Uniformly random actions over the same entities (every choice of every part equally likely), learning nothing:
     the baseline an entity policy's curve is read against."""
 
+    model: EntityActorCritic
+
     def __init__(self, model: EntityActorCritic) -> None:
         super().__init__(model)
 

@@ -6,7 +6,6 @@ import math
 from collections.abc import Sequence
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -137,9 +136,10 @@ class MLPActorCritic(Model):
         self._obs_spec = observation_spec(observation_space)
         self._action_spec = action_spec(action_space)
         self.one_hot_size = one_hot_size(observation_space)
-        obs_size = (self.one_hot_size or int(np.prod(self._obs_spec.shape))) * frames
+        obs_size = (self.one_hot_size or math.prod(self._obs_spec.fixed_shape)) * frames
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        policy_out = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        # action_spec took only Discrete or a 1-d Box: logits per action, or the Gaussian mean per dim.
+        policy_out = int(action_space.n) if isinstance(action_space, gym.spaces.Discrete) else self._action_spec.fixed_shape[0]
         self.policy_net = mlp([obs_size, *hidden, policy_out], out_gain=0.01)
         self.value_net = mlp([obs_size, *hidden, 1], out_gain=1.0)
         self.log_std = None if self.discrete else nn.Parameter(torch.full((policy_out,), float(initial_log_std)))
@@ -170,7 +170,7 @@ class MLPActorCritic(Model):
         return self.value_net(self._features(inputs)).squeeze(-1)
 
     def sample(self, policy_out: torch.Tensor) -> torch.Tensor:
-        if self.discrete:
+        if self.log_std is None:  # Discrete actions
             return sample_categorical(policy_out)
         return policy_out + self.log_std.exp() * torch.randn_like(policy_out)
 
@@ -179,7 +179,7 @@ class MLPActorCritic(Model):
         return policy_out.argmax(-1) if self.discrete else policy_out
 
     def log_prob_and_entropy(self, policy_out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.discrete:
+        if self.log_std is None:  # Discrete actions
             log_probs = F.log_softmax(policy_out, dim=-1)
             log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -205,7 +205,7 @@ class QNetwork(Model):
             raise ConfigError(f"QNetwork needs a Discrete action space, got {action_space}: use TD3 for Box actions")
         self._obs_spec = observation_spec(observation_space)
         self.one_hot_size = one_hot_size(observation_space)
-        obs_size = self.one_hot_size or int(np.prod(self._obs_spec.shape))
+        obs_size = self.one_hot_size or math.prod(self._obs_spec.fixed_shape)
         self.is_table = not hidden and bool(self.one_hot_size)
         # ReLU is the usual choice for value-based methods.
         self.q = mlp([obs_size, *hidden, int(action_space.n)], activation=nn.ReLU, bias=not self.is_table)

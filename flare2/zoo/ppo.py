@@ -12,6 +12,8 @@ learn() call came in between.
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import torch
 from torch.nn import functional as F
@@ -56,7 +58,8 @@ def _named(action: torch.Tensor | dict) -> dict:
     return action if isinstance(action, dict) else {"action": action}
 
 
-def _unnamed(actions: dict) -> torch.Tensor | dict:
+def _unnamed(actions: dict) -> Any:
+    """The action as the model takes it back: the one tensor, or the dict of named actions (``_named`` undone)."""
     return actions["action"] if actions.keys() == {"action"} else actions
 
 
@@ -68,6 +71,7 @@ class PPOActorCritic(MLPActorCritic):
 
 
 class PPO(Algorithm):
+    model: PPOActorCritic
     may_learn_in_own_process = True
 
     def __init__(self, model: PPOActorCritic, config: PPOConfig = PPOConfig()) -> None:

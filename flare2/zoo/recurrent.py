@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 import gymnasium as gym
 import torch
@@ -29,13 +31,17 @@ from flare2.zoo.models import mlp, observation_spec, sample_categorical
 State = torch.Tensor | dict[str, torch.Tensor]
 """One recurrent state ``[B, ...]``, or several named ones (as in a model's ``state_specs``)."""
 
-Cell = Callable[[torch.Tensor, State], tuple[torch.Tensor, State]]
+S = TypeVar("S", torch.Tensor, dict[str, torch.Tensor])
+"""A ``State`` of one kind: a cell gives back the kind it was given, and unrolling returns it."""
+
+Cell = Callable[[torch.Tensor, S], tuple[torch.Tensor, S]]
 """``cell(x_t, state) -> (features_t, next_state)`` for one step of a batch (``x_t`` is ``[B, ...]``)."""
 
 
-def _map(fn: Callable[..., torch.Tensor], *states: State) -> State:
-    if isinstance(states[0], dict):
-        return {name: fn(*(state[name] for state in states)) for name in states[0]}
+def _map(fn: Callable[..., torch.Tensor], *states: S) -> S:
+    first = states[0]
+    if isinstance(first, dict):
+        return {name: fn(*(state[name] for state in states)) for name in first}
     return fn(*states)
 
 
@@ -45,12 +51,12 @@ def _reset(ended: torch.Tensor, state: torch.Tensor, initial: torch.Tensor) -> t
 
 
 def unroll(
-    cell: Cell,
+    cell: Cell[S],
     inputs: torch.Tensor,
-    first_state: State,
+    first_state: S,
     episode_ends: torch.Tensor,
-    initial_state: State | None = None,
-) -> tuple[torch.Tensor, State]:
+    initial_state: S | None = None,
+) -> tuple[torch.Tensor, S]:
     """Run ``cell`` over ``inputs[:, t]`` for t = 0..T-1, starting from ``first_state``, resetting at episode ends.
 
     ``inputs`` is ``[B, T, ...]`` (already encoded step by step if the model
@@ -78,22 +84,22 @@ def unroll(
         features.append(feature)
         after.append(state)
         if t < steps - 1:
-            state = _map(lambda s, i, ended=episode_ends[:, t]: _reset(ended, s, i), state, initial_state)
+            state = _map(partial(_reset, episode_ends[:, t]), state, initial_state)
     stacked_after = _map(lambda *per_step: torch.stack(per_step, dim=1), *after)
     return torch.stack(features, dim=1), stacked_after
 
 
-SequenceCell = Callable[[torch.Tensor, State], tuple[torch.Tensor, State]]
+SequenceCell = Callable[[torch.Tensor, S], tuple[torch.Tensor, S]]
 """``rnn(x, state) -> (features, states_after)`` over ``x [B, L, ...]`` from ``state [B, ...]``, no resets inside."""
 
 
 def unroll_segments(
-    rnn: SequenceCell,
+    rnn: SequenceCell[S],
     inputs: torch.Tensor,
-    first_state: State,
+    first_state: S,
     episode_ends: torch.Tensor,
-    initial_state: State | None = None,
-) -> tuple[torch.Tensor, State]:
+    initial_state: S | None = None,
+) -> tuple[torch.Tensor, S]:
     """Same results as ``unroll``, for an ``rnn`` that runs a whole stretch of steps in one call (``nn.GRU``).
 
     The sequence is cut after every step where any row's episode ended; each
@@ -107,7 +113,7 @@ def unroll_segments(
         raise ValueError(f"episode_ends must be [B, T] = {tuple(inputs.shape[:2])}, got {tuple(episode_ends.shape)}")
     if initial_state is None:
         initial_state = _map(torch.zeros_like, first_state)
-    cuts = (episode_ends[:, :-1].any(dim=0).nonzero().flatten() + 1).tolist()
+    cuts: list[int] = (episode_ends[:, :-1].any(dim=0).nonzero().flatten() + 1).tolist()
     state = first_state
     features, after = [], []
     for start, stop in zip([0, *cuts], [*cuts, steps]):
@@ -115,8 +121,8 @@ def unroll_segments(
         features.append(feature)
         after.append(stretch_after)
         if stop < steps:
-            state = _map(lambda s, i, ended=episode_ends[:, stop - 1]: _reset(ended, s[:, -1], i), stretch_after,
-                         initial_state)
+            last = _map(lambda s: s[:, -1], stretch_after)
+            state = _map(partial(_reset, episode_ends[:, stop - 1]), last, initial_state)
     return torch.cat(features, dim=1), _map(lambda *parts: torch.cat(parts, dim=1), *after)
 
 
@@ -126,6 +132,11 @@ class RunningNorm(nn.Module):
     The learner calls ``update`` with each learn() batch; acting and learning
     both read the current statistics.
     """
+
+    # Buffers (registered in __init__), declared so that they read as tensors rather than as any module attribute.
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
 
     def __init__(self, shape: tuple[int, ...], *, clip: float = 5.0, epsilon: float = 1e-4) -> None:
         super().__init__()
@@ -176,7 +187,7 @@ class GRUActorCritic(Model):
             raise ConfigError(f"GRUActorCritic supports Box observation spaces, got {observation_space}")
         self._obs_spec = observation_spec(observation_space)
         self.hidden_size = hidden_size
-        obs_size = math.prod(self._obs_spec.shape)
+        obs_size = math.prod(self._obs_spec.fixed_shape)
         self.obs_norm = RunningNorm((obs_size,))
         # nn.GRU rather than nn.GRUCell: it runs a stretch of steps in one fused call (see ``unroll_segments``).
         self.actor_gru = nn.GRU(obs_size, hidden_size, batch_first=True)

@@ -25,6 +25,7 @@ from flare2.zoo.returns import gae
 
 
 class RecurrentPPO(Algorithm):
+    model: GRUActorCritic
     may_learn_in_own_process = True
 
     def __init__(self, model: GRUActorCritic, config: RecurrentPPOConfig = RecurrentPPOConfig()) -> None:

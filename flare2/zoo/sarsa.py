@@ -31,6 +31,7 @@ from flare2.zoo.models import QNetwork
 
 
 class SARSA(Algorithm):
+    model: QNetwork
     may_learn_in_own_process = True
 
     def __init__(self, model: QNetwork, config: SARSAConfig = SARSAConfig()) -> None:

@@ -37,6 +37,10 @@ from flare2.zoo.models import mlp, observation_spec
 class ActorCritic(Model):
     """A tanh actor scaled to the Box action bounds and two Q critics over (``obs``, action)."""
 
+    # Buffers (registered in __init__), declared so that they read as tensors rather than as any module attribute.
+    action_scale: torch.Tensor
+    action_bias: torch.Tensor
+
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)) -> None:
         super().__init__()
         if not isinstance(observation_space, gym.spaces.Box) or not isinstance(action_space, gym.spaces.Box):
@@ -44,7 +48,7 @@ class ActorCritic(Model):
         if len(action_space.shape) != 1 or not action_space.is_bounded("both"):
             raise ConfigError(f"TD3 needs a bounded 1-d Box action space, got {action_space}")
         self._obs_spec = observation_spec(observation_space)
-        obs_size, act_size = math.prod(self._obs_spec.shape), int(action_space.shape[0])
+        obs_size, act_size = math.prod(self._obs_spec.fixed_shape), int(action_space.shape[0])
         low = torch.as_tensor(action_space.low, dtype=torch.float32)
         high = torch.as_tensor(action_space.high, dtype=torch.float32)
         self.register_buffer("action_scale", (high - low) / 2)
@@ -76,6 +80,7 @@ class ActorCritic(Model):
 
 
 class TD3(Algorithm):
+    model: ActorCritic
     def __init__(self, model: ActorCritic, config: TD3Config = TD3Config()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config

@@ -205,6 +205,19 @@ def test_check_predict_rejects_a_missing_inputs_group():
         CT_SPECS.check_predict({"states": {}})
 
 
+def test_a_predict_request_to_a_ct_without_inputs_is_a_spec_error_not_a_crash():
+    specs = CTSpecs(inputs={}, actions={"action": Spec((), "int64")}, states={}, rewards={})
+    with pytest.raises(SpecError, match="counts its rows by its inputs"):
+        specs.check_predict({"inputs": {}})
+
+
+def test_a_learn_request_to_a_ct_without_arrays_is_counted_by_its_step_flags():
+    specs = CTSpecs(inputs={}, actions={}, states={}, rewards={})
+    flags = {"terminated": np.zeros((2, 3), bool), "truncated": np.zeros((2, 3), bool),
+             "policy_version": np.zeros((2, 3), np.int64)}
+    assert specs.check_learn({"inputs": {}, "next_inputs": {}, "actions": {}, "rewards": {}, **flags}) == (2, 3)
+
+
 def test_check_learn_returns_the_sequence_and_step_counts():
     assert CT_SPECS.check_learn(learn_payload(steps=5)) == (1, 5)
     assert CT_SPECS.check_learn(learn_payload(steps=5, sequences=3)) == (3, 5)

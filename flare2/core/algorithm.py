@@ -134,6 +134,8 @@ class Algorithm:
     def anneal_lr(self, start_lr: float, done: int, total: int | None) -> None:
         """Set the learning rate to ``start_lr`` falling linearly to 0 as ``done`` reaches ``total`` (None: constant)."""
         if total:
+            if self.optimizer is None:
+                raise ValueError(f"{type(self).__name__} must create self.optimizer before calling anneal_lr()")
             for group in self.optimizer.param_groups:
                 group["lr"] = start_lr * max(0.0, 1.0 - done / total)
 

@@ -8,8 +8,9 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -181,8 +182,9 @@ class ComputationTask:
             self._acting = _ActingView(self.algorithm, self._acting_modules)
             self._acting_in_eval_mode = False
 
-    def _tensors(self, arrays: dict[str, np.ndarray | Ragged]) -> Tensors:
-        return {key: self._tensor(value) for key, value in arrays.items()}
+    def _tensors(self, arrays: Mapping[str, np.ndarray | Ragged]) -> Tensors:
+        # Tensors types its values as tensors; a ragged spec's entry is a RaggedTensor all the same (see Tensors).
+        return {key: cast(torch.Tensor, self._tensor(value)) for key, value in arrays.items()}
 
     def _tensor(self, array: np.ndarray | Ragged) -> torch.Tensor | RaggedTensor:
         if isinstance(array, Ragged):
@@ -196,11 +198,11 @@ class ComputationTask:
             return torch.from_numpy(array)
         return torch.from_numpy(array).to(self.device)
 
-    def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray]:
+    def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray | Ragged]:
         if not isinstance(tensors, dict) or tensors.keys() != specs.keys():
             got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
             raise SpecError(f"{type(self.algorithm).__name__}.predict must return {group} with keys {sorted(specs)}, got {got}")
-        arrays = {}
+        arrays: dict[str, np.ndarray | Ragged] = {}
         for key, spec in specs.items():
             tensor = tensors[key]
             if spec.ragged:
@@ -433,7 +435,7 @@ class ComputationTask:
                 ) from None
             with self._statistics_lock:
                 self.statistics = {
-                    key: RunningMoments(self.specs.inputs[key].shape, int(m["count"]), m["mean"].cpu().numpy(), m["m2"].cpu().numpy())
+                    key: RunningMoments(self.specs.inputs[key].fixed_shape, int(m["count"]), m["mean"].cpu().numpy(), m["m2"].cpu().numpy())
                     for key, m in state.get("statistics", {}).items()
                 }
             counters = dict(state["counters"])

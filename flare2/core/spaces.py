@@ -65,7 +65,8 @@ class ObservationRows:
     def __init__(self, specs: dict[str, Spec], count: int, *, keyed: bool) -> None:
         """``keyed``: the env gives a dict per observation (a Dict space); else one value, for the only spec."""
         self.specs = specs
-        self._fixed = {key: spec.zeros(count) for key, spec in specs.items() if not spec.ragged}
+        self._fixed = {key: np.zeros((count, *spec.fixed_shape), spec.dtype) for key, spec in specs.items()
+                       if not spec.ragged}
         self._ragged: dict[str, list[Any]] = {
             key: [np.zeros((0, *spec.item_shape), spec.dtype)] * count for key, spec in specs.items() if spec.ragged
         }
@@ -120,11 +121,17 @@ class ObservationRows:
         return arrays
 
 
-def env_actions(actions: dict[str, np.ndarray | Ragged], keys: list[str] | None, count: int) -> Sequence[Any]:
+def env_actions(
+    actions: dict[str, np.ndarray | Ragged], keys: list[str] | None, count: int
+) -> Sequence[Any] | np.ndarray:
     """Each env's action from a reply's rows: the row of ``action``, or (``keys`` of a Dict action space) a dict of
     each key's row, a ragged action giving that env's items (one per entity)."""
     if keys is None:
-        only = actions[ACTION_KEY]
-        return only.items() if isinstance(only, Ragged) else only
-    rows = {key: actions[key].items() if isinstance(actions[key], Ragged) else actions[key] for key in keys}
+        return _per_env(actions[ACTION_KEY])
+    rows = {key: _per_env(actions[key]) for key in keys}
     return [{key: rows[key][index] for key in keys} for index in range(count)]
+
+
+def _per_env(rows: np.ndarray | Ragged) -> Sequence[Any] | np.ndarray:
+    """Each env's value of one action key: its row, or for a ragged action its items."""
+    return rows.items() if isinstance(rows, Ragged) else rows

@@ -25,13 +25,14 @@ agent started on another machine builds the same one. Imports no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 import numpy as np
 
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, SpecError
+from flare2.wire.ragged import Ragged
 
 MOMENTS_KEYS = ("count", "mean", "m2")
 _MAX_COUNT = 2**53  # counts stay exact as floats below this
@@ -125,7 +126,7 @@ def check_statistics_request(specs: CTSpecs, payload: Any) -> dict[str, RunningM
         spec = specs.acting_inputs.get(key)
         if spec is None or spec.ragged:
             raise SpecError(f"statistics of {key!r}: the CT has no fixed-shape input of that name")
-        checked[key] = RunningMoments.from_wire(value, spec.shape, f"statistics of {key!r}")
+        checked[key] = RunningMoments.from_wire(value, spec.fixed_shape, f"statistics of {key!r}")
     return checked
 
 
@@ -135,9 +136,10 @@ class Transform:
     def bind(self, ct: str, specs: CTSpecs, port: Any) -> None:
         """The CT whose inputs the transform makes, and the port to it (once, before the first step)."""
 
-    def observations(self, inputs: dict[str, np.ndarray], rows: np.ndarray | None, *, count: bool) -> None:
-        """Transform ``inputs`` (arrays by key, rows first) in place, only ``rows`` of them when given; ``count``:
-        these are observations of training envs, which running statistics may learn from."""
+    def observations(self, inputs: Mapping[str, np.ndarray | Ragged], rows: np.ndarray | None, *, count: bool) -> None:
+        """Transform ``inputs`` (arrays by key, rows first; a ragged input's rows are a ``Ragged``) in place, only
+        ``rows`` of them when given; ``count``: these are observations of training envs, which running statistics
+        may learn from."""
 
     def rewards(self, rewards: np.ndarray) -> None:
         """Transform a step's rewards (one per env) in place."""
@@ -172,7 +174,7 @@ class NormalizeObservations(Transform):
                     f"{ {name: (s.shape, s.dtype) for name, s in specs.acting_inputs.items()} }): name one of those"
                 )
         self._port = port
-        self._unsent = {key: RunningMoments(specs.acting_inputs[key].shape) for key in self.keys}
+        self._unsent = {key: RunningMoments(specs.acting_inputs[key].fixed_shape) for key in self.keys}
         # Start from what the run already knows (a resumed run: the checkpoint's statistics).
         self._adopt(port.wait_statistics(self._send()), since={})
 
@@ -198,10 +200,12 @@ class NormalizeObservations(Transform):
     def _update_scale(self) -> None:
         self._scale = {key: (m.mean, 1 / np.sqrt(m.variance + self.epsilon)) for key, m in self.moments.items()}
 
-    def observations(self, inputs: dict[str, np.ndarray], rows: np.ndarray | None, *, count: bool) -> None:
+    def observations(self, inputs: Mapping[str, np.ndarray | Ragged], rows: np.ndarray | None, *, count: bool) -> None:
+        # bind took only fixed-shape inputs, so each of ``keys`` is an array.
+        arrays = {key: cast(np.ndarray, inputs[key]) for key in self.keys}
         if count:
             for key in self.keys:
-                counted = RunningMoments.of(inputs[key] if rows is None else inputs[key][rows])
+                counted = RunningMoments.of(arrays[key] if rows is None else arrays[key][rows])
                 self.moments[key].merge(counted)
                 self._unsent[key].merge(counted)
             self._rows_since_sync += counted.count
@@ -211,7 +215,7 @@ class NormalizeObservations(Transform):
                 self._update_scale()
         for key in self.keys:
             mean, inverse_std = self._scale[key]
-            array = inputs[key]
+            array = arrays[key]
             if rows is None:
                 np.clip((array - mean) * inverse_std, -self.clip, self.clip, out=array, casting="unsafe")
             else:
@@ -297,7 +301,8 @@ class Transforms:
         for transform in self.transforms:
             transform.bind(ct, specs, port)
 
-    def observations(self, inputs: dict[str, np.ndarray], rows: np.ndarray | None = None, *, count: bool = True) -> None:
+    def observations(self, inputs: Mapping[str, np.ndarray | Ragged], rows: np.ndarray | None = None, *,
+                     count: bool = True) -> None:
         for transform in self.observing:
             transform.observations(inputs, rows, count=count)
 

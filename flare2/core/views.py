@@ -17,11 +17,13 @@ views a step is learned with are exactly those its action was chosen from.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from flare2.core.specs import CTSpecs
+from flare2.wire.ragged import Ragged
 
 
 class ViewRows:
@@ -29,7 +31,9 @@ class ViewRows:
 
     def __init__(self, specs: CTSpecs, count: int) -> None:
         self.views = specs.views
-        self._frames = {name: specs.inputs[name].zeros(count) for name in self.views}
+        # A view's spec has a fixed shape (CTSpecs checks it), so its frames are one array.
+        self._frames = {name: np.zeros((count, *specs.inputs[name].fixed_shape), specs.inputs[name].dtype)
+                        for name in self.views}
 
     def __bool__(self) -> bool:
         return bool(self.views)
@@ -42,7 +46,7 @@ class ViewRows:
             if view.group == "inputs":
                 frames[index, -1] = inputs[view.key]
 
-    def start_all(self, inputs: dict[str, np.ndarray]) -> None:
+    def start_all(self, inputs: Mapping[str, np.ndarray | Ragged]) -> None:
         """Every env starts an episode; ``inputs`` holds their observations as rows."""
         for index in range(len(next(iter(self._frames.values()), ()))):
             self.start(index, {key: value[index] for key, value in inputs.items()})
@@ -51,9 +55,11 @@ class ViewRows:
         """The views of the current step, ``[count, frames, ...]`` each (copies: the caller may keep them)."""
         return {name: frames.copy() for name, frames in self._frames.items()}
 
-    def advance(self, next_inputs: dict[str, np.ndarray], actions: dict[str, Any], rewards: dict[str, np.ndarray]) -> None:
+    def advance(self, next_inputs: Mapping[str, np.ndarray | Ragged], actions: Mapping[str, Any],
+                rewards: Mapping[str, np.ndarray]) -> None:
         """The envs made a step: each view takes its next frame (the next observation, or this step's action or reward)."""
-        sources = {"inputs": next_inputs, "actions": actions, "rewards": rewards}
+        # A view's source has a fixed shape (CTSpecs checks it): never a Ragged.
+        sources: dict[str, Mapping[str, Any]] = {"inputs": next_inputs, "actions": actions, "rewards": rewards}
         for name, view in self.views.items():
             frames = self._frames[name]
             frames[:, :-1] = frames[:, 1:]

@@ -188,6 +188,12 @@ def test_learn_that_returns_no_dict_raises_spec_error_naming_the_algorithm():
 # --- checkpoints -----------------------------------------------------------------------------------
 
 
+def test_annealing_the_learning_rate_without_an_optimizer_says_to_create_one_first():
+    algorithm = Algorithm(make_model())
+    with pytest.raises(ValueError, match=r"must create self.optimizer before calling anneal_lr\(\)"):
+        algorithm.anneal_lr(1e-3, done=1, total=10)
+
+
 def test_save_then_load_restores_parameters_optimizer_state_and_counters(tmp_path):
     ct = make_ct(seed=0)
     ct.predict({"obs": np.zeros((3, 4), np.float32)}, {})

@@ -11,7 +11,7 @@ from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.helpers import ExpReplayHelper, stack_steps
 from flare2.core.model import Model
-from flare2.core.ragged_tensor import RaggedTensor
+from flare2.core.ragged_tensor import RaggedTensor, pad_rows
 from flare2.core.specs import CTSpecs, Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
@@ -265,3 +265,8 @@ def test_the_replay_helper_refuses_ragged_specs_with_the_helper_that_takes_them(
     with pytest.raises(ConfigError, match=r"ExpReplayHelper keeps fixed-size arrays, but CT 'RL' has ragged "
                                           r"inputs\['mines'\], next_inputs\['mines'\], actions\['score'\]: learn from them with OnlineHelper"):
         ExpReplayHelper(capacity=100, warmup=10).attach("RL", specs, port=None, num_envs=2)
+
+
+def test_pad_rows_with_neither_parts_nor_a_first_token_says_what_it_needs():
+    with pytest.raises(ValueError, match="needs ragged parts or a first token per row"):
+        pad_rows([])

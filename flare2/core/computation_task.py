@@ -435,7 +435,8 @@ class ComputationTask:
                 ) from None
             with self._statistics_lock:
                 self.statistics = {
-                    key: RunningMoments(self.specs.inputs[key].fixed_shape, int(m["count"]), m["mean"].cpu().numpy(), m["m2"].cpu().numpy())
+                    key: RunningMoments(self.specs.inputs[key].fixed_shape, int(m["count"]), m["mean"].cpu().numpy(),
+                                        m["m2"].cpu().numpy())
                     for key, m in state.get("statistics", {}).items()
                 }
             counters = dict(state["counters"])

@@ -101,7 +101,9 @@ def specs_from_wire(value: Any) -> dict[str, Spec]:
 
 
 @overload
-def check_arrays(group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: tuple[int, ...]) -> tuple[int, ...]:
+def check_arrays(
+    group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: tuple[int, ...]
+) -> tuple[int, ...]:
     ...
 
 

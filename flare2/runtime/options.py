@@ -139,7 +139,7 @@ for two cores), and a budget, which a RunConfig must be given."""
 
 
 def _field_default(owner: type, name: str) -> Any:
-    return owner.__dataclass_fields__[name].default
+    return next(field.default for field in dataclasses.fields(owner) if field.name == name)
 
 
 def add_run_options(parser: argparse.ArgumentParser, **defaults: Any) -> None:
@@ -211,9 +211,12 @@ def _field_docs(config_class: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
         except (OSError, TypeError):  # no source (a class made at run time): the options go without help
             continue
+        if not isinstance(tree, ast.ClassDef):  # the source of a class is its class statement; nothing else has docs
+            continue
+        body = tree.body
         for node, after in zip(body, body[1:]):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):

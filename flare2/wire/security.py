@@ -96,10 +96,18 @@ def _load_pair(path: Path) -> tuple[str, str | None]:
     return public.decode(), secret.decode() if secret else None
 
 
+def _load_secret_pair(path: Path) -> tuple[str, str]:
+    """A pair whose secret key this side needs (a ``.key_secret`` file): a file with only the public key is refused."""
+    public, secret = _load_pair(path)
+    if secret is None:
+        raise ConfigError(f"key file {path} holds no secret key: use the .key_secret file `flare2 keys DIR` wrote")
+    return public, secret
+
+
 def load_server(directory: str | os.PathLike, extra_allowed: Iterable[str] = ()) -> CurveServer:
     """The manager's pair from ``DIR/server.key_secret`` and the allow-list from ``DIR/allowed/*.key``."""
     directory = Path(directory)
-    public, secret = _load_pair(directory / "server.key_secret")
+    public, secret = _load_secret_pair(directory / "server.key_secret")
     allowed = _keys_in(directory / "allowed")
     return CurveServer(public, secret, frozenset(allowed | set(extra_allowed)), str(directory / "allowed"))
 
@@ -111,7 +119,7 @@ def _keys_in(folder: Path) -> set[str]:
 def load_client(directory: str | os.PathLike, client_name: str = "client") -> CurveClient:
     """A client pair ``DIR/<name>.key_secret`` and the server's public key ``DIR/server.key``."""
     directory = Path(directory)
-    public, secret = _load_pair(directory / f"{client_name}.key_secret")
+    public, secret = _load_secret_pair(directory / f"{client_name}.key_secret")
     server_public, _ = _load_pair(directory / "server.key")
     return CurveClient(public, secret, server_public)
 
@@ -155,7 +163,7 @@ class AllowList:
 
     def _reload_if_changed(self) -> None:
         stamp = self._stamp()
-        if stamp is None or stamp == self._folder_stamp:
+        if self._folder is None or stamp is None or stamp == self._folder_stamp:
             return
         self._folder_stamp = stamp
         try:

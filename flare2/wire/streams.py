@@ -91,7 +91,7 @@ class StreamDecoder:
                     break
                 messages.append([bytes(view[header_at:payload_at]), bytes(view[payload_at:end])])
                 start = end
-            rest = None if from_buffer else bytes(view[start:])
+            rest = b"" if from_buffer else bytes(view[start:])
         finally:
             view.release()
         if from_buffer:

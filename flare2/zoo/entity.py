@@ -20,8 +20,9 @@ ignored (probability 1, entropy 0).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import gymnasium as gym
 import torch
@@ -33,7 +34,7 @@ from flare2.core.model import Model
 from flare2.core.ragged_tensor import RaggedTensor, pad_rows
 from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import Spec
-from flare2.errors import ConfigError
+from flare2.errors import ConfigError, SpecError
 from flare2.zoo.models import ILLEGAL_LOGIT, sample_categorical
 
 
@@ -45,6 +46,15 @@ class EntityPolicy:
     """Per-entity action key: ``[entities, n]`` logits, one row per actor entity."""
     select_scores: dict[str, RaggedTensor]
     """Select-entity action key: one score per candidate entity."""
+
+
+def _entities(tensors: Mapping[str, torch.Tensor | RaggedTensor], key: str) -> RaggedTensor:
+    """The entities of type ``key`` (or an action per entity): a ragged spec's entry, which comes as a RaggedTensor."""
+    value: object = tensors[key]
+    if not isinstance(value, RaggedTensor):
+        raise SpecError(f"{key!r} must be a RaggedTensor (a Sequence space, one row of items per observation), "
+                        f"got {type(value).__name__}")
+    return value
 
 
 class EntityActorCritic(Model):
@@ -81,31 +91,35 @@ class EntityActorCritic(Model):
         unmapped = set(self._actions) - set(actors) - set(selects)
         if unmapped:
             raise ConfigError(f"EntityActorCritic: say which entity type the actions {sorted(unmapped)} act on")
+        choices = {}
         for key in actors:
-            if not isinstance(action_space[key], gym.spaces.Sequence) or not isinstance(
-                    action_space[key].feature_space, gym.spaces.Discrete):
+            space = action_space[key]
+            if not isinstance(space, gym.spaces.Sequence) or not isinstance(space.feature_space, gym.spaces.Discrete):
                 raise ConfigError(f"EntityActorCritic actor action {key!r} must be Sequence(Discrete(n)), one choice per "
-                                  f"entity, got {action_space[key]}")
+                                  f"entity, got {space}")
+            choices[key] = int(space.feature_space.n)
         for key in selects:
             if not isinstance(action_space[key], gym.spaces.Discrete):
                 raise ConfigError(f"EntityActorCritic select action {key!r} must be Discrete (the index of an entity), "
                                   f"got {action_space[key]}")
         self.actors, self.selects = dict(actors), dict(selects)
+        self.actor_choices = choices
+        """The choices of each actor action (the outputs of its head)."""
         self.embed = nn.ModuleDict({
             key: nn.Linear(math.prod(self._inputs[key].item_shape), width) for key in self.entity_types
         })
-        context_size = sum(math.prod(self._inputs[key].shape) for key in self.context_keys)
+        context_size = sum(math.prod(self._inputs[key].fixed_shape) for key in self.context_keys)
         self.context = nn.Linear(max(context_size, 1), width)
         layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True,
                                            norm_first=True)
         self.trunk = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(width)
-        self.actor_heads = nn.ModuleDict({
-            key: nn.Linear(width, int(action_space[key].feature_space.n)) for key in self.actors
-        })
-        self.select_heads = nn.ModuleDict({key: nn.Linear(width, 1) for key in self.selects})
+        actor_heads = {key: nn.Linear(width, choices[key]) for key in self.actors}
+        select_heads = {key: nn.Linear(width, 1) for key in self.selects}
+        self.actor_heads = nn.ModuleDict(actor_heads)
+        self.select_heads = nn.ModuleDict(select_heads)
         self.value_head = nn.Linear(width, 1)
-        for head in [*self.actor_heads.values(), *self.select_heads.values()]:
+        for head in [*actor_heads.values(), *select_heads.values()]:
             nn.init.orthogonal_(head.weight, 0.01)
             nn.init.zeros_(head.bias)
 
@@ -117,13 +131,15 @@ class EntityActorCritic(Model):
 
     def _encode(self, inputs: Tensors) -> tuple[torch.Tensor, dict[str, RaggedTensor]]:
         """Each observation's context token and each entity's output of the transformer."""
-        entities = [inputs[key] for key in self.entity_types]
+        entities = [_entities(inputs, key) for key in self.entity_types]
         rows = entities[0].rows
         if self.context_keys:
             context = torch.cat([inputs[key].reshape(rows, -1).float() for key in self.context_keys], dim=-1)
         else:
             context = entities[0].values.new_zeros((rows, 1))
-        tokens = [entity.with_values(self.embed[key](entity.values.reshape(len(entity.values), -1).float()))
+        # The item size is spelled out rather than -1, which cannot be inferred when a batch has no such entity.
+        tokens = [entity.with_values(self.embed[key](
+                      entity.values.reshape(len(entity.values), math.prod(self._inputs[key].item_shape)).float()))
                   for key, entity in zip(self.entity_types, entities)]
         padded, mask, where = pad_rows([token.flat() for token in tokens], first=self.context(context))
         out = self.norm(self.trunk(padded, src_key_padding_mask=~mask))
@@ -167,10 +183,13 @@ class EntityActorCritic(Model):
         self, policy: EntityPolicy, actions: dict[str, torch.Tensor | RaggedTensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``[rows]`` each: the joint log-probability of ``actions`` and the joint entropy."""
-        log_prob = entropy = 0
+        # Zeros per row to add to: a model whose only actions select among entities, none of which are there, has
+        # log-probability and entropy 0 in every row.
+        first = next(iter([*policy.actor_logits.values(), *policy.select_scores.values()]))
+        log_prob = entropy = first.values.new_zeros(first.rows)
         for key, logits in policy.actor_logits.items():
             log_probs = F.log_softmax(logits.values, dim=-1)
-            chosen = log_probs.gather(-1, actions[key].values.long().unsqueeze(-1)).squeeze(-1)
+            chosen = log_probs.gather(-1, _entities(actions, key).values.long().unsqueeze(-1)).squeeze(-1)
             log_prob = log_prob + logits.segment_sum(chosen)
             entropy = entropy + logits.segment_sum(-(log_probs.exp() * log_probs).sum(-1))
         for key, scores in policy.select_scores.items():
@@ -179,7 +198,10 @@ class EntityActorCritic(Model):
                 continue
             log_probs = F.log_softmax(padded, dim=-1)
             has_choice = mask.any(-1)
-            chosen = log_probs.gather(-1, actions[key].long().clamp(0, padded.shape[1] - 1).unsqueeze(-1)).squeeze(-1)
+            selected = actions[key]
+            if isinstance(selected, RaggedTensor):
+                raise SpecError(f"select action {key!r} is one entity index per row, got a RaggedTensor")
+            chosen = log_probs.gather(-1, selected.long().clamp(0, padded.shape[1] - 1).unsqueeze(-1)).squeeze(-1)
             log_prob = log_prob + torch.where(has_choice, chosen, torch.zeros_like(chosen))
             row_entropy = -(log_probs.exp() * log_probs * mask).sum(-1)
             entropy = entropy + torch.where(has_choice, row_entropy, torch.zeros_like(row_entropy))
@@ -197,10 +219,10 @@ class UniformEntityPolicy(Algorithm):
 
     def _uniform(self, inputs: Tensors) -> EntityPolicy:
         model = self.model
-        entities = {key: inputs[key] for key in model.entity_types}
+        entities = {key: _entities(inputs, key) for key in model.entity_types}
         return EntityPolicy(
             actor_logits={key: entities[entity].with_values(entities[entity].values.new_zeros(
-                (len(entities[entity].values), model.actor_heads[key].out_features))) for key, entity in model.actors.items()},
+                (len(entities[entity].values), model.actor_choices[key]))) for key, entity in model.actors.items()},
             select_scores={key: entities[entity].with_values(entities[entity].values.new_zeros(len(entities[entity].values)))
                            for key, entity in model.selects.items()},
         )
@@ -209,7 +231,8 @@ class UniformEntityPolicy(Algorithm):
         policy = self._uniform(inputs)
         actions = self.model.sample(policy)
         log_prob, _ = self.model.log_prob_and_entropy(policy, actions)
-        return {**actions, "log_prob": log_prob}, {}
+        # A per-entity action is a RaggedTensor, which Tensors (a ragged spec's entry) holds too.
+        return cast(Tensors, {**actions, "log_prob": log_prob}), {}
 
     predict_greedy = predict
 

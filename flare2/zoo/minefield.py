@@ -72,7 +72,7 @@ class Minefield(gym.Env):
         cells = self.np_random.choice(SIZE * SIZE, size=robots + mines, replace=False)
         positions = np.stack([cells // SIZE, cells % SIZE], axis=1)
         self.robots, self.mines = positions[:robots], positions[robots:]
-        self.placed, self.steps = mines, 0
+        self.placed, self.steps = int(mines), 0
         return self._observation(), {}
 
     def step(self, action: dict[str, Any]) -> tuple[dict, float, bool, bool, dict]:
@@ -108,4 +108,4 @@ class Minefield(gym.Env):
 
 
 if MINEFIELD not in gym.registry:
-    gym.register(id=MINEFIELD, entry_point=Minefield)
+    gym.register(id=MINEFIELD, entry_point="flare2.zoo.minefield:Minefield")

@@ -139,7 +139,10 @@ class MLPActorCritic(Model):
         obs_size = (self.one_hot_size or math.prod(self._obs_spec.fixed_shape)) * frames
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         # action_spec took only Discrete or a 1-d Box: logits per action, or the Gaussian mean per dim.
-        policy_out = int(action_space.n) if isinstance(action_space, gym.spaces.Discrete) else self._action_spec.fixed_shape[0]
+        if isinstance(action_space, gym.spaces.Discrete):
+            policy_out = int(action_space.n)
+        else:
+            policy_out = self._action_spec.fixed_shape[0]
         self.policy_net = mlp([obs_size, *hidden, policy_out], out_gain=0.01)
         self.value_net = mlp([obs_size, *hidden, 1], out_gain=1.0)
         self.log_std = None if self.discrete else nn.Parameter(torch.full((policy_out,), float(initial_log_std)))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
+from flare2.errors import ConfigError
 from flare2.wire.security import AllowList, ephemeral_client, load_client, load_server, make_keys
 
 
@@ -33,3 +36,11 @@ def test_refusals_are_counted(tmp_path):
     for _ in range(3):
         assert not allow.callback("*", b"x" * 40)
     assert allow.refused == 3
+
+
+def test_a_secret_key_file_holding_only_a_public_key_is_refused_naming_the_file(tmp_path):
+    keys = tmp_path / "keys"
+    make_keys(keys)
+    shutil.copy(keys / "client.key", keys / "client.key_secret")
+    with pytest.raises(ConfigError, match=r"client\.key_secret holds no secret key"):
+        load_client(keys)

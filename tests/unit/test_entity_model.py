@@ -104,3 +104,15 @@ def test_actions_on_the_wrong_kind_of_space_are_refused_naming_the_action():
     with pytest.raises(ConfigError, match="needs at least one entity type"):
         EntityActorCritic(gym.spaces.Dict({"cannon": env.observation_space["cannon"]}), env.action_space,
                           actors={}, selects={})
+
+
+def test_a_select_only_model_over_observations_with_nothing_to_select_gives_zero_tensors_per_row():
+    torch.manual_seed(0)
+    env = Minefield()
+    net = EntityActorCritic(env.observation_space, gym.spaces.Dict({"fire": env.action_space["fire"]}),
+                            actors={}, selects={"fire": "mine"}, width=16, heads=2, layers=1).eval()
+    inputs = batch([1, 2], [0, 0])
+    with torch.no_grad():
+        policy = net.policy(inputs)
+        log_prob, entropy = net.log_prob_and_entropy(policy, net.sample(policy))
+    assert torch.equal(log_prob, torch.zeros(2)) and torch.equal(entropy, torch.zeros(2))

@@ -121,6 +121,10 @@ def resolve(argv: list[str]) -> TrainPlan:
 
     settings = config_from_args(parser, args, record.settings_class)
     sources = {**vars(args), **dataclasses.asdict(settings)}
+    unknown = sorted(set(record.derived.values()) - set(sources))
+    if unknown:
+        parser.error(f"the record of {algo} derives settings from {unknown}, which are neither run options nor fields "
+                     f"of {record.settings_class.__name__}: fix its derived")
     config = config_from_args(parser, args, record.config_class,
                               **{name: sources[source] for name, source in record.derived.items()})
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}

@@ -91,7 +91,8 @@ def resolve(argv: list[str]) -> TrainPlan:
         try:
             record = lookup(algo)
         except ConfigError as exc:
-            raise ConfigError(f"{'argument --algo' if chosen.algo else f'preset {chosen.preset}: algo'}: {exc}") from None
+            source = "argument --algo" if chosen.algo else f"preset {chosen.preset}: algo"
+            raise ConfigError(f"{source}: {exc}") from None
         check_env_id(env_id)
         env = make_gym_env(env_id)
         check_spaces(record, env_id, env.observation_space, env.action_space)

@@ -54,8 +54,8 @@ def main(argv: list[str]) -> int:
         prog="flare2 tune",
         description="Search an algorithm's settings for an env with Optuna: each trial is a flare2 train run with a "
                     "budget of its own; bad trials are stopped early; the best settings are written as a preset for "
-                    "flare2 train --preset. Options not listed here (--num-agents, --normalize-observations, ...) go to "
-                    "every trial's flare2 train.",
+                    "flare2 train --preset. Options not listed here (--num-agents, --normalize-observations, ...) "
+                    "go to every trial's flare2 train.",
     )
     parser.add_argument("--algo", required=True,
                         help=f"the algorithm: {', '.join(names())}, or one of your own (flare2.zoo.register)")
@@ -155,8 +155,8 @@ class Study:
             return exit_codes.FAILED
         best = study.best_trial  # the complete trial of the highest value
         out = self.log_dir / BEST_FILE
-        out.write_text(json.dumps(best_preset(self._trial_dir(best.number), self.algo), indent=2, sort_keys=True) + "\n",
-                       encoding="utf-8")
+        preset = best_preset(self._trial_dir(best.number), self.algo)
+        out.write_text(json.dumps(preset, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         pruned = sum(trial.state == optuna.trial.TrialState.PRUNED for trial in study.trials)
         print(f"flare2 tune: {len(complete)} trials complete, {pruned} pruned; best: trial {best.number} with mean "
               f"return {best.value:.1f} ({json.dumps(best.params)})\n"

@@ -153,7 +153,8 @@ class AlgorithmRecord:
         for kind_name in ("config_class", "settings_class"):
             value = getattr(self, kind_name)
             if not (isinstance(value, type) and dataclasses.is_dataclass(value)):
-                raise ConfigError(f"{where}: {kind_name} must be a dataclass (its fields become options), got {value!r}")
+                raise ConfigError(f"{where}: {kind_name} must be a dataclass (its fields become options), got "
+                                  f"{value!r}")
         if not issubclass(self.settings_class, (OnlineSettings, ReplaySettings)):
             raise ConfigError(f"{where}: settings_class must be OnlineSettings or ReplaySettings (flare2.zoo.record) "
                               f"or a subclass of one, got {self.settings_class.__name__}")
@@ -185,9 +186,10 @@ class AlgorithmRecord:
 
     def fits(self, observation_space: gym.Space, action_space: gym.Space) -> bool:
         """Whether it takes an env with these spaces."""
+        vector_box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
         return self._fits_observation(observation_space) and (
             (DISCRETE in self.actions and isinstance(action_space, gym.spaces.Discrete))
-            or (VECTOR_BOX in self.actions and isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1)
+            or (VECTOR_BOX in self.actions and vector_box)
         )
 
     def _fits_observation(self, space: gym.Space) -> bool:

@@ -60,7 +60,8 @@ class Reinforce(Algorithm):
         with torch.no_grad():
             returns = n_step_returns(experience.rewards["reward"], self.model.value(experience.next_inputs),
                                      experience.terminated, experience.truncated, self.config.gamma)
-        log_prob, _ = self.model.log_prob_and_entropy(self.model.policy(experience.inputs), experience.actions["action"])
+        policy = self.model.policy(experience.inputs)
+        log_prob, _ = self.model.log_prob_and_entropy(policy, experience.actions["action"])
         loss = -(log_prob * returns).mean()
         self.optimize(loss)
         return {"loss": loss.item()}
@@ -86,8 +87,8 @@ def install_plugin(root) -> None:
 
 def test_an_installed_algorithm_of_ones_own_trains_with_flare2_train_and_plays_with_flare2_eval(tmp_path):
     install_plugin(tmp_path / "site")
-    environment = {**os.environ,
-                   "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    search_path = [str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(search_path)}
     run_dir = tmp_path / "run"
     train = subprocess.run(
         [sys.executable, "-m", "flare2.cli", "train", "--algo", "reinforce", "--env", "CartPole-v1", "--max-steps",

@@ -24,7 +24,7 @@ from flare2.runtime.options import (
     add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
     run_config_from_args, transforms_from_args,
 )
-from flare2.zoo.configs import A2CConfig
+from flare2.zoo.records.a2c import A2CConfig
 
 
 # 1. The Algorithm, built inside the compute process. A module-level function

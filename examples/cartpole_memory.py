@@ -28,7 +28,8 @@ from flare2.runtime.options import (
     add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
 )
 from flare2.zoo.envs import CARTPOLE_NO_VELOCITY_ENTRY
-from flare2.zoo.configs import PPOConfig, RecurrentPPOConfig
+from flare2.zoo.records.ppo import PPOConfig
+from flare2.zoo.records.recurrent_ppo import RecurrentPPOConfig
 from flare2.zoo.ppo import PPO
 from flare2.zoo.recurrent_ppo import RecurrentPPO
 

@@ -30,7 +30,7 @@ from flare2.runtime.options import (
     add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
 )
 from flare2.zoo.a2c import A2C
-from flare2.zoo.configs import A2CConfig
+from flare2.zoo.records.a2c import A2CConfig
 from flare2.zoo.models import MLPActorCritic, mlp
 
 AGENT_PATH = f"{Path(__file__).with_name('multi_ct_agent.py')}:PolicyAndAuxAgent"

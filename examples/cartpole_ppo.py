@@ -21,7 +21,7 @@ from flare2.runtime.options import (
     add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
     run_config_from_args, transforms_from_args,
 )
-from flare2.zoo.configs import PPOConfig
+from flare2.zoo.records.ppo import PPOConfig
 
 
 # 1. The Algorithm, built inside the compute process (a module-level function, for the spawn start method).

@@ -24,7 +24,7 @@ from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
     add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
 )
-from flare2.zoo.configs import PPOConfig
+from flare2.zoo.records.ppo import PPOConfig
 from flare2.zoo.minefield import MINEFIELD_ENTRY
 
 

@@ -28,7 +28,7 @@ from flare2.errors import ConfigError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.options import transform_options
 from flare2.runtime.run_files import TRAIN_FILE
-from flare2.zoo.recipes import RECIPES, build
+from flare2.zoo.registry import lookup
 
 logger = logging.getLogger(__name__)
 
@@ -129,17 +129,27 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
         missing = {"algo", "env", "algorithm", "agent", "run"} - set(run)
         if missing:
             raise KeyError(f"no {sorted(missing)}")
-        recipe = RECIPES[run["algo"]]
-        config = recipe.config_class(**_tuples(run["algorithm"]))
-        settings = recipe.settings_class(**_tuples(run["agent"]))
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{train_file} is not as flare2 train writes it ({exc!r}): was it edited by hand?") from None
+        raise _not_as_written(train_file, exc) from None
+    try:
+        record = lookup(run["algo"])
+    except ConfigError as exc:  # an algorithm of a package this Python lacks: the message names how one is added
+        raise ConfigError(f"{train_file} is a run of algo {run['algo']!r}: {exc}") from None
+    try:
+        config = record.config_class(**_tuples(run["algorithm"]))
+        settings = record.settings_class(**_tuples(run["agent"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _not_as_written(train_file, exc) from None
 
     from flare2.core.computation_task import ComputationTask
 
-    ct = ComputationTask("RL", build(run["algo"], run["env"], _env_kwargs(run), config, settings), device=device)
+    ct = ComputationTask("RL", record.builder(run["env"], _env_kwargs(run), config, settings)(), device=device)
     ct.load(path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, "RL"))
     return TrainedPolicy(run, ct)
+
+
+def _not_as_written(train_file: Path, exc: Exception) -> ConfigError:
+    return ConfigError(f"{train_file} is not as flare2 train writes it ({exc!r}): was it edited by hand?")
 
 
 def _env_kwargs(run: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""``flare2 train --env ENV_ID --algo ALGO``: train any Gymnasium env with a zoo algorithm, no code.
+"""``flare2 train --env ENV_ID --algo ALGO``: train any Gymnasium env with a zoo algorithm (or
+one of your own, ``flare2.zoo.registry``), no code.
 
 The settings start from the algorithm's own, then the preset for that env
-when the package has one (``flare2.zoo.recipes.PRESETS``), then ``--preset
-FILE``, then the command line. The resolved settings go to LOG_DIR/train.json,
+when its record has one (``flare2/zoo/records/``), then ``--preset FILE``,
+then the command line. The resolved settings go to LOG_DIR/train.json,
 which is itself a preset: ``flare2 train --preset runs/x/train.json`` repeats
 the run. Imports no torch: the algorithm is built in the compute process.
 """
@@ -11,23 +12,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import gymnasium as gym
 
 from flare2.core.envs import make_gym_env
 from flare2.errors import ConfigError
 from flare2.runtime.config import CTConfig, RunConfig
 from flare2.runtime.manager.manager import Manager
-from flare2.runtime.run_files import TRAIN_FILE
 from flare2.runtime.options import (
-    OPTIONS, add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
-    number_option, run_config_from_args, transforms_from_args,
+    OPTIONS,
+    add_config_options,
+    add_run_options,
+    add_transform_options,
+    batching_from_args,
+    config_from_args,
+    number_option,
+    run_config_from_args,
+    transforms_from_args,
 )
-from flare2.zoo.recipes import (
-    PRESET_GROUPS, RECIPES, agent_kwargs, build, check_env_id, check_preset, check_spaces, preset, settings_fields,
-)
+from flare2.runtime.run_files import TRAIN_FILE
+from flare2.zoo.record import PRESET_GROUPS, AlgorithmRecord, field_names
+from flare2.zoo.registry import check_spaces, lookup, names
 
 _TRANSFORM_OPTIONS = ("normalize_observations", "scale_rewards", "clip_rewards")
 # Where this run writes and listens belongs to the command line, not to a preset that another run reuses.
@@ -38,7 +48,7 @@ _RUN_OPTIONS = tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ON
 
 def _choice_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--algo", choices=sorted(RECIPES), help="the zoo algorithm")
+    parser.add_argument("--algo", help=f"the algorithm: {', '.join(names())}, or one of your own (flare2.zoo.register)")
     parser.add_argument("--env", help="Gymnasium env id (module:id imports the module that registers it)")
     parser.add_argument("--preset", metavar="FILE",
                         help="JSON settings over the package's own (a run's train.json is one)")
@@ -78,15 +88,17 @@ def resolve(argv: list[str]) -> TrainPlan:
                 algo, env_id = algo or "ppo", env_id or "CartPole-v1"  # the options of one pair, as an example
             else:
                 usage.error("give --env ENV_ID and --algo ALGO (or a --preset that names them); --help lists the rest")
-        elif algo not in RECIPES:
-            usage.error(f"the preset's algo {algo!r} is none of {sorted(RECIPES)}")
-        recipe = RECIPES[algo]
+        try:
+            record = lookup(algo)
+        except ConfigError as exc:
+            source = "argument --algo" if chosen.algo else f"preset {chosen.preset}: algo"
+            raise ConfigError(f"{source}: {exc}") from None
         check_env_id(env_id)
         env = make_gym_env(env_id)
-        check_spaces(algo, env_id, env.observation_space, env.action_space)
+        check_spaces(record, env_id, env.observation_space, env.action_space)
         env.close()
         if file_preset:
-            check_preset(file_preset, chosen.preset, _known_options(algo))
+            check_preset(file_preset, chosen.preset, _known_options(record))
     except ConfigError as exc:
         usage.error(str(exc))
 
@@ -97,40 +109,71 @@ def resolve(argv: list[str]) -> TrainPlan:
     )
     parser.add_argument("--max-episode-steps", type=number_option(int, least=1), default=None, metavar="STEPS",
                         help="truncate episodes after STEPS steps (the env's own time limit otherwise)")
-    derived = {name: "--" + source.replace("_", "-") for name, source in recipe.derived.items()}
-    add_config_options(parser, recipe.config_class, derived=derived)
-    add_config_options(parser, recipe.settings_class, title="how its agents send experience, and its network")
+    derived = {name: "--" + source.replace("_", "-") for name, source in record.derived.items()}
+    add_config_options(parser, record.config_class, derived=derived)
+    add_config_options(parser, record.settings_class, title="how its agents send experience, and its network")
     add_run_options(parser, log_dir=f"runs/{algo}_{env_id.rsplit(':', 1)[-1].replace('/', '_')}")
     add_transform_options(parser)
-    starting = preset(algo, env_id)
+    starting = record.preset(env_id)
     for group in PRESET_GROUPS:
         starting[group].update(file_preset.get(group, {}))
-    parser.set_defaults(**_dests(recipe, starting))
+    parser.set_defaults(**_dests(record, starting))
     args = parser.parse_args(argv)
 
-    settings = config_from_args(parser, args, recipe.settings_class)
+    settings = config_from_args(parser, args, record.settings_class)
     sources = {**vars(args), **dataclasses.asdict(settings)}
-    config = config_from_args(parser, args, recipe.config_class,
-                              **{name: sources[source] for name, source in recipe.derived.items()})
+    unknown = sorted(set(record.derived.values()) - set(sources))
+    if unknown:
+        parser.error(f"the record of {algo} derives settings from {unknown}, which are neither run options nor fields "
+                     f"of {record.settings_class.__name__}: fix its derived")
+    config = config_from_args(parser, args, record.config_class,
+                              **{name: sources[source] for name, source in record.derived.items()})
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    ct = CTConfig(name="RL", build=partial(build, algo, env_id, env_kwargs, config, settings),
+    ct = CTConfig(name="RL", build=record.builder(env_id, env_kwargs, config, settings),
                   batching=batching_from_args(args))
-    kwargs = agent_kwargs(algo, env_id, env_kwargs, settings, args.num_agents, transforms_from_args(args))
+    kwargs = {"env_id": env_id, "env_kwargs": env_kwargs, "ct": "RL", "transforms": transforms_from_args(args),
+              **settings.helper_kwargs(args.num_agents)}
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=kwargs)
     return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
 
 
-def _known_options(algo: str) -> dict[str, set[str]]:
-    recipe = RECIPES[algo]
-    return {"algorithm": settings_fields(recipe.config_class), "agent": settings_fields(recipe.settings_class),
+def _known_options(record: AlgorithmRecord) -> dict[str, set[str]]:
+    return {"algorithm": field_names(record.config_class), "agent": field_names(record.settings_class),
             "run": set(_RUN_OPTIONS)}
 
 
-def _dests(recipe: Any, values: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def check_env_id(env_id: str) -> None:
+    """A ConfigError naming an env id Gymnasium does not know, with the registered ids closest to it."""
+    if ":" in env_id:
+        return  # gymnasium.make imports the module first: the agent's own message names what is wrong
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "gymnasium.pprint_registry() lists the ids"
+        raise ConfigError(f"--env {env_id!r} is no registered Gymnasium environment: {hint}")
+
+
+def check_preset(data: Any, source: str, known: Mapping[str, set[str]]) -> dict[str, dict[str, Any]]:
+    """A preset read from ``source``, every key checked against the options that exist (``known`` per group)."""
+    if not isinstance(data, dict) or not set(data) <= {"algo", "env", *PRESET_GROUPS}:
+        raise ConfigError(f"preset {source} must be a JSON object of algo, env, {', '.join(PRESET_GROUPS)}")
+    for group in PRESET_GROUPS:
+        values = data.get(group, {})
+        if not isinstance(values, dict):
+            raise ConfigError(f"preset {source}: {group} must be a map of option names to values")
+        unknown = sorted(set(values) - known[group])
+        if unknown:
+            raise ConfigError(
+                f"preset {source}: {group} must be a map of option names, and {unknown} is not one of "
+                f"{sorted(known[group])}"
+            )
+    return data
+
+
+def _dests(record: AlgorithmRecord, values: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Preset values by the argparse dest of their option."""
     return {
-        **{f"{recipe.config_class.__name__}.{name}": value for name, value in values["algorithm"].items()},
-        **{f"{recipe.settings_class.__name__}.{name}": value for name, value in values["agent"].items()},
+        **{f"{record.config_class.__name__}.{name}": value for name, value in values["algorithm"].items()},
+        **{f"{record.settings_class.__name__}.{name}": value for name, value in values["agent"].items()},
         **values["run"],
     }
 

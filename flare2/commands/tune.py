@@ -2,7 +2,7 @@
 
 Each trial is a ``flare2 train`` run of its own (a child process, with its own
 log dir under the tune dir) with settings Optuna's TPE sampler picks from the
-algorithm's search space (``SEARCH_SPACES``). While a trial runs, each new row
+algorithm's search space (its record's ``search_space``). While a trial runs, each new row
 of its progress.csv reports the mean return to Optuna, and the median pruner
 stops (Ctrl+C, so it ends cleanly) a trial that does worse than the trials
 before it did at the same step. A trial scores the mean return of the last
@@ -25,38 +25,17 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flare2.commands.train import resolve
 from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.options import number_option
 from flare2.runtime.processes import interrupt_at_parent_death
-from flare2.commands.train import resolve
 from flare2.runtime.run_files import TRAIN_FILE
-from flare2.zoo.recipes import RECIPES
-
-# (kind, bounds): "log" and "float" sample a float in [low, high] (log-uniformly for "log"), "int" an integer,
-# "choice" one of the values. Names are the fields of the algorithm's config or its agent settings.
-_GAMMAS = ("choice", (0.95, 0.98, 0.99, 0.995))
-SEARCH_SPACES: dict[str, dict[str, tuple[str, Any]]] = {
-    "ppo": {"lr": ("log", (1e-4, 3e-3)), "gamma": _GAMMAS, "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
-            "clip": ("choice", (0.1, 0.2, 0.3)), "epochs": ("int", (3, 20)), "entropy_coef": ("log", (1e-8, 1e-2)),
-            "sample_interval": ("choice", (8, 16, 32, 64))},
-    "recurrent-ppo": {"lr": ("log", (1e-4, 3e-3)), "gamma": _GAMMAS, "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
-                      "clip": ("choice", (0.1, 0.2, 0.3)), "epochs": ("int", (3, 20)),
-                      "sample_interval": ("choice", (16, 32, 64))},
-    "a2c": {"lr": ("log", (1e-4, 3e-3)), "gamma": _GAMMAS, "entropy_coef": ("log", (1e-8, 1e-2)),
-            "value_coef": ("float", (0.25, 1.0)), "sample_interval": ("choice", (5, 8, 16, 32))},
-    "dqn": {"lr": ("log", (1e-4, 3e-3)), "gamma": _GAMMAS, "exploration_steps": ("int", (1_000, 30_000)),
-            "target_tau": ("log", (1e-3, 5e-2)), "minibatch_size": ("choice", (32, 64, 128)),
-            "n_step": ("choice", (1, 3, 5))},
-    "td3": {"actor_lr": ("log", (1e-4, 3e-3)), "critic_lr": ("log", (1e-4, 3e-3)), "gamma": _GAMMAS,
-            "tau": ("log", (1e-3, 5e-2)), "exploration_noise": ("float", (0.05, 0.3)),
-            "batch_size": ("choice", (64, 128, 256))},
-    "sarsa": {"lr": ("log", (1e-2, 0.5)), "gamma": ("choice", (0.9, 0.95, 0.99, 1.0)), "epsilon": ("float", (0.01, 0.3))},
-}
-"""What ``flare2 tune`` searches, per algorithm of ``flare2 train``."""
+from flare2.zoo.registry import lookup, names
 
 BEST_FILE = "best.json"
 TRIALS_FILE = "trials.csv"
@@ -75,10 +54,11 @@ def main(argv: list[str]) -> int:
         prog="flare2 tune",
         description="Search an algorithm's settings for an env with Optuna: each trial is a flare2 train run with a "
                     "budget of its own; bad trials are stopped early; the best settings are written as a preset for "
-                    "flare2 train --preset. Options not listed here (--num-agents, --normalize-observations, ...) go to "
-                    "every trial's flare2 train.",
+                    "flare2 train --preset. Options not listed here (--num-agents, --normalize-observations, ...) "
+                    "go to every trial's flare2 train.",
     )
-    parser.add_argument("--algo", choices=sorted(SEARCH_SPACES), required=True, help="the zoo algorithm")
+    parser.add_argument("--algo", required=True,
+                        help=f"the algorithm: {', '.join(names())}, or one of your own (flare2.zoo.register)")
     parser.add_argument("--env", required=True, help="Gymnasium env id")
     parser.add_argument("--trials", type=number_option(int, least=1), default=20, help="trials to run")
     parser.add_argument("--trial-steps", type=number_option(int, least=1), default=None, metavar="STEPS",
@@ -87,6 +67,10 @@ def main(argv: list[str]) -> int:
                         "(default: runs/tune_ALGO_ENV)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampler and every trial's run")
     args, train_argv = parser.parse_known_args(argv)
+    try:
+        search_space(args.algo)
+    except ConfigError as exc:
+        parser.error(f"argument --algo: {exc}")
     if importlib.util.find_spec("optuna") is None:
         parser.error('flare2 tune searches with Optuna, which is not installed: python -m pip install -e ".[tune]" '
                      "(or pip install optuna)")
@@ -107,11 +91,20 @@ def main(argv: list[str]) -> int:
     return study.run(args.trials, args.seed, _defaults(plan), pruner)
 
 
+def search_space(algo: str) -> Mapping[str, tuple[str, Any]]:
+    """What ``flare2 tune`` searches for ``algo``: its record's search space; a ConfigError when it has none."""
+    space = lookup(algo).search_space
+    if not space:
+        raise ConfigError(f"{algo} has no search space: give its AlgorithmRecord a search_space of the settings to "
+                          "search")
+    return space
+
+
 def _defaults(plan: Any) -> dict[str, Any]:
     """The resolved settings of ``plan`` that lie in its algorithm's search space: the first trial's."""
     resolved = {**dataclasses.asdict(plan.settings), **dataclasses.asdict(plan.config)}
     first = {}
-    for name, (kind, bounds) in SEARCH_SPACES[plan.algo].items():
+    for name, (kind, bounds) in search_space(plan.algo).items():
         value = resolved[name]
         inside = value in bounds if kind == "choice" else bounds[0] <= value <= bounds[1]
         if inside:
@@ -119,7 +112,7 @@ def _defaults(plan: Any) -> dict[str, Any]:
     return first
 
 
-def _sample(trial: Any, space: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+def _sample(trial: Any, space: Mapping[str, tuple[str, Any]]) -> dict[str, Any]:
     params = {}
     for name, (kind, bounds) in space.items():
         if kind == "choice":
@@ -136,6 +129,7 @@ class Study:
 
     def __init__(self, algo: str, train_argv: list[str], trial_steps: int, log_dir: Path, progress_interval_s: float):
         self.algo = algo
+        self.space = search_space(algo)
         self.train_argv = train_argv
         self.trial_steps = trial_steps
         self.log_dir = log_dir
@@ -159,10 +153,10 @@ class Study:
         if not complete:
             print(f"flare2 tune: no trial completed; their logs are in {self.log_dir}", file=sys.stderr)
             return exit_codes.FAILED
-        best = max(complete, key=lambda trial: trial.value)
+        best = study.best_trial  # the complete trial of the highest value
         out = self.log_dir / BEST_FILE
-        out.write_text(json.dumps(best_preset(self._trial_dir(best.number), self.algo), indent=2, sort_keys=True) + "\n",
-                       encoding="utf-8")
+        preset = best_preset(self._trial_dir(best.number), self.algo)
+        out.write_text(json.dumps(preset, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         pruned = sum(trial.state == optuna.trial.TrialState.PRUNED for trial in study.trials)
         print(f"flare2 tune: {len(complete)} trials complete, {pruned} pruned; best: trial {best.number} with mean "
               f"return {best.value:.1f} ({json.dumps(best.params)})\n"
@@ -172,7 +166,7 @@ class Study:
     def objective(self, trial: Any) -> float:
         import optuna
 
-        params = _sample(trial, SEARCH_SPACES[self.algo])
+        params = _sample(trial, self.space)
         trial_dir = self._trial_dir(trial.number)
         trial_dir.mkdir(parents=True, exist_ok=True)
         flags = [part for name, value in params.items() for part in ("--" + name.replace("_", "-"), str(value))]
@@ -180,8 +174,10 @@ class Study:
                    "--max-steps", str(self.trial_steps), "--log-dir", str(trial_dir)]
         print(f"flare2 tune: trial {trial.number}: {' '.join(flags)}", file=sys.stderr)
         with open(trial_dir / "console.log", "wb") as console:
+            # preexec_fn runs between fork and exec; Optuna runs the trials one at a time in this thread (n_jobs=1),
+            # so no other thread holds a lock the child could need there.
             process = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT,
-                                       preexec_fn=interrupt_at_parent_death(os.getpid()))
+                                       preexec_fn=interrupt_at_parent_death(os.getpid()))  # noqa: PLW1509
             try:
                 pruned, score = self._follow(process, trial, trial_dir / "progress.csv")
             finally:
@@ -228,14 +224,14 @@ class Study:
         return self.log_dir / f"trial_{number}"
 
     def _write_trials(self, study: Any) -> None:
-        names = list(SEARCH_SPACES[self.algo])
+        searched = list(self.space)
         with open(self.log_dir / TRIALS_FILE, "w", newline="", encoding="utf-8") as file:
             writer = csv.writer(file)
-            writer.writerow(["trial", "state", "mean_return", "last_step", *names])
+            writer.writerow(["trial", "state", "mean_return", "last_step", *searched])
             for trial in study.trials:
                 last_step = max(trial.intermediate_values, default="")
                 writer.writerow([trial.number, trial.state.name.lower(), "" if trial.value is None else trial.value,
-                                 last_step, *(trial.params.get(name, "") for name in names)])
+                                 last_step, *(trial.params.get(name, "") for name in searched)])
 
 
 def _returns(progress: Path) -> list[tuple[int, float]]:
@@ -260,7 +256,7 @@ def best_preset(trial_dir: Path, algo: str) -> dict[str, Any]:
     preset = json.loads((trial_dir / TRAIN_FILE).read_text(encoding="utf-8"))
     preset["run"] = {name: value for name, value in preset["run"].items() if name not in _TRIAL_ONLY}
     preset["algorithm"] = {name: value for name, value in preset["algorithm"].items()
-                           if name not in RECIPES[algo].derived}
+                           if name not in lookup(algo).derived}
     return preset
 
 

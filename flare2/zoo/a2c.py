@@ -10,12 +10,14 @@ a termination), and takes one gradient step on
 
 from __future__ import annotations
 
+import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
-from flare2.zoo.configs import A2CConfig
 from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.record import ActorCriticSettings
+from flare2.zoo.records.a2c import A2CConfig
 from flare2.zoo.returns import n_step_returns
 
 
@@ -61,3 +63,9 @@ class A2C(Algorithm):
             "entropy": entropy_mean.item(),
             "grad_norm": grad_norm,
         }
+
+
+def build(env: gym.Env, config: A2CConfig, settings: ActorCriticSettings) -> A2C:
+    """A2C with the zoo's MLP actor-critic for ``env``, as ``flare2 train --algo a2c`` builds it."""
+    return A2C(MLPActorCritic(env.observation_space, env.action_space, hidden=settings.hidden, frames=settings.frames),
+               config)

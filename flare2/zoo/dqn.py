@@ -19,8 +19,9 @@ import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
-from flare2.zoo.configs import DQNConfig
 from flare2.zoo.models import QNetwork
+from flare2.zoo.record import DQNSettings
+from flare2.zoo.records.dqn import DQNConfig
 from flare2.zoo.returns import n_step_returns
 
 
@@ -96,3 +97,8 @@ class DQN(Algorithm):
         super().load_state_dict(state)
         self.target.load_state_dict(state["target"])
         self.predicted, self.gradient_steps = int(state["predicted"]), int(state["gradient_steps"])
+
+
+def build(env: gym.Env, config: DQNConfig, settings: DQNSettings) -> DQN:
+    """DQN for ``env`` as ``flare2 train --algo dqn`` builds it."""
+    return DQN.for_env(env, config, settings.hidden)

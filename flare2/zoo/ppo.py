@@ -21,8 +21,9 @@ from torch.nn import functional as F
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.core.specs import Spec
-from flare2.zoo.configs import ClippedObjectiveConfig, PPOConfig
 from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.record import ActorCriticSettings
+from flare2.zoo.records.ppo import ClippedObjectiveConfig, PPOConfig
 from flare2.zoo.returns import gae
 
 
@@ -133,3 +134,8 @@ class PPO(Algorithm):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.steps_seen = int(state.get("steps_seen", 0))
+
+
+def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:
+    """PPO for ``env`` as ``flare2 train --algo ppo`` builds it."""
+    return PPO.for_env(env, config, frames=settings.frames, hidden=settings.hidden)

@@ -18,8 +18,9 @@ import torch
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.errors import ConfigError
-from flare2.zoo.configs import RecurrentPPOConfig
 from flare2.zoo.ppo import clipped_loss
+from flare2.zoo.record import RecurrentSettings
+from flare2.zoo.records.recurrent_ppo import RecurrentPPOConfig
 from flare2.zoo.recurrent import GRUActorCritic
 from flare2.zoo.returns import gae
 
@@ -87,3 +88,8 @@ class RecurrentPPO(Algorithm):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.steps_seen = int(state.get("steps_seen", 0))
+
+
+def build(env: gym.Env, config: RecurrentPPOConfig, settings: RecurrentSettings) -> RecurrentPPO:
+    """Recurrent PPO for ``env`` as ``flare2 train --algo recurrent-ppo`` builds it."""
+    return RecurrentPPO.for_env(env, config, hidden_size=settings.memory_size)

@@ -26,8 +26,9 @@ import gymnasium as gym
 import torch
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
-from flare2.zoo.configs import SARSAConfig
 from flare2.zoo.models import QNetwork
+from flare2.zoo.record import QSettings
+from flare2.zoo.records.sarsa import SARSAConfig
 
 
 class SARSA(Algorithm):
@@ -79,3 +80,8 @@ class SARSA(Algorithm):
         # Summed, a gradient step of lr moves each sampled entry of a table by lr times its own TD error.
         self.optimize(squared_errors.sum() / 2 if self.tabular else squared_errors.mean())
         return {"td_loss": squared_errors.mean().item(), "q_mean": q.mean().item()}
+
+
+def build(env: gym.Env, config: SARSAConfig, settings: QSettings) -> SARSA:
+    """SARSA for ``env`` as ``flare2 train --algo sarsa`` builds it."""
+    return SARSA.for_env(env, config, settings.hidden)

@@ -30,8 +30,9 @@ from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
 from flare2.core.model import Model
 from flare2.core.specs import Spec
 from flare2.errors import ConfigError
-from flare2.zoo.configs import TD3Config
 from flare2.zoo.models import mlp, observation_spec
+from flare2.zoo.record import ReplaySettings
+from flare2.zoo.records.td3 import TD3Config
 
 
 class ActorCritic(Model):
@@ -159,3 +160,8 @@ class TD3(Algorithm):
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.predicted, self.gradient_steps = int(state["predicted"]), int(state["gradient_steps"])
+
+
+def build(env: gym.Env, config: TD3Config, settings: ReplaySettings) -> TD3:
+    """TD3 for ``env`` as ``flare2 train --algo td3`` builds it (its network sizes are the config's)."""
+    return TD3.for_env(env, config)

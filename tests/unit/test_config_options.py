@@ -8,11 +8,13 @@ import dataclasses
 import pytest
 
 from flare2.runtime.options import add_config_options, add_run_options, config_from_args
-from flare2.zoo import configs
-from flare2.zoo.configs import A2CConfig, DQNConfig, PPOConfig, TD3Config
+from flare2.zoo.records.a2c import A2CConfig
+from flare2.zoo.records.dqn import DQNConfig
+from flare2.zoo.records.ppo import PPOConfig
+from flare2.zoo.records.td3 import TD3Config
+from flare2.zoo.registry import lookup, names
 
-ZOO_CONFIGS = [configs.A2CConfig, configs.PPOConfig, configs.RecurrentPPOConfig, configs.DQNConfig, configs.SARSAConfig,
-               configs.TD3Config]
+ZOO_CONFIGS = [lookup(name).config_class for name in names()]
 
 
 def parser_for(config_class, **kwargs) -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flare2.commands.train import resolve
-from flare2.zoo.recipes import RECIPES
+from flare2.zoo.registry import lookup, names
 
 
 def usage_error(capsys, argv) -> str:
@@ -34,20 +34,20 @@ def test_settings_come_from_the_algorithm_then_the_envs_preset_then_a_preset_fil
 
 
 def test_every_algorithm_has_a_preset_env_it_takes(tmp_path):
-    from flare2.zoo.recipes import PRESETS
-
-    assert {algo for algo, _ in PRESETS} == set(RECIPES)
-    for algo, env_id in PRESETS:
+    presets = [(algo, env_id) for algo in names() for env_id in lookup(algo).presets]
+    assert {algo for algo, _ in presets} == set(names())
+    for algo, env_id in presets:
         assert resolve(["--env", f"flare2.zoo.envs:{env_id}" if env_id.startswith("flare2/") else env_id,
                         "--algo", algo, "--log-dir", str(tmp_path)]).algo == algo
 
 
 @pytest.mark.parametrize("argv, says", [
     (["--env", "CartPol-v1", "--algo", "ppo"], "'CartPol-v1' is no registered Gymnasium environment: did you mean CartPole-v1"),
-    (["--env", "Pendulum-v1", "--algo", "dqn"], "--algo dqn takes Box or Discrete observations and Discrete actions, but "
-                                                "Pendulum-v1 has observation space Box"),
+    (["--env", "Pendulum-v1", "--algo", "dqn"], ("--algo dqn takes Box or Discrete observations and Discrete actions, "
+                                                 "but Pendulum-v1 has observation space Box")),
     (["--env", "Pendulum-v1", "--algo", "dqn"], "try --algo a2c or ppo or td3"),
-    (["--env", "CartPole-v1", "--algo", "td3"], "action space Discrete(2): try --algo a2c or ppo"),
+    (["--env", "CartPole-v1", "--algo", "td3"],
+     "action space Discrete(2): try --algo a2c or dqn or ppo or recurrent-ppo or sarsa\n"),
     (["--env", "CartPole-v1"], "give --env ENV_ID and --algo ALGO"),
     (["--env", "CartPole-v1", "--algo", "reinforce"], "argument --algo: invalid choice: 'reinforce'"),
     (["--env", "CartPole-v1", "--algo", "ppo", "--sample-interval", "zero"], "--sample-interval: expected an integer"),

@@ -7,26 +7,29 @@ import json
 import pytest
 
 from flare2.commands.train import _write_train_file, resolve
-from flare2.commands.tune import SEARCH_SPACES, _defaults, best_preset
+from flare2.commands.tune import _defaults, best_preset, search_space
 from flare2.runtime.run_files import TRAIN_FILE
-from flare2.zoo.recipes import PRESETS, RECIPES, settings_fields
+from flare2.zoo.record import field_names
+from flare2.zoo.registry import lookup, names
+
+PRESETS = sorted((algo, env_id) for algo in names() for env_id in lookup(algo).presets)
 
 
 def test_every_algorithm_has_a_search_space_of_its_own_settings():
-    assert set(SEARCH_SPACES) == set(RECIPES)
-    for algo, space in SEARCH_SPACES.items():
-        recipe = RECIPES[algo]
-        known = settings_fields(recipe.config_class) | settings_fields(recipe.settings_class)
-        assert set(space) <= known, algo
+    for algo in names():
+        record = lookup(algo)
+        space = search_space(algo)
+        known = field_names(record.config_class) | field_names(record.settings_class)
+        assert space and set(space) <= known, algo
         # A setting derived from the budget follows the run that takes the preset; it is not searched.
-        assert not set(space) & set(recipe.derived), algo
+        assert not set(space) & set(record.derived), algo
 
 
-@pytest.mark.parametrize("algo, env_id", sorted(PRESETS))
+@pytest.mark.parametrize("algo, env_id", PRESETS)
 def test_the_first_trial_plays_the_packages_settings_where_they_lie_in_the_space(tmp_path, algo, env_id):
     plan = resolve(["--env", env_id, "--algo", algo, "--log-dir", str(tmp_path)])
     first = _defaults(plan)
-    assert first and set(first) <= set(SEARCH_SPACES[algo])
+    assert first and set(first) <= set(search_space(algo))
     assert first["gamma"] == plan.config.gamma
 
 

@@ -1,0 +1,53 @@
+"""A2C as ``flare2 train --algo a2c`` runs it: its config and its record (the Algorithm: ``flare2.zoo.a2c``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flare2.errors import ConfigError
+from flare2.zoo.record import (
+    BOX,
+    DISCRETE,
+    MASKED,
+    VECTOR_BOX,
+    ActorCriticSettings,
+    AlgorithmRecord,
+)
+
+
+@dataclass(frozen=True)
+class A2CConfig:
+    lr: float = 7e-4
+    """Learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    value_coef: float = 0.5
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Gradients are clipped to this global norm."""
+    optimizer: str = "rmsprop"
+    """``rmsprop`` (as in the A2C paper, alpha 0.99, eps 1e-5) or ``adam``."""
+    normalize_advantages: bool = False
+    """Standardise advantages within each batch."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"A2CConfig.lr must be > 0, got {self.lr}")
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"A2CConfig.gamma must be in [0, 1], got {self.gamma}")
+        if self.optimizer not in ("rmsprop", "adam"):
+            raise ConfigError(f"A2CConfig.optimizer must be 'rmsprop' or 'adam', got {self.optimizer!r}")
+
+
+RECORD = AlgorithmRecord(
+    name="a2c", config_class=A2CConfig, settings_class=ActorCriticSettings, build="flare2.zoo.a2c:build",
+    observations=(BOX, DISCRETE, MASKED), actions=(DISCRETE, VECTOR_BOX),
+    run={"num_agents": 1, "envs_per_agent": 8, "max_steps": 500_000, "learner": "inline"},
+    # The example's settings, measured in the README's results.
+    presets={"CartPole-v1": {}},
+    search_space={"lr": ("log", (1e-4, 3e-3)), "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+                  "entropy_coef": ("log", (1e-8, 1e-2)), "value_coef": ("float", (0.25, 1.0)),
+                  "sample_interval": ("choice", (5, 8, 16, 32))},
+)

@@ -1,0 +1,69 @@
+"""DQN as ``flare2 train --algo dqn`` runs it: its config and its record (the Algorithm: ``flare2.zoo.dqn``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flare2.errors import ConfigError
+from flare2.zoo.record import BOX, DISCRETE, AlgorithmRecord, DQNSettings
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    lr: float = 1e-3
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    minibatch_size: int = 64
+    """Transitions per gradient step (a learn() call holds N of them: N / minibatch_size steps)."""
+    target_update_every: int = 1
+    """Gradient steps between refreshes of the target network."""
+    target_tau: float = 0.005
+    """Fraction of the Q-network blended into the target at each refresh: 1 copies it, below 1 averages (Polyak).
+    On CartPole, averaging at every step kept the greedy policy at 500 far longer than a copy every 250 steps."""
+    epsilon_start: float = 1.0
+    """Probability of a random action at the start."""
+    epsilon_end: float = 0.04
+    """Probability of a random action once exploration_steps have passed."""
+    exploration_steps: int = 8_000
+    """Predicted actions over which epsilon falls linearly from start to end."""
+    anneal_steps: int | None = None
+    """Env steps (predicted actions) over which the learning rate falls linearly to 0; None keeps it constant."""
+    double_q: bool = True
+    """Pick the next action with the online network, value it with the target network."""
+    max_grad_norm: float = 10.0
+    """Gradients are clipped to this global norm."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.minibatch_size < 1 or self.target_update_every < 1 or self.exploration_steps < 1:
+            raise ConfigError(
+                f"DQNConfig needs lr > 0 and minibatch_size, target_update_every, exploration_steps >= 1: {self}")
+        if self.anneal_steps is not None and self.anneal_steps < 1:
+            raise ConfigError(
+                f"DQNConfig.anneal_steps must be >= 1 or None (a constant learning rate), got {self.anneal_steps}")
+        if not 0 < self.target_tau <= 1:
+            raise ConfigError(f"DQNConfig needs 0 < target_tau <= 1, got {self.target_tau}")
+        if not 0 <= self.epsilon_end <= self.epsilon_start <= 1:
+            raise ConfigError(f"DQNConfig needs 0 <= epsilon_end <= epsilon_start <= 1, got {self}")
+
+
+RECORD = AlgorithmRecord(
+    name="dqn", config_class=DQNConfig, settings_class=DQNSettings, build="flare2.zoo.dqn:build",
+    observations=(BOX, DISCRETE), actions=(DISCRETE,),
+    run={"num_agents": 8, "envs_per_agent": 1, "max_steps": 100_000},
+    agent={"n_step": 3}, derived={"anneal_steps": "max_steps"},
+    presets={
+        # The example's settings, measured in the README's results.
+        "CartPole-v1": {"run": {"eval_every": 1}},
+        # rl-baselines3-zoo's settings for Acrobot (its exploration, network, learning rate and buffer; a gradient
+        # step of 128 transitions per env step, as its gradient_steps=-1), with flare2's soft target updates and
+        # 3-step returns.
+        "Acrobot-v1": {"algorithm": {"lr": 6.3e-4, "epsilon_end": 0.1, "exploration_steps": 12_000,
+                                     "minibatch_size": 128},
+                       "agent": {"hidden": (256, 256), "buffer": 50_000, "sample_interval": 1, "batch_size": 128},
+                       "run": {"max_steps": 100_000}},
+    },
+    search_space={"lr": ("log", (1e-4, 3e-3)), "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+                  "exploration_steps": ("int", (1_000, 30_000)), "target_tau": ("log", (1e-3, 5e-2)),
+                  "minibatch_size": ("choice", (32, 64, 128)), "n_step": ("choice", (1, 3, 5))},
+)

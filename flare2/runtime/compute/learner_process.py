@@ -34,7 +34,7 @@ from flare2.errors import LearnerDiedError
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.transforms import RunningMoments
 from flare2.runtime.compute.cdp import LearnBatch, learn_with_lag
-from flare2.runtime.compute.cts import build_cts
+from flare2.runtime.compute.cts import build_cts, resume
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
 from flare2.wire.codec import decode, encode
@@ -54,7 +54,8 @@ class LearnerSettings:
     device: str
     seed: int
     torch_threads: int
-    resume_paths: tuple[str, ...] | None
+    resume_dir: str | None
+    """The run being resumed (``--resume``): the learner loads the same checkpoints as the compute process."""
     parent_pid: int
 
 
@@ -224,8 +225,7 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
 
 def _build(settings: LearnerSettings, weights: list[list[torch.Tensor]]) -> list[ComputationTask]:
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
+    resume(cts, settings.resume_dir)
     for index, ct in enumerate(cts):
-        if settings.resume_paths:
-            ct.load(settings.resume_paths[index])
         copy_tensors(ct.weight_tensors(), weights[index])
     return cts

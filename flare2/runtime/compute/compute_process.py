@@ -15,18 +15,47 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
-from flare2.errors import ConfigError, DecodeError, FlareError, LearnerDiedError, UserCodeError
+from flare2.errors import (
+    ConfigError,
+    DecodeError,
+    FlareError,
+    LearnerDiedError,
+    UserCodeError,
+)
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.cdp_sockets import SocketFront
 from flare2.runtime.compute.cts import build_cts, resume
-from flare2.runtime.compute.learners import InlineLearner, Learner, LearnerThread, finish_learning, save_checkpoints
+from flare2.runtime.compute.learners import (
+    InlineLearner,
+    Learner,
+    LearnerThread,
+    finish_learning,
+    save_checkpoints,
+)
 from flare2.runtime.config import CTConfig, busy_wait_us
-from flare2.runtime.processes import COMPUTE_IDENTITY, configure_child_logging, die_with_parent, ignore_interrupts
-from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
+from flare2.runtime.processes import (
+    COMPUTE_IDENTITY,
+    configure_child_logging,
+    die_with_parent,
+    ignore_interrupts,
+)
+from flare2.wire.protocol import (
+    BYE,
+    CHECKPOINT,
+    ERROR,
+    HELLO,
+    LIVE,
+    STATS,
+    STOP,
+    Message,
+    error_payload,
+    pack,
+    unpack,
+)
 from flare2.wire.security import CurveClient, CurveServer, start_authenticator
 from flare2.wire.sockets import connect_dealer, context, poll_timeout_ms
 
@@ -75,7 +104,7 @@ def compute_main(settings: ComputeSettings) -> None:
         )
         try:
             _serve(ctx, control, settings)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever ends the process is reported to the manager first
             if not isinstance(exc, _Reported):
                 _report_failure(control, exc)
             # A lingering close lets ZeroMQ deliver the error before the context ends.
@@ -141,7 +170,10 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             learner = LearnerThread(ctx)
         elif kind == "process":
             # Imported here: the manager imports this module and must not load torch.
-            from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings
+            from flare2.runtime.compute.learner_process import (
+                LearnerProcess,
+                LearnerSettings,
+            )
 
             learner = LearnerProcess(cts, LearnerSettings(
                 # The device the compute process chose: the learner's CTs learn where they act.
@@ -224,7 +256,7 @@ def _loop(
         ready = {sock for sock, _ in events}
         # Control first: a LIVE update must reach the CDPs before the requests of the agents it names.
         if control in ready:
-            while control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            while cast(int, control.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 if _handle_control(control, fronts, learner, settings):
                     return
         if wake in ready:
@@ -254,7 +286,9 @@ def _counters(message: Message) -> dict[str, Any]:
     return counters if isinstance(counters, dict) else {}
 
 
-def _handle_control(control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings) -> bool:
+def _handle_control(
+    control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings
+) -> bool:
     """Apply one manager message; True when the process must stop."""
     cdps = [front.cdp for front in fronts]
     try:

@@ -92,7 +92,7 @@ class InlineLearner:
     def submit(self, batch: LearnBatch) -> None:
         try:
             costs, lag_sum, lag_steps = batch.run()
-        except Exception:
+        except Exception:  # noqa: BLE001 - user code: its traceback goes back to the agents that asked
             batch.cdp.learn_failed(batch, traceback.format_exc())
         batch.cdp.learned(batch, costs, lag_sum, lag_steps)
 
@@ -135,7 +135,7 @@ class LearnerThread:
         while (batch := self._batches.get()) is not None:
             try:
                 result, failure = batch.run(), ""
-            except Exception:
+            except Exception:  # noqa: BLE001 - user code: the loop's thread reports its traceback
                 result, failure = None, traceback.format_exc()
             self._results.put((batch, result, failure))
             # The wake-up socket is this thread's alone; the loop's end of the pair is the loop's alone.

@@ -55,6 +55,11 @@ def restart_backoff(base_s: float, streak: int) -> float:
     return min(base_s * 2 ** max(streak - 1, 0), MAX_RESTART_BACKOFF_S)
 
 
+def agent_seed(seed: int, slot: int, incarnation: int) -> int:
+    """The seed of a slot's agent incarnation: a restarted agent plays other episodes than its predecessor."""
+    return seed * 100_003 + slot * 1009 + incarnation
+
+
 @dataclass(frozen=True)
 class AgentLaunch:
     """How each agent process of a supervisor is started (the same command for the manager and ``flare2 attach``)."""
@@ -80,8 +85,7 @@ class AgentLaunch:
             "--agent-id", agent_id,
             "--agent", self.agent_path,
             "--agent-kwargs", json.dumps(self.agent_kwargs),
-            # A restarted agent plays other episodes than its predecessor.
-            "--seed", str(self.seed * 100_003 + slot * 1009 + incarnation),
+            "--seed", str(agent_seed(self.seed, slot, incarnation)),
             "--envs-per-agent", str(self.envs_per_agent),
             "--parent-pid", str(os.getpid()),
             *self.extra,

@@ -49,6 +49,7 @@ from flare2.runtime.latency import LatencyHistogram
 from flare2.runtime.manager.agent_desk import AGENT_CONTROL_INTERVAL_S
 from flare2.runtime.manager.progress import compute_report_interval_s
 from flare2.runtime.manager.schedule import Conductor
+from flare2.runtime.supervisor import agent_seed
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
 
@@ -192,9 +193,8 @@ class SerialSchedule:
             raise ConfigError(f"{type(agent).__name__} asks for CT(s) {unknown}, but the run serves {sorted(ports)}")
         control.stats = make_envs(agent, config.eval_every)
         specs: dict[str, CTSpecs] = {name: ports[name].cdp.ct.specs for name in helpers}
-        seed = config.seed * 100_003
         agent.connect(
-            agent_id=SERIAL_AGENT_ID, seed=seed, specs=specs, ports={n: ports[n] for n in helpers}, helpers=helpers
+            agent_id=SERIAL_AGENT_ID, seed=agent_seed(config.seed, slot=0, incarnation=0), specs=specs, ports={n: ports[n] for n in helpers}, helpers=helpers
         )
         self._agent, self._control, self._envs = agent, control, agent.num_envs
 

@@ -5,9 +5,10 @@ protocol version, so a wrong address, a missing key or another flare2
 version ends in a clear error within seconds. Then it starts the agent
 processes; each registers with the manager as a remote agent and talks to the
 CDPs directly. An agent that fails (an exception in its episode code, a
-kill) is restarted after a backoff, as the manager restarts its own, up to
-``--max-restarts``. Ctrl+C (or SIGTERM) detaches them: each says bye and the
-manager counts it as gone, not crashed. If the manager goes away, the agents
+kill) is restarted after a backoff by the same supervisor as the manager's
+own agents (:mod:`flare2.runtime.supervisor`), up to ``--max-restarts``.
+Ctrl+C (or SIGTERM) detaches them: each says bye and the manager counts it as
+gone, not crashed. If the manager goes away, the agents
 exit after the heartbeat timeout and so does this command.
 """
 
@@ -23,18 +24,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from flare2.errors import ConfigError, ReplyTimeoutError, TransportError
+from flare2.errors import ConfigError, ReplyTimeoutError, RunFailed, TransportError
 from flare2.runtime import exit_codes
 from flare2.runtime.config import RunConfig
-from flare2.runtime.processes import agent_command
-from flare2.runtime.restarts import failure_streak, restart_backoff
+from flare2.runtime.supervisor import (
+    SUPERVISE_INTERVAL_S,
+    AgentLaunch,
+    AgentSlot,
+    AgentSupervisor,
+)
 from flare2.wire.protocol import HELLO, PROTOCOL_VERSION
-from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
+from flare2.wire.security import CurveClient
 from flare2.wire.sockets import Requester, context
 
 logger = logging.getLogger(__name__)
-
-_SUPERVISE_INTERVAL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ def probe(config: AttachConfig) -> dict[str, Any]:
                 HELLO, {"role": "probe"}, timeout_s=config.probe_timeout_s, what="hello to the manager"
             ).payload
         except ReplyTimeoutError:
-            keys = " and that --keys holds the run's keys" if config.curve else " (a run bound beyond loopback needs --keys)"
+            keys = (" and that --keys holds the run's keys" if config.curve
+                    else " (a run bound beyond loopback needs --keys)")
             raise TransportError(
                 f"no manager answered at {config.endpoint} within {config.probe_timeout_s:.0f}s: check the address, "
                 f"that the run is up and that the port is reachable{keys}"
@@ -103,114 +107,72 @@ def attach(config: AttachConfig) -> int:
     except (TransportError, ConfigError) as exc:
         logger.error("%s", exc)
         return exit_codes.UNREACHABLE
-    logger.info("manager at %s serves CTs %s; starting %d agent(s)", config.endpoint, sorted(info.get("cts", {})), config.num_agents)
-    supervisor = _Supervisor(config)
+    logger.info(
+        "manager at %s serves CTs %s; starting %d agent(s)", config.endpoint, sorted(info.get("cts", {})), config.num_agents
+    )
+    agents = _AttachedAgents(config)
 
     def on_signal(signum: int, _frame: Any) -> None:
         raise _Detach(signum)
 
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return supervisor.run()
+        return agents.run()
+    except RunFailed as exc:
+        logger.error("%s", exc)
+        return exc.exit_code
     except _Detach as detach:
-        logger.info("detaching %d agent(s)", sum(process.poll() is None for process in supervisor.processes))
-        return exit_codes.OK if detach.signum == signal.SIGINT else 128 + detach.signum
+        logger.info("detaching %d agent(s)", len(agents.supervisor.running()))
+        # Ctrl+C is how a user detaches: that is a success.
+        return exit_codes.OK if detach.signum == signal.SIGINT else exit_codes.stopped_by(detach.signum)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        _stop(supervisor.processes, config.stop_timeout_s)
+        agents.stop()
 
 
-@dataclass
-class _Slot:
-    index: int
-    process: subprocess.Popen | None = None
-    started_at: float = 0.0
-    failure_streak: int = 0
-    restart_at: float | None = None
-    ended_with: int | None = None
-    """The exit code that ended this slot for good (stopped by the run, manager gone)."""
-
-
-class _Supervisor:
-    """This machine's agents: started, restarted when they fail (the manager's policy: backoff and limit), until
-    each has left for good (stopped by the run, or the manager is gone)."""
+class _AttachedAgents:
+    """This machine's agents: the supervisor starts them and restarts those that fail (the manager's policy: backoff
+    and limit); this adds what only attach knows: an agent that lost the manager is restarted while the manager
+    still answers a probe, and each slot ends for good when its agent was stopped by the run or the manager is gone."""
 
     def __init__(self, config: AttachConfig) -> None:
         self.config = config
-        self.env = dict(os.environ)
-        if config.curve is not None:
-            self.env[AGENT_CURVE_ENV] = config.curve.to_env()
-        self.tag = f"{socket.gethostname()}-{os.getpid()}"[:60]
-        self.slots = [_Slot(index) for index in range(config.num_agents)]
-        self.restarts = 0
+        self.supervisor = AgentSupervisor(max_restarts=config.max_restarts, restart_backoff_s=config.restart_backoff_s)
         self.manager_gone = False
 
-    @property
-    def processes(self) -> list[subprocess.Popen]:
-        return [slot.process for slot in self.slots if slot.process is not None]
-
-    def _start(self, slot: _Slot) -> None:
-        config = self.config
-        command = agent_command(
-            control_endpoint=config.endpoint, agent_id=f"r-{self.tag}-{slot.index}.{secrets.token_hex(4)}",
-            agent_path=config.agent_path, agent_kwargs=config.agent_kwargs, seed=config.seed, slot=slot.index,
-            incarnation=self.restarts, envs_per_agent=config.envs_per_agent, extra=("--remote",),
-        )
-        slot.process = subprocess.Popen(command, env=self.env, stdin=subprocess.DEVNULL, start_new_session=True)
-        slot.started_at, slot.restart_at = time.monotonic(), None
-
     def run(self) -> int:
-        for slot in self.slots:
-            self._start(slot)
+        config = self.config
+        tag = f"{socket.gethostname()}-{os.getpid()}"[:60]
+        launch = AgentLaunch(
+            control_endpoint=config.endpoint, agent_path=config.agent_path, agent_kwargs=config.agent_kwargs,
+            envs_per_agent=config.envs_per_agent, seed=config.seed, curve=config.curve, id_prefix=f"r-{tag}-",
+            extra=("--remote",),
+        )
+        self.supervisor.start_all(launch, config.num_agents)
         while True:
-            now = time.monotonic()
-            for slot in self.slots:
-                if slot.restart_at is not None and now >= slot.restart_at:
-                    self._start(slot)
-                elif slot.ended_with is None and slot.process is not None and slot.restart_at is None:
-                    code = slot.process.poll()
-                    if code is not None:
-                        failed = self._ended(slot, code, now)
-                        if failed is not None:
-                            return failed
-            codes = [slot.ended_with for slot in self.slots]
+            self.supervisor.restart_due(time.monotonic())
+            for slot, code in list(self.supervisor.exited()):
+                self._ended(slot, code)
+            codes = [slot.ended_with for slot in self.supervisor.slots]
             if all(code is not None for code in codes):
                 if all(code == exit_codes.MANAGER_LOST for code in codes):
                     logger.error("the manager is gone; the agents have exited")
                     return exit_codes.MANAGER_LOST
                 logger.info("all agents have left (exit codes %s)", codes)
                 return exit_codes.OK if all(code == exit_codes.OK for code in codes) else exit_codes.FAILED
-            self._wait_a_little()
+            self.supervisor.wait(SUPERVISE_INTERVAL_S)
 
-    def _ended(self, slot: _Slot, code: int, now: float) -> int | None:
-        """Deal with the end of a slot's agent; returns this command's exit code when it must end too."""
-        agent_id = slot.process.args[slot.process.args.index("--agent-id") + 1]
+    def _ended(self, slot: AgentSlot, code: int) -> None:
+        """Retire or restart a slot whose agent exited; RunFailed when this command must end too."""
         cause = exit_codes.describe(code)
         if code == exit_codes.MANAGER_LOST and self._manager_answers():
             # It lost the manager (stopped for a while, a link that broke) but the run goes on: a new agent joins.
             cause = "lost the manager, which still answers"
         elif code in (exit_codes.OK, exit_codes.MANAGER_LOST):
-            slot.ended_with = code
-            return None
-        if code == exit_codes.CONFIG_ERROR:
-            logger.error("agent %s cannot run (its error is above); fix the agent or its options", agent_id)
-            return exit_codes.CONFIG_ERROR
-        self.restarts += 1
-        if self.restarts > self.config.max_restarts:
-            logger.error(
-                "agent %s %s; that is %d agent failures here, more than --max-restarts %d: fix the cause above",
-                agent_id, cause, self.restarts, self.config.max_restarts,
-            )
-            return exit_codes.FAILED
-        slot.failure_streak = failure_streak(slot.failure_streak, now - slot.started_at)
-        backoff = restart_backoff(self.config.restart_backoff_s, slot.failure_streak)
-        logger.warning(
-            "agent %s %s; restarting it in %.1fs (restart %d of at most %d)",
-            agent_id, cause, backoff, self.restarts, self.config.max_restarts,
-        )
-        slot.restart_at = now + backoff
-        return None
+            self.supervisor.retire(slot, code)
+            return
+        self.supervisor.restart_later(slot, cause, code)
 
     def _manager_answers(self) -> bool:
         """Whether the manager still answers a probe; once it did not, the run is taken for gone (no more probes)."""
@@ -221,30 +183,16 @@ class _Supervisor:
                 self.manager_gone = True
         return not self.manager_gone
 
-    def _wait_a_little(self) -> None:
-        """Until the first running agent exits, or the next restart is due, or 0.2 s have passed."""
-        now = time.monotonic()
-        due = [slot.restart_at - now for slot in self.slots if slot.restart_at is not None]
-        timeout = max(0.0, min([_SUPERVISE_INTERVAL_S, *due]))
-        running = [slot.process for slot in self.slots if slot.ended_with is None and slot.restart_at is None]
-        try:
-            if running:
-                running[0].wait(timeout=timeout)
-            else:
-                time.sleep(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _stop(processes: list[subprocess.Popen], timeout_s: float) -> None:
-    """SIGTERM: each agent says bye at its next control tick; whatever is left after ``timeout_s`` is killed."""
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    def stop(self) -> None:
+        """SIGTERM: each agent says bye at its next control tick; whatever is left after ``stop_timeout_s`` is
+        killed."""
+        running = self.supervisor.running()
+        for slot in running:
+            slot.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_timeout_s
+        for slot in running:
+            try:
+                slot.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        self.supervisor.kill_running(self.config.stop_timeout_s)

@@ -28,6 +28,11 @@ SIGTERM = 143
 """Stopped by SIGTERM."""
 
 
+def stopped_by(signum: int) -> int:
+    """The exit code of a process that stopped because it received ``signum`` (SIGINT or SIGTERM)."""
+    return SIGINT if signum == signal.SIGINT else SIGTERM
+
+
 def outcome(code: int) -> str:
     """How a run ended, as its summary line starts."""
     return {OK: "run complete", SIGINT: "stopped by Ctrl+C", SIGTERM: "stopped by SIGTERM",

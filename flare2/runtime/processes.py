@@ -6,7 +6,6 @@ import ctypes
 import functools
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import signal
@@ -32,7 +31,8 @@ def stop_resource_tracker() -> None:
     ended, no process outlives the manager even by a moment.
     """
     tracker = getattr(resource_tracker, "_resource_tracker", None)
-    stop = getattr(tracker, "_stop", None)  # private, so looked up: a Python without it leaves the tracker to end by itself
+    # Private, so looked up: a Python without it leaves the tracker to end by itself.
+    stop = getattr(tracker, "_stop", None)
     if stop is not None:
         stop()
 
@@ -76,6 +76,8 @@ def import_object(path: str) -> Any:
             if not file.is_file():
                 raise ConfigError(f"cannot import {path!r}: no file {file}")
             spec = importlib.util.spec_from_file_location(f"flare2_user_{file.stem}", file)
+            if spec is None or spec.loader is None:
+                raise ConfigError(f"cannot import {path!r}: {file} is not a Python module (name it NAME.py)")
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
             spec.loader.exec_module(module)
@@ -94,22 +96,3 @@ def import_object(path: str) -> Any:
 
 def configure_child_logging(level: int = logging.INFO) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(name)s %(levelname)s: %(message)s")
-
-
-def agent_command(
-    *, control_endpoint: str, agent_id: str, agent_path: str, agent_kwargs: dict[str, Any], seed: int, slot: int,
-    incarnation: int, envs_per_agent: int, extra: tuple[str, ...] = (),
-) -> list[str]:
-    """The command line of one agent process, as the manager and ``flare2 attach`` start it."""
-    return [
-        sys.executable, "-m", "flare2.runtime.agents.agent_process",
-        "--control", control_endpoint,
-        "--agent-id", agent_id,
-        "--agent", agent_path,
-        "--agent-kwargs", json.dumps(agent_kwargs),
-        # A restarted agent plays other episodes than its predecessor.
-        "--seed", str(seed * 100_003 + slot * 1009 + incarnation),
-        "--envs-per-agent", str(envs_per_agent),
-        "--parent-pid", str(os.getpid()),
-        *extra,
-    ]

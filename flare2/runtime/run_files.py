@@ -138,7 +138,7 @@ def _attach_log_file(path: Path) -> logging.Handler:
 
 
 def _install_signal_handlers(handler: Any) -> dict[int, Any]:
-    previous = {}
+    previous: dict[int, Any] = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
             previous[signum] = signal.signal(signum, handler)

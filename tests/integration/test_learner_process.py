@@ -84,7 +84,7 @@ def served():
     replies: list[Message] = []
     cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: replies.append(message))
     cdp.live = frozenset({"a"})
-    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_paths=None, parent_pid=os.getpid())
+    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid())
     learner = LearnerProcess([ct], settings)
     try:
         yield ct, cdp, learner, replies
@@ -166,7 +166,7 @@ def test_the_learner_process_starts_from_the_compute_sides_weights():
         ct.algorithm.model.scale.fill_(5.0)  # as a resumed checkpoint or another random draw would leave it
     cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: None)
     cdp.live = frozenset({"a"})
-    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_paths=None, parent_pid=os.getpid())
+    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid())
     learner = LearnerProcess([ct], settings)
     try:
         learn_once(cdp, learner, learn_message("a", 1))
@@ -180,7 +180,7 @@ def test_a_learner_process_that_cannot_build_ends_the_run_with_its_traceback():
     [ct] = build_cts(configs, device="cpu", seed=0, torch_threads=1)
     cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: None)
     cdp.live = frozenset({"a"})
-    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_paths=None, parent_pid=os.getpid())
+    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid())
     learner = LearnerProcess([ct], settings)
     try:
         with pytest.raises(LearnerDiedError, match="the learner process could not build the CTs") as caught:

@@ -95,8 +95,8 @@ def test_local_agents_get_the_cts_unix_sockets_and_remote_ones_the_advertised_tc
     served = {"specs": {}, "learn_ahead": 1, "predict_endpoint": "tcp://0.0.0.0:5001", "learn_endpoint": "tcp://0.0.0.0:5002",
               "local_predict_endpoint": "unix:///tmp/flare2-x/ct0-predict", "local_learn_endpoint": "unix:///tmp/flare2-x/ct0-learn",
               "busy_wait_us": 200}
-    local = manager.desk._endpoints_for(served, local=True)
-    remote = manager.desk._endpoints_for(served, local=False)
+    local = manager.schedule.desk._endpoints_for(served, local=True)
+    remote = manager.schedule.desk._endpoints_for(served, local=False)
     assert (local["predict_endpoint"], local["learn_endpoint"]) == (served["local_predict_endpoint"], served["local_learn_endpoint"])
     assert (remote["predict_endpoint"], remote["learn_endpoint"]) == ("tcp://10.1.2.3:5001", "tcp://10.1.2.3:5002")
     assert "local_predict_endpoint" not in remote and local["learn_ahead"] == remote["learn_ahead"] == 1

@@ -9,6 +9,7 @@ import zmq
 
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.runtime.manager.manager import Manager
+from flare2.runtime.manager.parallel import ParallelSchedule
 from flare2.wire.protocol import BYE, HELLO, Message
 
 
@@ -25,10 +26,13 @@ def control():
     ctx.destroy(linger=0)
 
 
-def manager(tmp_path) -> Manager:
+def manager(tmp_path) -> ParallelSchedule:
+    """The manager's side of the control socket: its parallel schedule."""
     config = RunConfig(cts=(CTConfig("RL", build),), agents=AgentConfig("flare2.core.envs:GymAgent", num_agents=0),
                        max_steps=10, log_dir=str(tmp_path), heartbeat_timeout_s=1.0)
-    return Manager(config)
+    schedule = Manager(config).schedule
+    assert isinstance(schedule, ParallelSchedule)
+    return schedule
 
 
 def remote_hello(agent_id: str) -> Message:

@@ -1,22 +1,32 @@
-"""The restart policy shared by the manager and ``flare2 attach``, the supervisor that applies it to local agents, and the
-``--checkpoint-every`` schedule."""
+"""The one supervisor of the manager's and ``flare2 attach``'s agents, its restart policy, the manager's own concerns
+on top of it, and the ``--checkpoint-every`` schedule."""
 
 from __future__ import annotations
 
+import signal
 import time
 from types import SimpleNamespace
 
 import pytest
+import zmq
 
-from flare2.errors import ConfigError
+from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.checkpoints import CheckpointSchedule
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
-from flare2.errors import RunFailed
+from flare2.runtime.manager.manager import Manager
+from flare2.runtime.manager.parallel import ParallelSchedule
 from flare2.runtime.manager.progress import RunTotals
-from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
-from flare2.runtime.restarts import HEALTHY_LIFE_S, MAX_RESTART_BACKOFF_S, failure_streak, restart_backoff
-from flare2.runtime.supervisor import AgentSupervisor
+from flare2.runtime.manager.registry import AgentRecord
+from flare2.runtime.supervisor import (
+    HEALTHY_LIFE_S,
+    MAX_RESTART_BACKOFF_S,
+    AgentLaunch,
+    AgentSlot,
+    AgentSupervisor,
+    failure_streak,
+    restart_backoff,
+)
 
 
 def build():
@@ -77,40 +87,97 @@ def test_a_period_of_zero_or_less_is_refused_naming_the_field(field):
         run_config(**{field: 0})
 
 
-def failed_agent(registry, *, lived_s: float = 1.0):
-    agent = AgentRecord(0, 0, "a0.0.x", SimpleNamespace(), last_seen=0.0, started_at=time.monotonic() - lived_s)
-    registry.put_local(agent)
-    return agent
+@pytest.fixture
+def control():
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind("tcp://127.0.0.1:*")
+    yield sock
+    ctx.destroy(linger=0)
 
 
-def supervisor(**overrides):
-    registry = AgentRegistry()
-    return AgentSupervisor(run_config(**overrides), registry, RunTotals()), registry
+def failed_agent(schedule: ParallelSchedule, *, lived_s: float = 1.0) -> tuple[AgentRecord, AgentSlot]:
+    """A local agent of slot 0 whose process has ended (a stand-in: nothing is started here)."""
+    slot = AgentSlot(0, "a0.0.x", SimpleNamespace(), started_at=time.monotonic() - lived_s)
+    schedule.supervisor.slots[:] = [slot]
+    agent = AgentRecord(slot.agent_id, last_seen=0.0, slot=0, registered=True)
+    schedule.agents.put_local(agent)
+    return agent, slot
 
 
-def test_a_failed_agent_is_restarted_after_the_backoff_and_no_longer_listened_to():
-    sup, registry = supervisor(restart_backoff_s=0.5)
-    agent = failed_agent(registry)
-    sup.restart_later(agent, "exited with code 1", 1, compute_up=True)
-    assert sup.totals.restarts == 1 and agent.restart_at is not None and agent.failure_streak == 1
-    assert registry.by_id(agent.agent_id) is None and not agent.live
+def manager_schedule(tmp_path, *, compute_up: bool = True, **overrides) -> ParallelSchedule:
+    schedule = Manager(run_config(log_dir=str(tmp_path), **overrides)).schedule
+    assert isinstance(schedule, ParallelSchedule)
+    schedule.desk.served = {} if compute_up else None
+    return schedule
 
 
-def test_failures_no_restart_can_cure_end_the_run_with_their_own_exit_code():
-    sup, registry = supervisor()
-    agent = failed_agent(registry)
+def test_a_failed_agent_is_restarted_after_the_backoff_and_no_longer_listened_to(tmp_path, control):
+    schedule = manager_schedule(tmp_path, restart_backoff_s=0.5)
+    agent, slot = failed_agent(schedule)
+    schedule.agent_failed(control, agent, slot, "exited with code 1", 1)
+    assert schedule.totals.restarts == 1 and slot.restart_at is not None and slot.failure_streak == 1
+    assert schedule.agents.by_id(agent.agent_id) is None and not agent.live
+
+
+def test_failures_no_restart_can_cure_end_the_run_with_their_own_exit_code(tmp_path, control):
+    schedule = manager_schedule(tmp_path)
+    agent, slot = failed_agent(schedule)
     agent.error = "unknown env 'CartPol-v1'"
     with pytest.raises(RunFailed, match="cannot run: unknown env") as caught:
-        sup.restart_later(agent, "exited with code 2", exit_codes.CONFIG_ERROR, compute_up=True)
+        schedule.agent_failed(control, agent, slot, "exited with code 2", exit_codes.CONFIG_ERROR)
     assert caught.value.exit_code == exit_codes.CONFIG_ERROR
+    schedule = manager_schedule(tmp_path, compute_up=False)
+    agent, slot = failed_agent(schedule)
     with pytest.raises(RunFailed, match="could not register with the manager"):
-        sup.restart_later(agent, "exited with code 3", exit_codes.MANAGER_LOST, compute_up=False)
-    assert sup.totals.restarts == 0
+        schedule.agent_failed(control, agent, slot, "exited with code 3", exit_codes.MANAGER_LOST)
+    assert schedule.totals.restarts == 0
 
 
-def test_one_failure_past_max_restarts_ends_the_run_naming_the_option():
-    sup, registry = supervisor(max_restarts=2)
+def test_one_failure_past_max_restarts_ends_the_run_naming_the_option(tmp_path, control):
+    schedule = manager_schedule(tmp_path, max_restarts=2)
     for _ in range(2):
-        sup.restart_later(failed_agent(registry), "exited with code 1", 1, compute_up=True)
+        schedule.agent_failed(control, *failed_agent(schedule), "exited with code 1", 1)
     with pytest.raises(RunFailed, match="3 agent failures, more than max_restarts=2.*--max-restarts"):
-        sup.restart_later(failed_agent(registry), "exited with code 1", 1, compute_up=True)
+        schedule.agent_failed(control, *failed_agent(schedule), "exited with code 1", 1)
+
+
+class FakeLaunch(AgentLaunch):
+    """Starts nothing: hands out a stand-in process per incarnation."""
+
+    def start(self, slot: int, incarnation: int):
+        return f"{self.id_prefix}{slot}.{incarnation}.x", SimpleNamespace(poll=lambda: None)
+
+
+def test_the_manager_and_attach_restart_an_agent_with_one_supervisor_and_one_log_line(caplog):
+    supervisor = AgentSupervisor(max_restarts=10, restart_backoff_s=0.5)
+    supervisor.start_all(FakeLaunch("tcp://127.0.0.1:1", "m:A", {}, 1, 0, id_prefix="r-host-1-"), num_agents=1)
+    (slot,) = supervisor.slots
+    supervisor.restart_later(slot, "was killed by SIGKILL", -9)
+    assert "agent r-host-1-0.0.x was killed by SIGKILL; restarting it in 0.5s (restart 1 of at most 10)" in caplog.text
+    assert supervisor.restart_due(time.monotonic()) == [] and not slot.running
+    (due,) = supervisor.restart_due(slot.restart_at)
+    assert due is slot and slot.running and slot.incarnation == 1 and slot.agent_id == "r-host-1-0.1.x"
+
+
+def test_a_slot_whose_agent_left_for_good_is_neither_restarted_nor_watched():
+    supervisor = AgentSupervisor(max_restarts=10, restart_backoff_s=0.5)
+    supervisor.start_all(FakeLaunch("tcp://127.0.0.1:1", "m:A", {}, 1, 0), num_agents=2)
+    supervisor.slots[0].process = SimpleNamespace(poll=lambda: exit_codes.OK)
+    [(slot, code)] = list(supervisor.exited())
+    supervisor.retire(slot, code)
+    assert list(supervisor.exited()) == [] and supervisor.running() == [supervisor.slots[1]]
+
+
+def test_a_restart_count_kept_elsewhere_counts_toward_the_limit():
+    totals = RunTotals()
+    totals.resume_from({"restarts": 2})  # a resumed run continues its count
+    supervisor = AgentSupervisor(max_restarts=2, restart_backoff_s=0.5, count=totals)
+    supervisor.start_all(FakeLaunch("tcp://127.0.0.1:1", "m:A", {}, 1, 0), num_agents=1)
+    with pytest.raises(RunFailed, match="3 agent failures"):
+        supervisor.restart_later(supervisor.slots[0], "exited with code 1", 1)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_process_stopped_by_a_signal_exits_with_that_signals_code(signum, code):
+    assert exit_codes.stopped_by(signum) == code

@@ -15,19 +15,47 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
-from flare2.errors import ConfigError, DecodeError, FlareError, LearnerDiedError, UserCodeError
-from flare2.runtime.checkpoints import checkpoint_path, resume_checkpoint_path
+from flare2.errors import (
+    ConfigError,
+    DecodeError,
+    FlareError,
+    LearnerDiedError,
+    UserCodeError,
+)
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.cdp_sockets import SocketFront
-from flare2.runtime.compute.cts import build_cts
-from flare2.runtime.compute.learners import InlineLearner, Learner, LearnerThread
+from flare2.runtime.compute.cts import build_cts, resume
+from flare2.runtime.compute.learners import (
+    InlineLearner,
+    Learner,
+    LearnerThread,
+    finish_learning,
+    save_checkpoints,
+)
 from flare2.runtime.config import CTConfig, busy_wait_us
-from flare2.runtime.processes import COMPUTE_IDENTITY, configure_child_logging, die_with_parent, ignore_interrupts
-from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, HELLO, LIVE, STATS, STOP, Message, error_payload, pack, unpack
+from flare2.runtime.processes import (
+    COMPUTE_IDENTITY,
+    configure_child_logging,
+    die_with_parent,
+    ignore_interrupts,
+)
+from flare2.wire.protocol import (
+    BYE,
+    CHECKPOINT,
+    ERROR,
+    HELLO,
+    LIVE,
+    STATS,
+    STOP,
+    Message,
+    error_payload,
+    pack,
+    unpack,
+)
 from flare2.wire.security import CurveClient, CurveServer, start_authenticator
 from flare2.wire.sockets import connect_dealer, context, poll_timeout_ms
 
@@ -76,7 +104,7 @@ def compute_main(settings: ComputeSettings) -> None:
         )
         try:
             _serve(ctx, control, settings)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever ends the process is reported to the manager first
             if not isinstance(exc, _Reported):
                 _report_failure(control, exc)
             # A lingering close lets ZeroMQ deliver the error before the context ends.
@@ -124,12 +152,7 @@ def choose_learner(name: str, cts: list[Any]) -> str:
 
 def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> None:
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
-    counters: dict[str, Any] = {}
-    resume_paths = None
-    if settings.resume_dir:
-        resume_paths = tuple(resume_checkpoint_path(settings.resume_dir, ct.name) for ct in cts)
-        for ct, path in zip(cts, resume_paths):
-            counters = ct.load(path)
+    counters = resume(cts, settings.resume_dir)
     fronts: list[SocketFront] = []
     learner: Learner = InlineLearner()
     try:
@@ -147,12 +170,15 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             learner = LearnerThread(ctx)
         elif kind == "process":
             # Imported here: the manager imports this module and must not load torch.
-            from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings
+            from flare2.runtime.compute.learner_process import (
+                LearnerProcess,
+                LearnerSettings,
+            )
 
             learner = LearnerProcess(cts, LearnerSettings(
                 # The device the compute process chose: the learner's CTs learn where they act.
                 cts=settings.cts, device=str(cts[0].device), seed=settings.seed, torch_threads=settings.torch_threads,
-                resume_paths=resume_paths, parent_pid=os.getpid(),
+                resume_dir=settings.resume_dir, parent_pid=os.getpid(),
             ))
         busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + (kind == "process"))
         hello = {
@@ -198,19 +224,6 @@ def serve_ready(cdps: list[ComputationDataProcessor], learner: Learner, now: flo
             learner.submit(batch)
 
 
-def finish_learning(cdps: list[ComputationDataProcessor], learner: Learner) -> None:
-    """Learn every batch still waiting, as a run stops: no experience that reached the CDPs is lost."""
-    now = time.monotonic()
-    for cdp in cdps:
-        while True:
-            learner.finish()
-            batch = cdp.take_learn_batch(now, flush=True)
-            if batch is None:
-                break
-            learner.submit(batch)
-    learner.finish()
-
-
 def _loop(
     control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings, busy_wait_s: float
 ) -> None:
@@ -243,7 +256,7 @@ def _loop(
         ready = {sock for sock, _ in events}
         # Control first: a LIVE update must reach the CDPs before the requests of the agents it names.
         if control in ready:
-            while control.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            while cast(int, control.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 if _handle_control(control, fronts, learner, settings):
                     return
         if wake in ready:
@@ -267,14 +280,15 @@ def _send_stats(control: zmq.Socket, fronts: list[SocketFront]) -> None:
     control.send_multipart(pack(Message(STATS, report)))
 
 
-def _save_checkpoints(
-    cdps: list[ComputationDataProcessor], learner: Learner, settings: ComputeSettings, counters: Any
-) -> None:
-    counters = counters if isinstance(counters, dict) else {}
-    learner.save([(cdp.ct, str(checkpoint_path(settings.checkpoint_dir, cdp.ct.name))) for cdp in cdps], counters)
+def _counters(message: Message) -> dict[str, Any]:
+    """The run's counters a CHECKPOINT or STOP message carries, for the checkpoints."""
+    counters = message.payload.get("counters")
+    return counters if isinstance(counters, dict) else {}
 
 
-def _handle_control(control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings) -> bool:
+def _handle_control(
+    control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings
+) -> bool:
     """Apply one manager message; True when the process must stop."""
     cdps = [front.cdp for front in fronts]
     try:
@@ -289,12 +303,12 @@ def _handle_control(control: zmq.Socket, fronts: list[SocketFront], learner: Lea
             cdp.live = frozenset(a for a in agents if isinstance(a, str))
         return False
     if message.kind == CHECKPOINT:
-        _save_checkpoints(cdps, learner, settings, message.payload.get("counters"))
+        save_checkpoints(cdps, learner, settings.checkpoint_dir, _counters(message))
         control.send_multipart(pack(Message(CHECKPOINT, {"checkpoint_dir": settings.checkpoint_dir}, seq=message.seq)))
         return False
     if message.kind == STOP:
         finish_learning(cdps, learner)
-        _save_checkpoints(cdps, learner, settings, message.payload.get("counters"))
+        save_checkpoints(cdps, learner, settings.checkpoint_dir, _counters(message))
         _send_stats(control, fronts)
         control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
         return True

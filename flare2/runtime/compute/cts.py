@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.config import CTConfig
 
 if TYPE_CHECKING:
@@ -21,3 +22,15 @@ def build_cts(configs: tuple[CTConfig, ...], *, device: str, seed: int, torch_th
     algorithms = [config.build() for config in configs]
     resolved = choose_device(device, algorithms)
     return [ComputationTask(config.name, algorithm, device=resolved) for config, algorithm in zip(configs, algorithms)]
+
+
+def resume(cts: list[ComputationTask], resume_dir: str | None) -> dict[str, Any]:
+    """Load each CT's checkpoint from the run being resumed (``--resume``); returns the run's counters it kept.
+
+    Nothing happens without ``resume_dir``. Every CT's checkpoint keeps the same counters (they are saved together).
+    """
+    counters: dict[str, Any] = {}
+    if resume_dir:
+        for ct in cts:
+            counters = ct.load(resume_checkpoint_path(resume_dir, ct.name))
+    return counters

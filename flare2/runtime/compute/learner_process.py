@@ -26,17 +26,21 @@ import multiprocessing
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from flare2.errors import LearnerDiedError
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.transforms import RunningMoments
+from flare2.errors import LearnerDiedError
 from flare2.runtime.compute.cdp import LearnBatch, learn_with_lag
-from flare2.runtime.compute.cts import build_cts
+from flare2.runtime.compute.cts import build_cts, resume
 from flare2.runtime.config import CTConfig
-from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
+from flare2.runtime.processes import (
+    configure_child_logging,
+    die_with_parent,
+    ignore_interrupts,
+)
 from flare2.wire.codec import decode, encode
 
 logger = logging.getLogger(__name__)
@@ -54,7 +58,8 @@ class LearnerSettings:
     device: str
     seed: int
     torch_threads: int
-    resume_paths: tuple[str, ...] | None
+    resume_dir: str | None
+    """The run being resumed (``--resume``): the learner loads the same checkpoints as the compute process."""
     parent_pid: int
 
 
@@ -178,7 +183,7 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
     configure_child_logging()
     try:
         cts = _build(settings, weights)
-    except Exception:
+    except Exception:  # noqa: BLE001 - user code builds the CTs: its traceback goes to the compute process
         pipe.send_bytes(encode({"kind": "build_failed", "traceback": traceback.format_exc()}))
         return
     pipe.send_bytes(encode({"kind": "ready"}))
@@ -194,8 +199,11 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
             for ct in cts:
                 if ct.name in request["paths"]:
                     ct.predict_calls = request["predict_calls"][ct.name]
+                    # Statistics are kept of fixed-shape inputs only (check_statistics_request).
                     ct.statistics = {
-                        key: RunningMoments.from_wire(moments, ct.specs.inputs[key].shape, f"statistics of {key!r}")
+                        key: RunningMoments.from_wire(
+                            moments, cast("tuple[int, ...]", ct.specs.inputs[key].shape), f"statistics of {key!r}"
+                        )
                         for key, moments in request["statistics"][ct.name].items()
                     }
                     ct.save(request["paths"][ct.name], request["counters"])
@@ -213,19 +221,19 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
         }
         try:
             costs, lag_sum, lag_steps = learn_with_lag(ct, experience)
-        except Exception:
+        except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
             pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
             continue
         copy_tensors(weights[index], ct.weight_tensors())
         pipe.send_bytes(encode({
-            "kind": "learned", "costs": costs, "lag_sum": lag_sum, "lag_steps": lag_steps, "learn_calls": ct.learn_calls,
+            "kind": "learned", "costs": costs, "lag_sum": lag_sum, "lag_steps": lag_steps,
+            "learn_calls": ct.learn_calls,
         }))
 
 
 def _build(settings: LearnerSettings, weights: list[list[torch.Tensor]]) -> list[ComputationTask]:
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
+    resume(cts, settings.resume_dir)
     for index, ct in enumerate(cts):
-        if settings.resume_paths:
-            ct.load(settings.resume_paths[index])
         copy_tensors(ct.weight_tensors(), weights[index])
     return cts

@@ -19,14 +19,17 @@ and where an algorithm allows one, the fastest on a CPU.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
-from flare2.runtime.compute.cdp import LearnBatch
+from flare2.runtime.checkpoints import checkpoint_path
+from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
@@ -58,6 +61,27 @@ def save_here(targets: list[tuple[ComputationTask, str]], counters: dict[str, An
         ct.save(path, counters)
 
 
+def finish_learning(cdps: list[ComputationDataProcessor], learner: Learner) -> None:
+    """Learn every batch still waiting, as a run stops: no experience that reached the CDPs is lost."""
+    now = time.monotonic()
+    for cdp in cdps:
+        while True:
+            learner.finish()
+            batch = cdp.take_learn_batch(now, flush=True)
+            if batch is None:
+                break
+            learner.submit(batch)
+    learner.finish()
+
+
+def save_checkpoints(
+    cdps: list[ComputationDataProcessor], learner: Learner, directory: str | os.PathLike, counters: dict[str, Any]
+) -> None:
+    """Checkpoint each CDP's CT to ``directory`` with the run's ``counters``, through the learner that holds its
+    optimizer (the compute process at a CHECKPOINT or STOP message; ``--serial`` itself)."""
+    learner.save([(cdp.ct, str(checkpoint_path(directory, cdp.ct.name))) for cdp in cdps], counters)
+
+
 class InlineLearner:
     """Runs ``learn()`` at once in the calling thread."""
 
@@ -68,7 +92,7 @@ class InlineLearner:
     def submit(self, batch: LearnBatch) -> None:
         try:
             costs, lag_sum, lag_steps = batch.run()
-        except Exception:
+        except Exception:  # noqa: BLE001 - user code: its traceback goes back to the agents that asked
             batch.cdp.learn_failed(batch, traceback.format_exc())
         batch.cdp.learned(batch, costs, lag_sum, lag_steps)
 
@@ -111,7 +135,7 @@ class LearnerThread:
         while (batch := self._batches.get()) is not None:
             try:
                 result, failure = batch.run(), ""
-            except Exception:
+            except Exception:  # noqa: BLE001 - user code: the loop's thread reports its traceback
                 result, failure = None, traceback.format_exc()
             self._results.put((batch, result, failure))
             # The wake-up socket is this thread's alone; the loop's end of the pair is the loop's alone.

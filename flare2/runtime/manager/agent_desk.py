@@ -21,10 +21,21 @@ from flare2.errors import RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import RunConfig
 from flare2.runtime.manager.progress import RunTotals
-from flare2.runtime.processes import COMPUTE_IDENTITY
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
+from flare2.runtime.processes import COMPUTE_IDENTITY
 from flare2.wire.protocol import (
-    BYE, ERROR, HEARTBEAT, HELLO, LIVE, PROTOCOL_VERSION, STATS, STOP, WELCOME, Message, error_payload, error_text,
+    BYE,
+    ERROR,
+    HEARTBEAT,
+    HELLO,
+    LIVE,
+    PROTOCOL_VERSION,
+    STATS,
+    STOP,
+    WELCOME,
+    Message,
+    error_payload,
+    error_text,
 )
 from flare2.wire.sockets import router_send
 
@@ -40,7 +51,9 @@ _REMOTE_ID = re.compile(r"r-[A-Za-z0-9_.-]{1,100}")
 class AgentDesk:
     """Answers the agents of a run; ``served`` is set (the compute process's CTs) once the compute process is up."""
 
-    def __init__(self, config: RunConfig, agents: AgentRegistry, totals: RunTotals, drop: Callable[[bytes, str], None]) -> None:
+    def __init__(
+        self, config: RunConfig, agents: AgentRegistry, totals: RunTotals, drop: Callable[[bytes, str], None]
+    ) -> None:
         self.config = config
         self.agents = agents
         self.totals = totals
@@ -108,7 +121,8 @@ class AgentDesk:
         role = message.payload.get("role")
         if role == "probe":
             served = self.served or {}
-            reply = {"protocol_version": PROTOCOL_VERSION, "cts": {name: self._endpoints_for(ct, local=False) for name, ct in served.items()}}
+            cts = {name: self._endpoints_for(ct, local=False) for name, ct in served.items()}
+            reply = {"protocol_version": PROTOCOL_VERSION, "cts": cts}
             router_send(control, identity, Message(WELCOME, reply, seq=message.seq))
             return
         agent_id = message.agent_id
@@ -119,9 +133,11 @@ class AgentDesk:
         if not valid or len(self.agents.remotes) >= _MAX_REMOTE_AGENTS:
             self.drop(identity, "a hello that is neither a probe nor a remote agent's, or too many remote agents")
             return
-        agent = AgentRecord(-1, 0, agent_id, None, last_seen=time.monotonic())
+        agent = AgentRecord(agent_id, last_seen=time.monotonic())
         self.agents.add_remote(agent)
-        logger.info("remote agent %s (pid %s on %s) attached", agent_id, message.payload.get("pid"), message.payload.get("host"))
+        logger.info(
+            "remote agent %s (pid %s on %s) attached", agent_id, message.payload.get("pid"), message.payload.get("host")
+        )
         if self.served is None:
             self.pending_hellos.append(message)
         else:
@@ -143,11 +159,14 @@ class AgentDesk:
         if agent is None:
             return
         served = self.served
+        if served is None:  # hellos wait in pending_hellos until the compute process is up
+            return
         wanted = hello.payload.get("cts", [])
         unknown = sorted(str(ct) for ct in wanted if ct not in served) if isinstance(wanted, list) else [repr(wanted)]
         if unknown:
             reason = f"agent asks for CT(s) {unknown}, but this run serves {sorted(served)}"
-            router_send(control, hello.agent_id.encode(), Message(ERROR, error_payload(reason, code="config"), seq=hello.seq))
+            refusal = Message(ERROR, error_payload(reason, code="config"), seq=hello.seq)
+            router_send(control, hello.agent_id.encode(), refusal)
             return
         welcome = {
             "cts": {name: self._endpoints_for(served[name], local=not agent.remote) for name in wanted},
@@ -172,7 +191,8 @@ class AgentDesk:
         address agents must use (``advertise``, not the one bound)."""
         endpoints = {key: ct[key] for key in ("specs", "learn_ahead")}
         if local and ct.get("local_predict_endpoint"):
-            return {**endpoints, "predict_endpoint": ct["local_predict_endpoint"], "learn_endpoint": ct["local_learn_endpoint"],
+            return {**endpoints, "predict_endpoint": ct["local_predict_endpoint"],
+                    "learn_endpoint": ct["local_learn_endpoint"],
                     "busy_wait_us": ct["busy_wait_us"]}
         for key in ("predict_endpoint", "learn_endpoint"):
             endpoints[key] = _with_host(ct[key], self.config.advertise) if self.config.advertise else ct[key]

@@ -51,6 +51,12 @@ RETURN_WINDOW = 100
 EVAL_RETURN_WINDOW = 20
 
 
+def compute_report_interval_s(progress_interval_s: float) -> float:
+    """How often the CDPs' figures (batches, learn costs) are reported: at least once per progress row, so each row
+    sees fresh batching figures."""
+    return min(1.0, progress_interval_s / 2)
+
+
 @dataclass
 class RunTotals:
     """What the manager knows of the run so far."""
@@ -159,7 +165,7 @@ class RunTotals:
 
 def duration_text(seconds: float) -> str:
     """``45s``, ``12m05s``, ``3h07m``: a duration as a person reads it."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
@@ -181,7 +187,8 @@ def summary_line(outcome: str, totals: RunTotals, log_dir: Path) -> str:
 def _board_writer(log_dir: Path, purge_step: int) -> Any:
     """A TensorBoard writer in ``log_dir``; TensorBoard hides the events earlier writers there put at ``purge_step``
     or later, so each step of the curve shows once."""
-    from torch.utils.tensorboard import SummaryWriter  # torch and tensorboard only for runs that ask for events
+    # torch and tensorboard only for runs that ask for events
+    from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(str(log_dir), purge_step=purge_step)
 
@@ -214,7 +221,7 @@ def _start_wandb(config: RunConfig) -> Any:
     try:
         return wandb.init(project=config.wandb_project, name=log_dir.name, dir=str(log_dir), config=settings,
                           sync_tensorboard=True)
-    except Exception as exc:  # no login, no network: W&B's own message says which
+    except Exception as exc:  # noqa: BLE001 - no login, no network: W&B's own message says which
         logger.error("--wandb: W&B did not start (%s: %s); the run goes on with its TensorBoard events in %s. "
                      "Run wandb login first, or set WANDB_MODE=offline and wandb sync later",
                      type(exc).__name__, exc, log_dir)
@@ -252,13 +259,14 @@ class ProgressLog:
         progress_path, learn_path = self.dir / "progress.csv", self.dir / "learn.csv"
         append = append and _has_header(progress_path, PROGRESS_COLUMNS)
         mode = "a" if append else "w"
-        self._progress_file = open(progress_path, mode, newline="", encoding="utf-8")
+        # Open for the log's life, closed by close() (the Manager calls it however the run ends).
+        self._progress_file = open(progress_path, mode, newline="", encoding="utf-8")  # noqa: SIM115
         self._progress = csv.writer(self._progress_file)
-        self._learn_file = open(learn_path, mode, newline="", encoding="utf-8")
+        self._learn_file = open(learn_path, mode, newline="", encoding="utf-8")  # noqa: SIM115
         self._learn = csv.writer(self._learn_file)
-        self._episodes_file = open(self.dir / "episodes.csv", mode, newline="", encoding="utf-8")
+        self._episodes_file = open(self.dir / "episodes.csv", mode, newline="", encoding="utf-8")  # noqa: SIM115
         self._episodes = csv.writer(self._episodes_file)
-        self._cts_file = open(self.dir / "cts.csv", mode, newline="", encoding="utf-8")
+        self._cts_file = open(self.dir / "cts.csv", mode, newline="", encoding="utf-8")  # noqa: SIM115
         self._cts = csv.writer(self._cts_file)
         if not append:
             self._progress.writerow(PROGRESS_COLUMNS)
@@ -269,7 +277,7 @@ class ProgressLog:
         self._last_steps = start_steps
         self._last_rows = 0.0
         self._last_batches = 0.0
-        self._last_ct_counts: dict[str, tuple[float, float, float, float]] = {}
+        self._last_ct_counts: dict[str, tuple[float, ...]] = {}
         self._last_lag = (0.0, 0.0)
         # A resumed run's events hide those an earlier run wrote after its checkpoint; a fresh run's hide them all.
         self._board = _board_writer(self.dir, purge_step=start_steps + 1 if append else 0) if tensorboard else None
@@ -321,14 +329,15 @@ class ProgressLog:
                 costs_text.append(f"{ct + '/' if several else ''}{cost} {value:.3g}")
         self._learn_file.flush()
         if self._board is not None:
-            self._write_board(row, totals)
+            self._write_board(self._board, row, totals)
         self._write_ct_rows(row["wall_time"], totals)
         for episode_return, length, evaluation in totals.take_finished():
             self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length, int(evaluation)))
         self._episodes_file.flush()
         eval_text = f" | eval {row['eval_return_mean']:.1f} ({totals.eval_episodes} ep)" if totals.eval_episodes else ""
         logger.info(
-            "steps %d%s | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | agents %d local, "
+            "steps %d%s | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | "
+            "agents %d local, "
             "%d remote, %d envs | restarts %d%s",
             row["env_steps"], self._budget_text(totals.env_steps, now), row["steps_per_s"], row["episodes"],
             row["return_mean"], eval_text, row["batch_size_mean"], row["learn_steps"], row["policy_lag_mean"], agents,
@@ -337,16 +346,17 @@ class ProgressLog:
         )
         return row
 
-    def _write_board(self, row: dict[str, Any], totals: RunTotals) -> None:
+    @staticmethod
+    def _write_board(board: Any, row: dict[str, Any], totals: RunTotals) -> None:
         """Every number of the progress row and every cost, against env steps; NaN (nothing to report yet) left out."""
         step = row["env_steps"]
         for column in PROGRESS_COLUMNS:
             if column not in ("wall_time", "env_steps") and math.isfinite(row[column]):
-                self._board.add_scalar(f"progress/{column}", row[column], step)
+                board.add_scalar(f"progress/{column}", row[column], step)
         for ct, report in totals.ct_reports.items():
             for cost, value in report.get("costs", {}).items():
-                self._board.add_scalar(f"learn/{ct}/{cost}", value, step)
-        self._board.flush()
+                board.add_scalar(f"learn/{ct}/{cost}", value, step)
+        board.flush()
 
     def run_ends(self) -> None:
         """The run is stopping: the rows still to come tell no time left."""
@@ -372,7 +382,8 @@ class ProgressLog:
 
     def _write_ct_rows(self, wall_time: float, totals: RunTotals) -> None:
         for ct, report in totals.ct_reports.items():
-            counts = tuple(float(report.get(key, 0)) for key in ("predict_rows", "predict_batches", "learn_requests", "learn_calls"))
+            keys = ("predict_rows", "predict_batches", "learn_requests", "learn_calls")
+            counts = tuple(float(report.get(key, 0)) for key in keys)
             rows, batches, learn_requests, learn_calls = (
                 now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * 4))
             )

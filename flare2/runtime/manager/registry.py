@@ -1,9 +1,12 @@
 """The manager's agents: local agent processes (one slot each, restarted in place) and remote agents, one kind of
-record in one registry, so that who is listened to, who is live and who is remote are answered in one place."""
+record in one registry, so that who is listened to, who is live and who is remote are answered in one place.
+
+A local agent's process is its slot's in the supervisor (:class:`~flare2.runtime.supervisor.AgentSlot`); the record
+here is what the manager hears from it on the control socket.
+"""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -12,21 +15,16 @@ from dataclasses import dataclass
 class AgentRecord:
     """One agent the manager knows: the current incarnation of a local slot, or a remote agent."""
 
-    slot: int
-    """The local slot it fills (-1 for a remote agent)."""
-    incarnation: int
     agent_id: str
-    process: subprocess.Popen | None
-    """None for a remote agent (started by ``flare2 attach`` on another machine)."""
     last_seen: float
+    slot: int = -1
+    """The local slot it fills (-1 for a remote agent, started by ``flare2 attach`` on another machine)."""
     registered: bool = False
     said_bye: bool = False
+    failed: bool = False
+    """It died or went silent; its slot waits for the successor."""
     error: str = ""
     """What the agent reported before it died (a traceback of its episode code)."""
-    restart_at: float | None = None
-    started_at: float = 0.0
-    failure_streak: int = 0
-    """Restarts of this slot in a row, each after a short life; sets the backoff."""
     cts: frozenset[str] = frozenset()
     """The CTs the agent asks (from its hello)."""
     envs: int = 0
@@ -34,11 +32,11 @@ class AgentRecord:
 
     @property
     def live(self) -> bool:
-        return self.registered and not self.said_bye and self.restart_at is None
+        return self.registered and not self.said_bye and not self.failed
 
     @property
     def remote(self) -> bool:
-        return self.process is None
+        return self.slot < 0
 
 
 class AgentRegistry:

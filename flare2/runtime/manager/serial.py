@@ -1,13 +1,16 @@
-"""Serial mode (``--serial``): the whole run in one process, one thread, one call stack.
+"""The serial schedule (``--serial``): the whole run in one process, one thread, one call stack.
 
-The same Agent, helpers, CDP batching and ComputationTask code as a parallel
-run, joined by in-process ports instead of sockets: ``Agent.predict`` calls
-the port, which hands the request to the CDP, which serves it at once (the
-one agent is the only live one, so the batching rule flushes it) and calls
+The Manager's own orchestration (budget, signals, progress rows, checkpoints,
+resume, summary, exit code) on an in-process schedule: the same Agent,
+helpers, CDP batching and ComputationTask code as a parallel run, joined by
+in-process ports instead of sockets. ``Agent.predict`` calls the port, which
+hands the request to the CDP, which serves it at once (the one agent is the
+only live one, so the batching rule flushes it) and calls
 ``Algorithm.predict``; learn requests go the same way to ``Algorithm.learn``.
-Nothing is encoded and nothing waits, so a breakpoint anywhere (in a Model,
-an Algorithm, a helper or an Agent) stops the whole run, and the stack shows
-how it got there.
+The Manager's ``tick`` is called from the agent's own loop, as often as an
+agent process reports to a parallel manager. Nothing is encoded and nothing
+waits, so a breakpoint anywhere (in a Model, an Algorithm, a helper or an
+Agent) stops the whole run, and the stack shows how it got there.
 
 Use it to debug; run in parallel to go fast. It is also the in-process
 baseline that ``tools/bench.py`` holds the parallel runtime against. It plays
@@ -18,24 +21,35 @@ one agent: a VectorAgent gets every env of the run (``num_agents`` times
 from __future__ import annotations
 
 import logging
-import signal
 import time
 import traceback
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from flare2.core.agent import Agent, VectorAgent
 from flare2.core.specs import CTSpecs
-from flare2.errors import ConfigError, FlareError, UserCodeError
-from flare2.runtime.agents.agent_process import StopRequested, make_agent, make_envs, play
-from flare2.runtime.compute.cdp import ComputationDataProcessor
-from flare2.runtime.checkpoints import CheckpointSchedule, checkpoint_path, resume_checkpoint_path, resuming_in_place
-from flare2.runtime.config import RunConfig
+from flare2.errors import ConfigError, FlareError, RunFailed, UserCodeError
 from flare2.runtime import exit_codes
-from flare2.runtime.compute.learners import InlineLearner
+from flare2.runtime.agents.agent_process import (
+    StopRequested,
+    make_agent,
+    make_envs,
+    play,
+)
+from flare2.runtime.compute.cdp import ComputationDataProcessor
+from flare2.runtime.compute.cts import build_cts, resume
+from flare2.runtime.compute.learners import (
+    InlineLearner,
+    finish_learning,
+    save_checkpoints,
+)
+from flare2.runtime.config import RunConfig
 from flare2.runtime.latency import LatencyHistogram
-from flare2.runtime.manager.progress import ProgressLog, RunTotals, summary_line, wandb_logging
-from flare2.runtime.run_files import record_run, run_logs_and_signals
+from flare2.runtime.manager.agent_desk import AGENT_CONTROL_INTERVAL_S
+from flare2.runtime.manager.progress import compute_report_interval_s
+from flare2.runtime.manager.schedule import Conductor
+from flare2.runtime.supervisor import agent_seed
 from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
 
@@ -112,10 +126,11 @@ class SerialPort:
 
 
 class _SerialControl:
-    """What the manager does for a parallel run, called from the agent's own loop: stats, progress, budget, stop."""
+    """What an agent process's link to the manager does in a parallel run, called from the agent's own loop: its
+    stats and round trips go to the run's totals, and the Manager's tick says whether to play on."""
 
-    def __init__(self, run: SerialRun, interval_s: float = 0.25) -> None:
-        self.run = run
+    def __init__(self, schedule: SerialSchedule, interval_s: float = AGENT_CONTROL_INTERVAL_S) -> None:
+        self.schedule = schedule
         self.interval_s = interval_s
         self.round_trips = LatencyHistogram()
         self.stats: Any = None
@@ -126,51 +141,45 @@ class _SerialControl:
             self.service()
 
     def service(self) -> None:
+        """Report what the agent played; raises StopRequested once the run must stop."""
         self._next_at = time.monotonic() + self.interval_s
-        self.run.collect(self.stats.take(), self.round_trips.take())
-        if self.run.stop_signal is not None or self.run.totals.budget_reached(self.run.config):
-            raise StopRequested()
-        self.run.on_tick()
+        self.schedule.collect(self.stats.take(), self.round_trips.take())
+        self.schedule.tick()
 
 
-class SerialRun:
-    """Runs one RunConfig with ``serial=True`` to its end; ``run()`` returns the exit code."""
+class SerialSchedule:
+    """One agent and every CDP of a run, served in the calling thread."""
 
-    def __init__(self, config: RunConfig) -> None:
+    stops_gradually = False
+
+    def __init__(self, config: RunConfig, manager: Conductor) -> None:
         self.config = config
-        self.log_dir = Path(config.log_dir)
-        self.totals = RunTotals()
-        self.stop_signal: int | None = None
+        self.manager = manager
         self.cdps: list[ComputationDataProcessor] = []
-        self._progress: ProgressLog | None = None
+        self._learner = InlineLearner()
+        self._agent: Agent | None = None
+        self._control: _SerialControl | None = None
         self._envs = 0
-        self._next_progress = 0.0
-        self._checkpoints = CheckpointSchedule(config)
+        self._exit_code: int | None = None
+        self._learn_the_rest = False
+        self._report_interval_s = compute_report_interval_s(config.progress_interval_s)
+        self._next_report = 0.0
 
-    def run(self) -> int:
-        with run_logs_and_signals(self.log_dir, self._on_signal), wandb_logging(self.config):
-            try:
-                code = self._run()
-            except UserCodeError as exc:
-                logger.error("the run failed: %s", exc)
-                code = exit_codes.FAILED
-            except FlareError as exc:
-                logger.error("%s", exc)
-                code = exit_codes.CONFIG_ERROR
-            finally:
-                if self._progress is not None:
-                    self._progress.close()
-            logger.info("%s", summary_line(exit_codes.outcome(code), self.totals, self.log_dir))
-            return code
+    def open(self) -> AbstractContextManager[None]:
+        """Nothing to bind or make: everything lives in this process."""
+        return nullcontext()
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.stop_signal = signum
-
-    def _run(self) -> int:
+    def start(self) -> None:
         config = self.config
-        logger.info("serial run: the compute side and one agent in this process, log dir %s", self.log_dir)
+        logger.info("serial run: the compute side and one agent in this process, log dir %s", config.log_dir)
         agent = self._make_agent()
-        self._build_cts()
+        cts = build_cts(config.cts, device=config.device, seed=config.seed, torch_threads=config.torch_threads)
+        counters = resume(cts, config.resume_dir)
+        self.cdps = [
+            ComputationDataProcessor(ct, config=ct_config.batching, reply=lambda *_: None)
+            for ct, ct_config in zip(cts, config.cts)
+        ]
+        self.manager.compute_is_up({cdp.ct.name: cdp.ct.identity() for cdp in self.cdps}, counters)
         control = _SerialControl(self)
         ports = {}
         for cdp in self.cdps:
@@ -184,29 +193,10 @@ class SerialRun:
             raise ConfigError(f"{type(agent).__name__} asks for CT(s) {unknown}, but the run serves {sorted(ports)}")
         control.stats = make_envs(agent, config.eval_every)
         specs: dict[str, CTSpecs] = {name: ports[name].cdp.ct.specs for name in helpers}
-        seed = config.seed * 100_003
-        agent.connect(agent_id=SERIAL_AGENT_ID, seed=seed, specs=specs, ports={n: ports[n] for n in helpers}, helpers=helpers)
-        self._envs = agent.num_envs
-        self._start_clocks()
-        try:
-            play(agent, control.maybe_service)
-        except StopRequested:
-            pass
-        except FlareError:
-            raise
-        except Exception:
-            logger.error("the agent raised in its episode code:\n%s", traceback.format_exc())
-            self._finish()
-            return exit_codes.FAILED
-        self._finish()
-        if self.stop_signal is not None:
-            logger.warning("stopped on %s", signal.Signals(self.stop_signal).name)
-            return exit_codes.SIGINT if self.stop_signal == signal.SIGINT else exit_codes.SIGTERM
-        logger.info(
-            "budget reached: %d env steps, %d episodes, return_mean %.1f",
-            self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
+        agent.connect(
+            agent_id=SERIAL_AGENT_ID, seed=agent_seed(config.seed, slot=0, incarnation=0), specs=specs, ports={n: ports[n] for n in helpers}, helpers=helpers
         )
-        return exit_codes.OK
+        self._agent, self._control, self._envs = agent, control, agent.num_envs
 
     def _make_agent(self) -> Agent:
         config = self.config.agents
@@ -221,68 +211,69 @@ class SerialRun:
             )
         return agent
 
-    def _build_cts(self) -> None:
-        import torch
-
-        from flare2.core.computation_task import ComputationTask, choose_device
-
-        config = self.config
-        torch.set_num_threads(config.torch_threads)
-        torch.manual_seed(config.seed)
-        algorithms = [ct_config.build() for ct_config in config.cts]
-        device = choose_device(config.device, algorithms)
-        counters: dict[str, Any] = {}
-        for ct_config, algorithm in zip(config.cts, algorithms):
-            ct = ComputationTask(ct_config.name, algorithm, device=device)
-            if config.resume_dir:
-                counters = ct.load(resume_checkpoint_path(config.resume_dir, ct.name))
-            self.cdps.append(ComputationDataProcessor(ct, config=ct_config.batching, reply=lambda *_: None))
-        record_run(config, {cdp.ct.name: cdp.ct.identity() for cdp in self.cdps})
-        if counters:
-            self.totals.resume_from(counters)
-        self._progress = ProgressLog(
-            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(config),
-            max_steps=config.max_steps, tensorboard=config.board,
-        )
-
-    def _start_clocks(self) -> None:
-        now = time.monotonic()
-        self._next_progress = now + self.config.progress_interval_s
-        self._checkpoints.start(now, self.totals.env_steps)
+    def run(self) -> int:
+        """Play until the Manager's tick says stop (the agent's loop calls it); returns the exit code it said."""
+        agent, control = self._agent, self._control
+        if agent is None or control is None:
+            raise RuntimeError("SerialSchedule.run() before start()")
+        try:
+            play(agent, control.maybe_service)
+        except StopRequested:
+            self._learn_the_rest = True
+            return self._exit_code if self._exit_code is not None else exit_codes.OK
+        except UserCodeError as exc:
+            # The compute side failed in user code: as in a parallel run, nothing more is learned or saved.
+            raise RunFailed(f"the run failed: {exc}", exit_codes.FAILED) from None
+        except FlareError:
+            raise
+        except Exception:  # noqa: BLE001 - user code
+            # The agent's episode code failed; what reached the CDPs is still learned and saved.
+            self._learn_the_rest = True
+            failure = f"the agent raised in its episode code:\n{traceback.format_exc()}"
+            raise RunFailed(failure, exit_codes.FAILED) from None
+        raise RuntimeError("play() returned without a stop")  # it raises StopRequested or the agent's error
 
     def collect(self, stats: dict[str, Any], round_trips: list[int]) -> None:
-        """Add what the agent played since the last call to the run's totals."""
-        totals = self.totals
+        """Add what the agent played since the last call to the run's totals, and the CDPs' figures when due."""
+        totals = self.manager.totals
         totals.add_agent_stats(stats["steps"], [(ret, length) for ret, length in stats["episodes"]])
-        totals.add_eval_stats(stats.get("eval_steps", 0), [(ret, length) for ret, length in stats.get("eval_episodes", [])])
+        evaluated = [(ret, length) for ret, length in stats.get("eval_episodes", [])]
+        totals.add_eval_stats(stats.get("eval_steps", 0), evaluated)
         totals.round_trips.merge(round_trips)
-
-    def on_tick(self) -> None:
-        """Progress rows and checkpoints when they are due."""
         now = time.monotonic()
-        if now >= self._next_progress:
-            self._next_progress = now + self.config.progress_interval_s
-            self._report_progress()
-        if self._checkpoints.take_due(now, self.totals.env_steps):
-            self._save_checkpoints()
+        if now >= self._next_report:
+            self._next_report = now + self._report_interval_s
+            self._collect_cdp_reports()
 
-    def _report_progress(self) -> None:
-        self.totals.add_compute_stats({cdp.ct.name: cdp.stats.take_report() for cdp in self.cdps})
-        if self._progress is not None:
-            self._progress.report(self.totals, agents=1, envs=self._envs)
+    def tick(self) -> None:
+        """The Manager's tick, from inside the agent's loop; StopRequested unwinds the agent once the run must stop."""
+        code = self.manager.tick()
+        if code is not None:
+            self._exit_code = code
+            raise StopRequested()
 
-    def _save_checkpoints(self) -> None:
-        for cdp in self.cdps:
-            cdp.ct.save(checkpoint_path(self.log_dir / "checkpoints", cdp.ct.name), self.totals.counters())
-        logger.info("checkpoint written to %s", self.log_dir / "checkpoints")
+    def _collect_cdp_reports(self) -> None:
+        self.manager.totals.add_compute_stats({cdp.ct.name: cdp.stats.take_report() for cdp in self.cdps})
 
-    def _finish(self) -> None:
-        """Learn what is waiting, write the final checkpoint and progress row."""
-        if self._progress is not None:
-            self._progress.run_ends()
-        now = time.monotonic()
-        for cdp in self.cdps:
-            while (batch := cdp.take_learn_batch(now, flush=True)) is not None:
-                InlineLearner().submit(batch)
-        self._report_progress()
-        self._save_checkpoints()
+    @property
+    def ready_to_checkpoint(self) -> bool:
+        return bool(self.cdps)
+
+    def checkpoint(self, counters: dict[str, Any]) -> None:
+        directory = Path(self.config.log_dir) / "checkpoints"
+        save_checkpoints(self.cdps, self._learner, directory, counters)
+        logger.info("checkpoint written to %s", directory)
+
+    def agent_counts(self) -> tuple[int, int, int]:
+        return (1, 0, self._envs) if self._agent is not None else (0, 0, 0)
+
+    def shutdown(self) -> None:
+        """Learn what is waiting and write the final checkpoints, unless the compute side failed."""
+        if not self._learn_the_rest:
+            return
+        if self._control is not None:
+            # What the agent played since its last report still counts.
+            self.collect(self._control.stats.take(), self._control.round_trips.take())
+        finish_learning(self.cdps, self._learner)
+        self._collect_cdp_reports()
+        self.checkpoint(self.manager.totals.counters())

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from flare2.core.agent import Agent, VectorAgent
+from flare2.core.agent import AgentBase, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError, UserCodeError
 from flare2.runtime.agents.agent_process import StopRequested, make_agent, make_envs, play
@@ -36,7 +36,7 @@ from flare2.runtime.compute.learners import InlineLearner
 from flare2.runtime.latency import LatencyHistogram
 from flare2.runtime.manager.progress import ProgressLog, RunTotals, summary_line, wandb_logging
 from flare2.runtime.run_files import record_run, run_logs_and_signals
-from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
+from flare2.wire.protocol import LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
 
 logger = logging.getLogger(__name__)
@@ -105,10 +105,6 @@ class SerialPort:
 
     def wait_statistics(self, ticket: int) -> dict[str, Any]:
         return self._answered.pop(ticket)
-
-    def set_evaluating(self, evaluating: bool) -> None:
-        message = Message(EVALUATING, {"evaluating": evaluating}, SERIAL_AGENT_ID, self._seq, self.cdp.ct.name)
-        self.cdp.accept(message, self, time.monotonic(), learn=True)
 
 
 class _SerialControl:
@@ -208,7 +204,7 @@ class SerialRun:
         )
         return exit_codes.OK
 
-    def _make_agent(self) -> Agent:
+    def _make_agent(self) -> AgentBase:
         config = self.config.agents
         agent = make_agent(config.path, config.kwargs, config.envs_per_agent)
         if isinstance(agent, VectorAgent):

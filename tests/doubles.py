@@ -77,6 +77,3 @@ class AnsweringPort:
     def version(self, ticket: int) -> int:
         """The weights version of answer ``ticket``."""
         return 0
-
-    def predict(self, payload):
-        return self.wait_predict(self.send_predict(payload))

@@ -3,9 +3,13 @@
 A run of ``flare2 train`` keeps what it takes to rebuild its policy:
 ``train.json`` (the algorithm, the env and every setting) and
 ``checkpoints/RL.pt`` (the weights, and the observation statistics of
-``--normalize-observations``). The policy here acts as the run's agents did:
-the same observation transforms, the same trajectory views, the same model
-states carried from step to step, Box actions clipped to the bounds.
+``--normalize-observations``). Both play through the acting pipeline the
+run's agents played with (``flare2.core.acting``): the same observation
+transforms, the same trajectory views, the same model states carried from
+step to step, Box actions clipped to the bounds. ``flare2 eval`` goes further
+and plays the run's own agent, a GymAgent, over a ``PolicyPort``: the loaded
+ComputationTask in this process instead of a compute process, answering with
+greedy actions, and nothing stored.
 """
 
 from __future__ import annotations
@@ -20,11 +24,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flare2.core.envs import make_gym_env
-from flare2.core.spaces import ACTION_KEY, ObservationRows, env_actions
+from flare2.core.acting import Acting
+from flare2.core.envs import GymAgent, make_gym_env
 from flare2.core.transforms import RunningMoments, Transforms
-from flare2.core.views import ViewRows
-from flare2.errors import ConfigError
+from flare2.errors import ConfigError, FlareError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.options import transform_options
 from flare2.runtime.run_files import TRAIN_FILE
@@ -52,21 +55,16 @@ class TrainedPolicy:
     def __init__(self, run: dict[str, Any], ct: Any) -> None:
         self.algo, self.env_id, self.ct = run["algo"], run["env"], ct
         self.env_kwargs = _env_kwargs(run)
+        self.transforms = transform_options(run["run"])
+        """The run's data transforms, as GymAgent's ``transforms`` option."""
         env = self.make_env()
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
-        specs = ct.specs
-        self._specs = specs
-        self._rows = ObservationRows(specs.acting_inputs, 1, keyed=isinstance(self.observation_space, gym.spaces.Dict))
-        self._views = ViewRows(specs, 1)
-        self._transforms = Transforms.from_options(transform_options(run["run"]))
-        self._transforms.bind("RL", specs, _SavedStatistics(ct.statistics, specs))
-        self._action_keys = list(self.action_space.spaces) if isinstance(self.action_space, gym.spaces.Dict) else None
-        box = isinstance(self.action_space, gym.spaces.Box)
-        self._clip = (self.action_space.low, self.action_space.high) if box else None
-        self._states: dict[str, np.ndarray] = {}
-        self._actions: dict[str, Any] = {}
-        self._started = False
+        transforms = Transforms.from_options(self.transforms)
+        transforms.bind("RL", ct.specs, PolicyPort(ct))
+        self._acting = Acting(specs=ct.specs, observation_space=self.observation_space, action_space=self.action_space,
+                              transforms=transforms, count=1, training=False)
+        self._reply: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     def make_env(self, **kwargs: Any) -> gym.Env:
         """The run's env (with its time limit); ``kwargs`` go to ``gymnasium.make`` (``render_mode="rgb_array"``)."""
@@ -74,44 +72,58 @@ class TrainedPolicy:
 
     def predict(self, observation: Any, *, reward: float = 0.0, episode_start: bool = False, greedy: bool = True) -> Any:
         """The action for ``observation``, as the env takes it; ``greedy`` False samples as training did."""
-        self._rows.set(0, observation)
-        inputs = self._rows.arrays()
-        if self._transforms.observing:
-            self._transforms.observations(inputs, count=False)
+        acting = self._acting
         if episode_start:
-            self._states = {name: spec.zeros(1) for name, spec in self._specs.states.items()}
-            if self._views:
-                self._views.start(0, self._rows.row(0))
-            self._started = True
-        elif not self._started:
+            acting.start([observation])
+        elif self._reply is None:
             raise ConfigError("the first predict() of a policy needs episode_start=True: it starts the model's states "
                               "and views")
-        elif self._views:
-            rewards = {"reward": np.array([reward], self._specs.rewards["reward"].dtype)}
-            self._transforms.rewards(rewards["reward"])
-            self._views.advance(inputs, self._actions, rewards)
-        actions, self._states = self.ct.predict({**inputs, **self._views.current()} if self._views else inputs,
-                                                self._states, greedy=greedy)
-        self._actions = actions
-        if self._clip is not None:
-            actions = {ACTION_KEY: np.clip(actions[ACTION_KEY], *self._clip)}
-        return env_actions(actions, self._action_keys, 1)[0]
+        else:
+            rows = acting.next_rows()
+            rows.set(0, observation)
+            acting.stepped(rows, np.array([reward], acting.reward_dtype), *self._reply)
+        _, inputs, states = acting.request()
+        self._reply = self.ct.predict(inputs, states, greedy=greedy)
+        return acting.env_actions(self._reply[0])[0]
 
 
-class _SavedStatistics:
-    """The port a NormalizeObservations binds to when it plays a checkpoint: it answers with the saved statistics."""
+class PolicyPort:
+    """A CTPort over a ComputationTask loaded in this process: each request is answered as it is sent.
 
-    def __init__(self, saved: dict[str, RunningMoments], specs: Any) -> None:
-        self.saved, self.specs = saved, specs
+    Evaluation rows get the greedy action (with ``greedy`` False, every row is sampled as training did); the
+    statistics of the data transforms are the checkpoint's. Nothing is learned: an agent that plays over it
+    must be ``evaluating``, so that it stores nothing.
+    """
+
+    learn_ahead = 0
+
+    def __init__(self, ct: Any, *, greedy: bool = True) -> None:
+        self.ct, self.greedy = ct, greedy
+        self._answered: dict[int, dict[str, Any]] = {}
+        self._tickets = 0
         self._asked: list[str] = []
+
+    def send_predict(self, payload: dict[str, Any]) -> int:
+        evaluation = payload.get("evaluation")
+        greedy = evaluation if self.greedy and evaluation is not None else False
+        actions, states = self.ct.predict(payload["inputs"], payload["states"], greedy=greedy)
+        self._tickets += 1
+        self._answered[self._tickets] = {"actions": actions, "states": states, "version": self.ct.predicted_version}
+        return self._tickets
+
+    def wait_predict(self, ticket: int) -> dict[str, Any]:
+        return self._answered.pop(ticket)
+
+    def learn(self, payload: dict[str, Any]) -> None:
+        raise FlareError(f"a loaded policy learns nothing: play it with an agent that is evaluating (CT {self.ct.name!r})")
 
     def send_statistics(self, payload: dict[str, Any]) -> int:
         self._asked = list(payload["moments"])
         return 0
 
     def wait_statistics(self, ticket: int) -> dict[str, Any]:
-        return {"moments": {key: self.saved.get(key, RunningMoments(self.specs.inputs[key].shape)).to_wire()
-                            for key in self._asked}}
+        saved, specs = self.ct.statistics, self.ct.specs
+        return {"moments": {key: saved.get(key, RunningMoments(specs.inputs[key].shape)).to_wire() for key in self._asked}}
 
 
 def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
@@ -162,28 +174,63 @@ def _tuples(values: dict[str, Any]) -> dict[str, Any]:
     return {key: tuple(value) if isinstance(value, list) else value for key, value in values.items()}
 
 
+class _Played(Exception):
+    """The episodes of ``flare2 eval`` are played: ends the agent's ``run()``."""
+
+
+class _Episodes(gym.Wrapper):
+    """The env of ``flare2 eval``: episode i starts from ``seed + i``, each episode's return and length are kept
+    (with ``frames``, the first one's frames too), and the reset after the last episode ends the play."""
+
+    def __init__(self, env: gym.Env, episodes: int, *, seed: int, frames: bool, env_id: str) -> None:
+        super().__init__(env)
+        self.episodes, self.seed, self.env_id = episodes, seed, env_id
+        self.results: list[tuple[float, int]] = []
+        self.frames: list[np.ndarray] | None = [] if frames else None
+        self._return, self._length = 0.0, 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        if len(self.results) == self.episodes:
+            raise _Played()
+        self._return, self._length = 0.0, 0
+        result = self.env.reset(seed=self.seed + len(self.results), options=options)
+        self._keep_frame()
+        return result
+
+    def step(self, action: Any) -> Any:
+        result = self.env.step(action)
+        self._return, self._length = self._return + float(result[1]), self._length + 1
+        self._keep_frame()
+        if result[2] or result[3]:
+            self.results.append((self._return, self._length))
+        return result
+
+    def _keep_frame(self) -> None:
+        if self.frames is not None and not self.results:
+            self.frames.append(_frame(self.env, self.env_id))
+
+
 def play(policy: TrainedPolicy, episodes: int, *, seed: int, greedy: bool, video: Path | None) -> list[tuple[float, int]]:
-    """Return and length of ``episodes`` episodes; with ``video``, the first one is saved there."""
-    env = policy.make_env(**({"render_mode": "rgb_array"} if video else {}))
-    results = []
-    for episode in range(episodes):
-        observation, _ = env.reset(seed=seed + episode)
-        action = policy.predict(observation, episode_start=True, greedy=greedy)
-        frames = [_frame(env, policy.env_id)] if video and episode == 0 else None
-        total, length = 0.0, 0
-        while True:
-            observation, reward, terminated, truncated, _ = env.step(action)
-            total, length = total + float(reward), length + 1
-            if frames is not None:
-                frames.append(_frame(env, policy.env_id))
-            if terminated or truncated:
-                break
-            action = policy.predict(observation, reward=float(reward), greedy=greedy)
-        if frames is not None:
-            _write_video(video, frames, env.metadata.get("render_fps", 30))
-        results.append((total, length))
-    env.close()
-    return results
+    """Return and length of ``episodes`` episodes; with ``video``, the first one is saved there.
+
+    They are played by the run's own agent (a GymAgent playing one env, ``evaluating``) over a ``PolicyPort``.
+    """
+    env = _Episodes(policy.make_env(**({"render_mode": "rgb_array"} if video else {})), episodes, seed=seed,
+                    frames=video is not None, env_id=policy.env_id)
+    agent = GymAgent(policy.env_id, env_kwargs=policy.env_kwargs, transforms=policy.transforms)
+    agent.envs, agent.evaluating = [env], True
+    ct = policy.ct
+    try:
+        agent.connect(agent_id="eval", seed=seed, specs={ct.name: ct.specs}, ports={ct.name: PolicyPort(ct, greedy=greedy)},
+                      helpers=agent.helpers())
+        agent.run()
+    except _Played:
+        pass
+    finally:
+        env.close()
+    if video is not None and env.frames:
+        _write_video(video, env.frames, env.metadata.get("render_fps", 30))
+    return env.results
 
 
 def _frame(env: gym.Env, env_id: str) -> np.ndarray:

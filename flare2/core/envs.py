@@ -4,17 +4,18 @@ one CT named by ``ct``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from flare2.core.agent import AgentHelper, PendingPrediction, VectorAgent
+from flare2.core.acting import Acting
+from flare2.core.agent import AgentHelper, EvaluationSchedule, PendingPrediction, VectorAgent
 from flare2.core.helpers import ExpReplayHelper, OnlineHelper
-from flare2.core.spaces import ACTION_KEY, ObservationRows, action_specs, env_actions, input_specs
+from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
-from flare2.core.views import ViewRows
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import concat_rows
 
@@ -51,9 +52,10 @@ class GymAgent(VectorAgent):
     observation, and the env starts its next episode from the observation
     ``reset()`` gives. Each env is seeded apart (``env_seed``) at its first reset.
 
-    With evaluation episodes (``eval_every``), ``eval_env`` plays one greedy
-    episode after every ``eval_every`` training episodes of this process, as one
-    more row of the same requests; nothing of it is stored.
+    With evaluation episodes (``eval_every``), ``eval_env`` plays one episode
+    after every ``eval_every`` training episodes of this process, as one more
+    row of the same requests, marked as an evaluation row (greedy actions);
+    nothing of it is stored.
 
     With ``double_buffer`` the envs play in two halves that alternate: while
     the compute process answers one half's request, this process steps the
@@ -62,7 +64,10 @@ class GymAgent(VectorAgent):
     otherwise wait for each other (see the benchmark in the README).
 
     Box actions are clipped to the space bounds before they reach the env; the
-    stored action is the one the CT returned.
+    stored action is the one the CT returned. Observations, transforms, views,
+    states and actions go through ``flare2.core.acting``, as they do when
+    ``flare2 eval`` plays this agent (with ``evaluating`` set: every env plays
+    evaluation episodes) and for ``flare2.load_policy``.
 
     ``transforms`` (plain data for ``Transforms.from_options``, e.g.
     ``["normalize_observations", ["clip_rewards", {"low": -1, "high": 1}]]``)
@@ -138,17 +143,13 @@ class GymAgent(VectorAgent):
 
     def run(self) -> None:
         specs = self.specs(self.ct)
-        space = self.envs[0].action_space
-        action_keys = list(space.spaces) if isinstance(space, gym.spaces.Dict) else None
-        clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
         count = self.num_envs
         # Double buffering: while the compute process answers one half, this process steps the other.
         halves = self.double_buffer and self.requests_overlap and count >= 2
         bounds = [0, count // 2, count] if halves else [0, count]
-        pipeline = self.bind_transforms(self.ct, Transforms.from_options(self.transforms))
-        groups = [_EnvGroup(self, first, stop, specs, clip, action_keys, pipeline)
-                  for first, stop in zip(bounds, bounds[1:])]
-        evaluation = _EvaluationEpisodes(self, specs, pipeline) if self.eval_env is not None else None
+        transforms = self.bind_transforms(self.ct, Transforms.from_options(self.transforms))
+        groups = [_EnvGroup(self, first, stop, specs, transforms) for first, stop in pairwise(bounds)]
+        evaluation = _EvaluationEpisodes(self, specs, transforms) if self.eval_env is not None else None
         for group in groups:
             group.send(evaluation if group is groups[0] else None)
         while True:
@@ -160,7 +161,7 @@ class GymAgent(VectorAgent):
                 # The evaluation env's row rides with the first group's requests.
                 group.send(evaluation if group is groups[0] else None)
                 steps.append(step)
-            self.store_rows(self.ct, **(steps[0] if len(steps) == 1 else _concatenate(steps)))
+            self.store(self.ct, **(steps[0] if len(steps) == 1 else _concatenate(steps)))
 
 
 def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -172,67 +173,57 @@ def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _observation_rows(agent: GymAgent, specs: CTSpecs, count: int) -> ObservationRows:
-    keyed = isinstance(agent.envs[0].observation_space, gym.spaces.Dict)
-    return ObservationRows(specs.acting_inputs, count, keyed=keyed)
+def _acting(agent: GymAgent, specs: CTSpecs, transforms: Transforms, count: int, *, training: bool) -> Acting:
+    env = agent.envs[0]
+    return Acting(specs=specs, observation_space=env.observation_space, action_space=env.action_space,
+                  transforms=transforms, count=count, training=training)
 
 
 class _EnvGroup:
-    """Envs ``first`` to ``stop`` of a GymAgent, asked for in one request: their observations, states and that request.
+    """Envs ``first`` to ``stop`` of a GymAgent, asked for in one request: their acting pipeline and that request.
 
     Every step of a group: ``step()`` waits for its actions, steps its envs,
-    resets those whose episode ended (their stored ``next_inputs`` row keeps
+    restarts those whose episode ended (their stored ``next_inputs`` row keeps
     the final observation) and returns the rows to store; ``send()`` asks for
     the next actions.
     """
 
-    def __init__(
-        self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, clip: tuple | None, action_keys: list[str] | None,
-        pipeline: Transforms,
-    ) -> None:
-        self.agent, self.clip, self.action_keys, self.pipeline = agent, clip, action_keys, pipeline
+    def __init__(self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, transforms: Transforms) -> None:
+        self.agent = agent
         self.envs = agent.envs[first:stop]
-        self.reward_dtype = specs.rewards["reward"].dtype
         self.extra_specs = specs.extras
-        self.obs = _observation_rows(agent, specs, len(self.envs))
-        for index, env in enumerate(self.envs):
-            self.obs.set(index, env.reset(seed=agent.env_seed(first + index))[0])
-        if pipeline.observing:
-            pipeline.observations(self.obs.arrays())
-        self.views = ViewRows(specs, len(self.envs))
-        if self.views:
-            self.views.start_all(self.obs.arrays())
-        self.states = agent.initial_states(agent.ct, len(self.envs))
+        self.acting = _acting(agent, specs, transforms, len(self.envs), training=not agent.evaluating)
+        self.acting.start([env.reset(seed=agent.env_seed(first + index))[0] for index, env in enumerate(self.envs)])
         self.pending: PendingPrediction | None = None
         self.with_evaluation = False
         self.inputs: dict[str, Any] = {}
+        self.states: dict[str, Any] = {}
 
     def send(self, evaluation: _EvaluationEpisodes | None) -> None:
         self.with_evaluation = evaluation is not None and evaluation.playing
-        # Stored as they are; the views go in the request only (the helper assembles them again for learning).
-        self.inputs = self.obs.arrays()
-        inputs = {**self.inputs, **self.views.current()} if self.views else self.inputs
-        if self.with_evaluation:
-            inputs, states, greedy = evaluation.with_row(inputs, self.states)
-        else:
-            states, greedy = self.states, None
-        self.pending = self.agent.send_rows(self.agent.ct, inputs, states, greedy=greedy)
+        self.inputs, inputs, self.states = self.acting.request()
+        states, marks = self.states, None
+        if evaluation is not None and self.with_evaluation:
+            inputs, states, marks = evaluation.with_row(inputs, states)
+        self.pending = self.agent.send_predict(self.agent.ct, inputs, states, evaluation=marks)
 
     def step(self, evaluation: _EvaluationEpisodes | None) -> tuple[dict[str, Any], int]:
         """The rows to store for this step of the group's envs, and how many of their episodes ended."""
+        assert self.pending is not None, "send() comes before step()"
         actions, next_states = self.pending.result()
-        envs, count = self.envs, len(self.envs)
-        if self.clip is not None:
-            actions_for_envs = {ACTION_KEY: np.clip(actions[ACTION_KEY], *self.clip)}
-        else:
-            actions_for_envs = actions
-        per_env = env_actions(actions_for_envs, self.action_keys, count + self.with_evaluation)
-        # Fresh rows every step: the helper keeps what it is given.
-        next_obs = self.obs.fresh()
-        rewards = np.empty(count, self.reward_dtype)
+        envs, count, acting = self.envs, len(self.envs), self.acting
+        evaluation_reply = None
+        if evaluation is not None and self.with_evaluation:
+            evaluation_reply = ({key: value[count:] for key, value in actions.items()},
+                                {key: value[count:] for key, value in next_states.items()})
+            actions = {key: value[:count] for key, value in actions.items()}
+            next_states = {key: value[:count] for key, value in next_states.items()}
+        per_env = acting.env_actions(actions)
+        next_obs = acting.next_rows()
+        rewards = np.empty(count, acting.reward_dtype)
         terminated, truncated = np.empty(count, bool), np.empty(count, bool)
         only = next_obs.only_array
-        extras = {name: self.extra_specs[name].zeros(count) for name in self.agent.infos}
+        extras: dict[str, Any] = {name: self.extra_specs[name].zeros(count) for name in self.agent.infos}
         for index, env in enumerate(envs):
             observation, rewards[index], terminated[index], truncated[index], info = env.step(per_env[index])
             if only is not None:
@@ -241,37 +232,17 @@ class _EnvGroup:
                 next_obs.set(index, observation)
             if extras:
                 self._keep_infos(extras, index, info)
-        if self.pipeline.observing:
-            self.pipeline.observations(next_obs.arrays())
-        self.pipeline.rewards(rewards)
-        if self.with_evaluation:
-            evaluation.step(per_env[count], {key: value[count:] for key, value in actions.items()},
-                            {key: value[count:] for key, value in next_states.items()})
-            actions = {key: value[:count] for key, value in actions.items()}
-            next_states = {key: value[:count] for key, value in next_states.items()}
-        next_inputs = next_obs.arrays()
-        if self.views:
-            self.views.advance(next_inputs, actions, {"reward": rewards})
+        next_inputs = acting.stepped(next_obs, rewards, actions, next_states)
+        if evaluation is not None and evaluation_reply is not None:
+            evaluation.play(*evaluation_reply)
         step = {
             "inputs": self.inputs, "actions": actions, "rewards": {"reward": rewards},
             "next_inputs": next_inputs, "terminated": terminated, "truncated": truncated, "states": self.states,
             "policy_version": np.full(count, self.pending.version, np.int64), "extras": extras,
         }
         ended = np.flatnonzero(terminated | truncated)
-        self.obs, self.states = next_obs, next_states
         if ended.size:
-            # The stored next_obs keeps the final observations; the next step starts from the reset ones.
-            self.obs = next_obs.copy()
-            self.states = {key: value.copy() for key, value in next_states.items()}
-            for index in ended:
-                self.obs.set(index, envs[index].reset()[0])
-                for value in self.states.values():
-                    value[index] = 0
-            if self.pipeline.observing:
-                self.pipeline.observations(self.obs.arrays(), ended)
-            if self.views:
-                for index in ended:
-                    self.views.start(index, self.obs.row(index))
+            acting.restart(ended, [envs[index].reset()[0] for index in ended])
         return step, ended.size
 
     def _keep_infos(self, extras: dict[str, np.ndarray], index: int, info: dict[str, Any]) -> None:
@@ -288,46 +259,37 @@ class _EnvGroup:
 
 
 class _EvaluationEpisodes:
-    """The schedule and state of ``eval_env``: one greedy episode after every ``eval_every`` training episodes."""
+    """``eval_env`` and its acting pipeline: one episode after every ``eval_every`` training episodes, as one more
+    row of the first group's requests, marked as an evaluation row. Nothing of it is stored, and its observations
+    are transformed like the training ones without counting into the run's statistics."""
 
-    def __init__(self, agent: GymAgent, specs: CTSpecs, pipeline: Transforms) -> None:
-        self.agent, self.pipeline = agent, pipeline
-        self.reward_dtype = specs.rewards["reward"].dtype
+    def __init__(self, agent: GymAgent, specs: CTSpecs, transforms: Transforms) -> None:
+        self.agent = agent
         self.env = agent.eval_env
-        self.obs = _observation_rows(agent, specs, 1)
-        self.views = ViewRows(specs, 1)
-        self.states = agent.initial_states(agent.ct, 1)
+        self.schedule = EvaluationSchedule(agent.eval_every)
+        self.acting = _acting(agent, specs, transforms, 1, training=False)
         self.playing = False
-        self.started = 0
-        self.trained = 0
 
     def training_episodes_ended(self, count: int) -> None:
-        self.trained += count
-        if not self.playing and self.trained >= self.agent.eval_every * (self.started + 1):
-            seed = self.agent.env_seed(self.agent.num_envs) if self.started == 0 else None
-            self.obs.set(0, self.env.reset(seed=seed)[0])
-            # Evaluation episodes are transformed like training ones, but do not count towards the statistics.
-            self.pipeline.observations(self.obs.arrays(), count=False)
-            self.views.start(0, self.obs.row(0))
-            self.states = self.agent.initial_states(self.agent.ct, 1)
+        self.schedule.training_episodes_ended(count)
+        if not self.playing and self.schedule.start_if_due():
+            seed = self.agent.env_seed(self.agent.num_envs) if self.schedule.evaluated == 1 else None
+            self.acting.start([self.env.reset(seed=seed)[0]])
             self.playing = True
-            self.started += 1
 
-    def with_row(self, inputs: dict[str, Any], states: dict[str, np.ndarray]) -> tuple[dict, dict, np.ndarray]:
-        """The training rows plus the evaluation row, and the mask that asks greedy actions for it."""
-        greedy = np.zeros(len(next(iter(inputs.values()))) + 1, bool)
-        greedy[-1] = True
-        rows = {key: np.concatenate([value, self.states[key]]) for key, value in states.items()}
-        evaluation = {**self.obs.arrays(), **self.views.current()}
-        return {key: concat_rows([value, evaluation[key]]) for key, value in inputs.items()}, rows, greedy
+    def with_row(self, inputs: dict[str, Any], states: dict[str, Any]) -> tuple[dict, dict, np.ndarray]:
+        """The training rows plus the evaluation row, and the mask that marks it."""
+        _, row, row_states = self.acting.request()
+        marks = np.zeros(len(next(iter(inputs.values()))) + 1, bool)
+        marks[-1] = True
+        return ({key: concat_rows([value, row[key]]) for key, value in inputs.items()},
+                {key: np.concatenate([value, row_states[key]]) for key, value in states.items()}, marks)
 
-    def step(self, action: Any, action_rows: dict[str, Any], next_states: dict[str, np.ndarray]) -> None:
-        observation, reward, terminated, truncated, _ = self.env.step(action)
-        self.obs.set(0, observation)
-        rewards = np.array([reward], self.reward_dtype)
-        self.pipeline.observations(self.obs.arrays(), count=False)
-        self.pipeline.rewards(rewards)
-        self.views.advance(self.obs.arrays(), action_rows, {"reward": rewards})
-        self.states = next_states
+    def play(self, actions: dict[str, Any], next_states: dict[str, Any]) -> None:
+        """Step ``eval_env`` with its row of a reply."""
+        observation, reward, terminated, truncated, _ = self.env.step(self.acting.env_actions(actions)[0])
+        next_obs = self.acting.next_rows()
+        next_obs.set(0, observation)
+        self.acting.stepped(next_obs, np.array([reward], self.acting.reward_dtype), actions, next_states)
         if terminated or truncated:
             self.playing = False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -30,6 +30,8 @@ def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs, ages: list[np.ndarr
     for flag, spec in STEP_FLAG_SPECS.items():
         payload[flag] = np.stack([step[flag] for step in steps], axis=1).astype(spec.dtype, copy=False)
     if specs.views:
+        if ages is None:
+            raise ValueError("stack_steps of a CT with views needs the steps' ages in their episodes (EpisodeAges)")
         payload = with_views(specs, payload, np.stack(ages, axis=1), context)
     return payload
 
@@ -101,7 +103,7 @@ class OnlineHelper(AgentHelper):
             self._ages = self._ages[len(self._ages) - self._context:]
             if self._postprocessing:
                 for env in range(self.num_envs):
-                    self.postprocess(_sequence(payload, lambda value: _only_sequence(value[env:env + 1])))
+                    self.postprocess(_sequence(payload, lambda value, env=env: _only_sequence(value[env:env + 1])))
             self.port.learn(payload)
 
     def _store_for_episodes(self, step: dict[str, Any]) -> None:
@@ -109,7 +111,7 @@ class OnlineHelper(AgentHelper):
         for env in np.flatnonzero(step["terminated"] | step["truncated"]):
             start = self._starts[env] - self._first
             window = stack_steps(self._steps[start:], self.specs, self._ages[start:])
-            episode = _sequence(window, lambda value: value[[env]])
+            episode = _sequence(window, lambda value, env=env: value[[env]])
             if self._postprocessing:
                 self.postprocess(_sequence(episode, _only_sequence))
             self._ended.append(episode)
@@ -206,8 +208,10 @@ class ExpReplayHelper(AgentHelper):
         # Time-major, one column per env, so that a sequence is consecutive steps of one env.
         self._context = view_context(specs)
         self._rows = max(-(-self.capacity // num_envs), self.sequence_length + self._context)
+        # No spec is ragged (refused above), so every dim of every shape is a size.
         self._buffers = {
-            group: {name: np.zeros((self._rows, num_envs, *spec.shape), spec.dtype) for name, spec in specs_of_group.items()}
+            group: {name: np.zeros((self._rows, num_envs, *cast("tuple[int, ...]", spec.shape)), spec.dtype)
+                    for name, spec in specs_of_group.items()}
             for group, specs_of_group in specs.stored_specs().items()
         }
         self._flags = {name: np.zeros((self._rows, num_envs), spec.dtype) for name, spec in STEP_FLAG_SPECS.items()}

@@ -279,17 +279,17 @@ class CTSpecs:
                    extras=specs_from_wire(value.get("extras", {})))
 
     def check_predict(self, payload: dict[str, Any]) -> int:
-        """Validate a predict request ``{"inputs": ..., "states": ..., "greedy": [rows] bool}``; returns its row count.
+        """Validate a predict request ``{"inputs": ..., "states": ..., "evaluation": [rows] bool}``; returns its row count.
 
-        ``greedy`` (optional) marks the rows of evaluation episodes, which get the action without exploration.
+        ``evaluation`` (optional) marks the rows of evaluation episodes, which get the action without exploration.
         """
         leading = check_arrays("inputs", self.inputs, payload.get("inputs"))
         if leading is None:
             raise SpecError("a predict request counts its rows by its inputs, and this CT has none: give it an input")
         (rows,) = leading
         check_arrays("states", self.states, payload.get("states", {}), leading=(rows,))
-        if "greedy" in payload:
-            check_arrays("greedy rows", _GREEDY_SPECS, {"greedy": payload["greedy"]}, leading=(rows,))
+        if "evaluation" in payload:
+            check_arrays("evaluation rows", _EVALUATION_SPECS, {"evaluation": payload["evaluation"]}, leading=(rows,))
         return rows
 
     def experience_specs(self) -> dict[str, dict[str, Spec]]:
@@ -329,4 +329,4 @@ STEP_FLAG_SPECS = {
 }
 """Per-step arrays of every learn request besides the spec groups: how the episode ended there (docs/architecture.md: Episode edges), and
 the version of the weights that chose the action (the reply to its prediction said which)."""
-_GREEDY_SPECS = {"greedy": Spec((), "bool")}
+_EVALUATION_SPECS = {"evaluation": Spec((), "bool")}

@@ -21,7 +21,9 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 # 3: an agent says when it plays an evaluation episode (EVALUATING on a CT's learn socket).
 # 4: ragged arrays (a map of values and lengths where a spec's first dim is None) and the CT's trajectory views.
 # 5: agents trade running statistics of their observations with a CT (STATISTICS on its learn socket).
-PROTOCOL_VERSION = 5
+# 6: EVALUATING is gone; a predict request marks the rows of evaluation episodes with an 'evaluation' array (was
+# 'greedy'), which says what it means: greedy actions, and no learn requests from an agent whose rows are all marked.
+PROTOCOL_VERSION = 6
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1
@@ -37,13 +39,12 @@ HEARTBEAT = "heartbeat"  # manager -> agents: still here (agents' stats are thei
 CHECKPOINT = "checkpoint"  # manager -> compute process: save now; the reply says it is done
 LIVE = "live"  # manager -> compute process: the live agents of each CT
 STOP = "stop"  # manager -> anyone: finish and exit
-EVALUATING = "evaluating"  # agent -> CDP: it starts or ends an evaluation episode (no learn requests meanwhile)
 STATISTICS = "statistics"  # agent <-> CDP: an agent's new observation counts; the reply: the run's merged ones
 ERROR = "error"  # a request failed; the payload says why
 BYE = "bye"  # a peer leaves on purpose
 
 KINDS = frozenset(
-    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, EVALUATING, STATISTICS, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
+    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, STATISTICS, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
 )
 
 
@@ -73,7 +74,7 @@ def _decode_header(frame: bytes) -> tuple[str, str, int, str]:
         raise DecodeError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES} bytes")
     try:
         header = msgpack.unpackb(frame, raw=False, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types for bad input
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types for bad input
         raise DecodeError(f"header is not valid msgpack ({type(exc).__name__})") from None
     if not isinstance(header, list) or len(header) != 5:
         raise DecodeError("header must be a list [version, kind, agent_id, seq, ct]")

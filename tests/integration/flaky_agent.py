@@ -12,9 +12,9 @@ class FlakyAgent(GymAgent):
 
     episodes_ended = 0
 
-    def store_rows(self, ct, **step) -> None:
+    def store(self, ct, **step) -> None:
         first_incarnation = self.agent_id.split(".")[1] == "0"
         if first_incarnation and self.episodes_ended >= 2:
             raise KeyError("the user's agent broke on purpose")
         self.episodes_ended += int(np.count_nonzero(step["terminated"] | step["truncated"]))
-        super().store_rows(ct, **step)
+        super().store(ct, **step)

@@ -104,7 +104,7 @@ def test_a_loaded_policy_acts_with_the_runs_statistics_and_views(trained):
         observation, reward, terminated, truncated, _ = env.step(action)
         action = policy.predict(observation, reward=reward)
     # The frames the model sees are the normalised observations, newest last.
-    frames = policy._views.current()["obs_frames"][0]
+    frames = policy._acting.views.current()["obs_frames"][0]
     expected = np.clip((observation - saved.mean) / np.sqrt(saved.variance + 1e-8), -10, 10)
     np.testing.assert_allclose(frames[-1], expected, rtol=1e-5, atol=1e-5)
 

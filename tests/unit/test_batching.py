@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+from doubles import Scale, learn_payload
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
@@ -19,12 +20,10 @@ from flare2.runtime.compute.cdp_sockets import SocketFront
 from flare2.runtime.compute.compute_process import serve_ready
 from flare2.runtime.compute.learners import InlineLearner, LearnerThread
 from flare2.runtime.config import BatchingConfig
-from flare2.wire.protocol import ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.codec import DEFAULT_MAX_BYTES
+from flare2.wire.protocol import ERROR, LEARN, LEARNED, PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.sockets import connect_dealer, poll_timeout_ms
 from flare2.wire.streams import StreamClient
-
-from doubles import Scale, learn_payload
 
 
 class DoublerAlgorithm(Algorithm):
@@ -63,14 +62,11 @@ class Agents:
         self.replies: dict[str, Message] = {}
         self._seq = 0
 
-    def send_predict(self, name: str, x: np.ndarray, *, header_id: str | None = None, greedy: bool = False) -> None:
+    def send_predict(self, name: str, x: np.ndarray, *, header_id: str | None = None,
+                     evaluation: np.ndarray | None = None) -> None:
         self._seq += 1
-        payload = {"inputs": {"x": x}, "states": {}, **({"greedy": np.ones(len(x), bool)} if greedy else {})}
+        payload = {"inputs": {"x": x}, "states": {}, **({"evaluation": evaluation} if evaluation is not None else {})}
         self.predict[name].send_multipart(pack(Message(PREDICT, payload, header_id or name, self._seq, "RL")))
-
-    def send_evaluating(self, name: str, evaluating: bool) -> None:
-        self._seq += 1
-        self.learn[name].send_multipart(pack(Message(EVALUATING, {"evaluating": evaluating}, name, self._seq, "RL")))
 
     def send_learn(self, name: str, steps: int, sequences: int = 1) -> None:
         self._seq += 1
@@ -253,17 +249,19 @@ def test_a_request_whose_header_names_another_agent_is_rejected(ctx):
 
 
 def test_a_learn_batch_does_not_wait_for_an_agent_that_says_it_plays_an_evaluation_episode(ctx):
-    # "c" asks this CT nothing while it evaluates (a multi-CT agent may skip a CT): only its word counts.
+    # "c" says so in its requests: every row of its latest one is marked as an evaluation row.
     front = make_cdp(ctx, max_wait_ms=60_000, learn_max_batch=64, learn_max_wait_ms=60_000)
     front.cdp.live = frozenset({"a", "b", "c"})
     agents = Agents(ctx, front, ["a", "b", "c"])
-    agents.send_evaluating("c", True)
+    agents.send_predict("c", np.ones((1, 2), np.float32), evaluation=np.ones(1, bool))
+    assert agents.serve(lambda: front.cdp.stats.predict_requests == 1, timeout_s=10)
     for name in ("a", "b"):
         agents.send_learn(name, steps=5)
     assert agents.serve(lambda: front.cdp.stats.learn_calls == 1, timeout_s=10)
 
     # Back in a training episode, "c" is waited for again.
-    agents.send_evaluating("c", False)
+    agents.send_predict("c", np.ones((1, 2), np.float32))
+    assert agents.serve(lambda: front.cdp.stats.predict_requests == 2, timeout_s=10)
     for name in ("a", "b"):
         agents.send_learn(name, steps=5)
     assert not agents.serve(lambda: front.cdp.stats.learn_calls == 2, timeout_s=0.3)
@@ -271,24 +269,26 @@ def test_a_learn_batch_does_not_wait_for_an_agent_that_says_it_plays_an_evaluati
     assert agents.serve(lambda: front.cdp.stats.learn_calls == 2, timeout_s=10)
 
 
-def test_greedy_predictions_alone_do_not_make_an_agent_count_as_evaluating(ctx):
-    # A VectorAgent's evaluation env is a greedy row among training rows; an all-greedy request is no sign either.
+def test_an_evaluation_row_among_training_rows_does_not_make_an_agent_count_as_evaluating(ctx):
+    # A VectorAgent's evaluation env is one marked row among its training rows: it goes on sending learn requests.
     front = make_cdp(ctx, max_wait_ms=60_000, learn_max_batch=64, learn_max_wait_ms=60_000)
     front.cdp.live = frozenset({"a", "b"})
     agents = Agents(ctx, front, ["a", "b"])
     agents.send_predict("a", np.ones((1, 2), np.float32))
-    agents.send_predict("b", np.ones((1, 2), np.float32), greedy=True)
+    agents.send_predict("b", np.ones((2, 2), np.float32), evaluation=np.array([False, True]))
     assert agents.serve(agents.have_replies("a", "b"), timeout_s=10)
     agents.send_learn("a", steps=5)
     assert not agents.serve(lambda: front.cdp.stats.learn_calls == 1, timeout_s=0.3)
 
 
-def test_an_evaluating_message_without_a_boolean_is_refused(ctx):
-    front = make_cdp(ctx)
+def test_a_predict_request_whose_evaluation_marks_are_not_one_boolean_per_row_is_refused(ctx):
+    front = make_cdp(ctx, max_wait_ms=1)
     front.cdp.live = frozenset({"a"})
     agents = Agents(ctx, front, ["a"])
-    agents.learn["a"].send_multipart(pack(Message(EVALUATING, {"evaluating": 1}, "a", 7, "RL")))
-    assert agents.serve(lambda: front.cdp.stats.rejected == 1, timeout_s=10)
+    agents.send_predict("a", np.ones((2, 2), np.float32), evaluation=np.ones(2, np.int64))
+    assert agents.serve(agents.have_replies("a"), timeout_s=10)
+    assert agents.replies["a"].kind == ERROR and "evaluation" in agents.replies["a"].payload["reason"]
+    assert front.cdp.stats.rejected == 1
 
 
 def test_learn_requests_of_all_live_agents_become_one_learn_call(ctx):

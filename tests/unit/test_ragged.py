@@ -236,10 +236,14 @@ class EchoCountPort:
 
     learn_ahead = 0
 
-    def predict(self, payload):
+    def send_predict(self, payload):
         mines_in = payload["inputs"]["mines"]
-        return {"actions": {"score": Ragged(mines_in.values[:, 0].copy(), mines_in.lengths.copy()),
-                            "count": mines_in.lengths.copy()}, "states": {}, "version": 3}
+        self.reply = {"actions": {"score": Ragged(mines_in.values[:, 0].copy(), mines_in.lengths.copy()),
+                                  "count": mines_in.lengths.copy()}, "states": {}, "version": 3}
+        return 0
+
+    def wait_predict(self, ticket):
+        return self.reply
 
 
 def test_a_one_env_agent_sends_its_entities_as_one_ragged_row_and_stores_them_so():

@@ -14,6 +14,7 @@ import pytest
 from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.runtime.manager import serial
 from flare2.runtime.manager.manager import Manager
 from flare2.zoo.a2c import A2C
 from flare2.zoo.models import MLPActorCritic
@@ -105,7 +106,10 @@ def test_ctrl_c_stops_a_serial_run_as_it_stops_a_parallel_one_with_a_final_check
     assert 0 < int(rows[-1]["env_steps"]) < 10**9
 
 
-def test_serial_mode_writes_checkpoints_on_the_schedule_the_parallel_run_keeps(tmp_path, caplog):
+def test_serial_mode_writes_checkpoints_on_the_schedule_the_parallel_run_keeps(tmp_path, caplog, monkeypatch):
+    # The schedule is looked at when the agent's control link reports; reporting after every step makes the count
+    # depend on the steps alone, not on how fast this machine plays them.
+    monkeypatch.setattr(serial._SerialControl.__init__, "__defaults__", (0.0,))
     config = RunConfig(**{**serial_config(tmp_path).__dict__, "max_steps": 3000, "checkpoint_every_steps": 500})
     assert Manager(config).run() == 0
     # Some on the way (every 500 steps of 3000, counted from where each one was written), and the final one.

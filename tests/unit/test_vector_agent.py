@@ -5,6 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from doubles import AnsweringPort, KeepingHelper
 
 from flare2.core.agent import Agent
 from flare2.core.envs import GymAgent
@@ -12,8 +13,6 @@ from flare2.core.helpers import stack_steps
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 from flare2.runtime.agents.agent_process import StopRequested, check_envs_per_agent, make_envs
-
-from doubles import AnsweringPort, KeepingHelper
 
 SPECS = CTSpecs(inputs={"obs": Spec((1,), "float32")}, actions={"action": Spec((), "int64")}, states={},
                 rewards={"reward": Spec((), "float32")})
@@ -111,8 +110,8 @@ def test_each_env_reports_its_own_episodes_and_is_seeded_apart():
 
 
 def test_the_evaluation_env_plays_greedy_rows_that_are_not_stored():
-    agent, port, helper, stats = play_countdowns(8, eval_every=2)
-    greedy = [payload.get("greedy") for payload in port.payloads]
+    _, port, helper, stats = play_countdowns(8, eval_every=2)
+    greedy = [payload.get("evaluation") for payload in port.payloads]
     # After two training episodes (step 2) the evaluation env joins as a fourth, greedy row, for its 4 steps;
     # by then more than four training episodes have ended, so the next evaluation starts at once.
     assert greedy[:2] == [None, None]

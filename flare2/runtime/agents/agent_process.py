@@ -25,17 +25,17 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
-from flare2.core.agent import Agent, AgentHelper, VectorAgent
+from flare2.core.agent import Agent, AgentBase, AgentHelper, EvaluationSchedule, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
 from flare2.runtime import exit_codes
-from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats, is_evaluation_episode
-from flare2.runtime.latency import LatencyHistogram
+from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats
 from flare2.runtime.agents.socket_port import SocketPort
+from flare2.runtime.latency import LatencyHistogram
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
 from flare2.wire.protocol import BYE, ERROR, HELLO, STATS, STOP, error_payload, unpack
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
@@ -86,11 +86,11 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     _terminate_requested = True
 
 
-def check_envs_per_agent(agent: Agent, envs_per_agent: int) -> None:
+def check_envs_per_agent(agent: AgentBase, envs_per_agent: int) -> None:
     """Refuse an env count the agent cannot host, naming the option and the fix."""
     if envs_per_agent < 1:
         raise ConfigError(f"--envs-per-agent must be >= 1, got {envs_per_agent}")
-    if envs_per_agent > 1 and not isinstance(agent, VectorAgent):
+    if envs_per_agent > 1 and isinstance(agent, Agent):
         name = type(agent).__name__
         raise ConfigError(
             f"--envs-per-agent {envs_per_agent}: {name} plays one env per process (an Agent with run_episode()); "
@@ -98,33 +98,35 @@ def check_envs_per_agent(agent: Agent, envs_per_agent: int) -> None:
         )
 
 
-def make_envs(agent: Agent, eval_every: int) -> EpisodeStats:
+def make_envs(agent: AgentBase, eval_every: int) -> EpisodeStats:
     """Create the agent's envs inside this process, each wrapped to count into the returned stats."""
     stats = EpisodeStats()
     agent.eval_every = eval_every
     if isinstance(agent, VectorAgent):
         agent.envs = [EpisodeRecorder(agent.make_env(), stats) for _ in range(agent.num_envs)]
         agent.eval_env = EpisodeRecorder(agent.make_env(), stats, evaluating=True) if eval_every else None
-    else:
+    elif isinstance(agent, Agent):
         agent.env = EpisodeRecorder(agent.make_env(), stats)
     return stats
 
 
-def play(agent: Agent, between_episodes: Callable[[], None]) -> None:
+def play(agent: AgentBase, between_episodes: Callable[[], None]) -> NoReturn:
     """Play until the run stops it (StopRequested, raised from inside a request or ``between_episodes``).
 
     A ``VectorAgent`` plays in its own ``run()``; an ``Agent`` plays episode after
-    episode, every ``eval_every + 1``-th of them an evaluation episode.
+    episode, one evaluation episode after every ``eval_every`` training episodes.
     """
     if isinstance(agent, VectorAgent):
         agent.run()
         raise ConfigError(f"{type(agent).__name__}.run() returned: a VectorAgent plays until the run stops it")
-    episode_index = 0
+    if not isinstance(agent, Agent):
+        raise ConfigError(f"{type(agent).__name__} is neither a flare2 Agent nor a VectorAgent")
+    schedule = EvaluationSchedule(agent.eval_every)
     while True:
-        agent.start_episode(evaluating=is_evaluation_episode(episode_index, agent.eval_every))
-        agent.env.evaluating = agent.evaluating
+        agent.evaluating = agent.env.evaluating = schedule.start_if_due()
         agent.run_episode()
-        episode_index += 1
+        if not agent.evaluating:
+            schedule.training_episodes_ended()
         between_episodes()
 
 
@@ -193,11 +195,11 @@ def _report(requester: Requester, payload: dict[str, str]) -> None:
     requester.socket.setsockopt(zmq.LINGER, 2000)
 
 
-def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int) -> Agent:
-    """The Agent named by ``path`` with ``kwargs``, checked to host ``envs_per_agent`` envs."""
+def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int) -> AgentBase:
+    """The Agent or VectorAgent named by ``path`` with ``kwargs``, checked to host ``envs_per_agent`` envs."""
     agent_class = import_object(path)
-    if not (isinstance(agent_class, type) and issubclass(agent_class, Agent)):
-        raise ConfigError(f"{path!r} is not a flare2 Agent subclass")
+    if not (isinstance(agent_class, type) and issubclass(agent_class, (Agent, VectorAgent))):
+        raise ConfigError(f"{path!r} is not a subclass of flare2's Agent (one env) or VectorAgent (several)")
     try:
         agent = agent_class(**kwargs)
     except TypeError as exc:
@@ -228,11 +230,9 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         if welcome.kind == STOP:
             return exit_codes.OK
         # The manager's settings, never restated here: a welcome without one comes from another flare2.
-        interval_s, manager_timeout_s, max_bytes, eval_every = (
-            _welcome_number(welcome.payload, key, kind) for key, kind in (
-                ("control_interval_s", float), ("heartbeat_timeout_s", float), ("max_message_bytes", int), ("eval_every", int),
-            )
-        )
+        interval_s, manager_timeout_s = (_welcome_number(welcome.payload, key, float)
+                                         for key in ("control_interval_s", "heartbeat_timeout_s"))
+        max_bytes, eval_every = (int(_welcome_number(welcome.payload, key, int)) for key in ("max_message_bytes", "eval_every"))
     except ReplyTimeoutError:
         logger.error(
             "cannot reach the manager at %s within %.0fs: check the address, that the run is up, and the keys",
@@ -283,7 +283,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         logger.error("agent %s: %s", settings.agent_id, exc)
         _report(requester, error_payload(str(exc), code="config"))
         return exit_codes.CONFIG_ERROR
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's episode code may raise anything; the manager hears why
         control.send_stats()  # the steps it played still count
         text = traceback.format_exc()
         logger.error("agent %s raised in its episode code:\n%s", settings.agent_id, text)
@@ -294,9 +294,9 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
             port.close()
 
 
-def _welcome_number(welcome: dict[str, Any], key: str, kind: type) -> float | int:
+def _welcome_number(welcome: dict[str, Any], key: str, kind: type[int | float]) -> float:
     value = welcome.get(key)
-    if type(value) not in (int, kind) or value < 0:
+    if type(value) not in (int, kind) or not isinstance(value, (int, float)) or value < 0:
         raise ConfigError(
             f"the manager's welcome has no valid {key!r} (got {value!r}): run the same flare2 version on both sides"
         )
@@ -306,7 +306,7 @@ def _welcome_number(welcome: dict[str, Any], key: str, kind: type) -> float | in
 def _reply_timeout(welcome: dict[str, Any]) -> float | None:
     """The welcome's limit on one CDP reply: None (no limit) unless it names a positive number of seconds."""
     value = welcome.get("reply_timeout_s")
-    return float(value) if type(value) in (int, float) and value > 0 else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:

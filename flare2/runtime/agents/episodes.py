@@ -64,8 +64,3 @@ class EpisodeRecorder:
             (stats.eval_finished if self.evaluating else stats.finished).append((self._return, self._length))
             self._return, self._length = 0.0, 0
         return result
-
-
-def is_evaluation_episode(episode_index: int, eval_every: int) -> bool:
-    """With ``eval_every`` N, every (N+1)-th episode, after N training episodes, is an evaluation episode."""
-    return eval_every > 0 and episode_index % (eval_every + 1) == eval_every

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
@@ -13,7 +12,7 @@ import zmq
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.config import MOST_BUSY_WAIT_US
 from flare2.runtime.latency import LatencyHistogram
-from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS
+from flare2.wire.protocol import LEARN, PREDICT, STATISTICS
 from flare2.wire.security import CurveClient
 from flare2.wire.sockets import Requester
 
@@ -26,8 +25,10 @@ class ControlLink(Protocol):
 
     interval_s: float
     round_trips: LatencyHistogram
-    service: Callable[[], None]
-    maybe_service: Callable[[], None]
+
+    def service(self) -> None: ...
+
+    def maybe_service(self) -> None: ...
 
 
 class SocketPort:
@@ -81,9 +82,6 @@ class SocketPort:
         )
         return reply.payload
 
-    def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self.wait_predict(self.send_predict(payload))
-
     def send_predict(self, payload: dict[str, Any]) -> int:
         seq = self.predictor.send_request(PREDICT, payload, ct=self.ct)
         self._sent_at[seq] = time.perf_counter()
@@ -106,9 +104,6 @@ class SocketPort:
 
     def wait_statistics(self, ticket: int) -> dict[str, Any]:
         return self._wait(self.learner, ticket, f"statistics of CT {self.ct!r}")
-
-    def set_evaluating(self, evaluating: bool) -> None:
-        self.learner.send(EVALUATING, {"evaluating": evaluating}, ct=self.ct)
 
     def finish_learning(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until the learn requests on their way are learned, so none is lost at a stop."""

@@ -6,9 +6,12 @@ CT has a request in it, or (3) its oldest request has waited ``max_wait``.
 Rule 2 is what makes batching nearly free when agents are in step; rule 3
 bounds what a dead or slow agent can cost the others. Learn requests are
 batched by the same rule with their own limits, among requests of the same
-sequence length; rule 2 leaves out agents playing an evaluation episode
-(they say so with an EVALUATING message as it starts and ends), since they
-send nothing to learn from.
+sequence length; rule 2 leaves out agents playing an evaluation episode,
+since they send nothing to learn from. An agent says so in its predict
+requests: an ``evaluation`` array marks the rows of evaluation episodes
+(answered with ``Algorithm.predict_greedy``), and an agent whose latest
+request to this CT holds marked rows only is not waited for until one holds
+a training row again.
 
 Requests are validated against the CT's specs before they join a batch; a bad
 one gets an ERROR reply naming the key, what was expected and what arrived.
@@ -28,7 +31,7 @@ import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -37,7 +40,7 @@ from flare2.core.transforms import check_statistics_request
 from flare2.errors import SpecError, UserCodeError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import (
-    ERROR, EVALUATING, LEARN, LEARNED, PREDICT, PREDICTION, STATISTICS, Message, error_payload,
+    ERROR, LEARN, LEARNED, PREDICT, PREDICTION, STATISTICS, Message, error_payload,
 )
 from flare2.wire.ragged import Ragged, concat_rows
 
@@ -223,7 +226,7 @@ class ComputationDataProcessor:
 
     def accept(self, message: Message, reply_to: Any, now: float, *, learn: bool) -> None:
         """Validate a decoded request and queue it, or answer it with an error naming what is wrong."""
-        expected_kinds = (LEARN, EVALUATING, STATISTICS) if learn else (PREDICT,)
+        expected_kinds = (LEARN, STATISTICS) if learn else (PREDICT,)
         if message.kind not in expected_kinds:
             self.reject(
                 reply_to, learn, message.seq, f"this socket takes {' or '.join(map(repr, expected_kinds))}, got {message.kind!r}",
@@ -241,9 +244,6 @@ class ComputationDataProcessor:
                 self._held.append((message, reply_to, now))
             else:
                 self._refuse_unregistered(message, reply_to)
-            return
-        if message.kind == EVALUATING:
-            self._on_evaluating(message, reply_to)
             return
         if message.kind == STATISTICS:
             self._on_statistics(message, reply_to)
@@ -275,17 +275,16 @@ class ComputationDataProcessor:
             self.stats.learn_requests += 1
         else:
             self.stats.predict_requests += 1
+            self._note_evaluation(message.agent_id, message.payload.get("evaluation"))
         queue.add(_Request(reply_to, message.agent_id, message.seq, message.payload, now, size))
 
-    def _on_evaluating(self, message: Message, reply_to: Any) -> None:
-        """An agent starts (True) or ends (False) an evaluation episode: learn batches do not wait for it meanwhile."""
-        evaluating = message.payload.get("evaluating")
-        if type(evaluating) is not bool:
-            self.reject(reply_to, True, message.seq, "an evaluating message carries 'evaluating': true or false", "bad_request")
-        elif evaluating:
-            self._evaluating.add(message.agent_id)
+    def _note_evaluation(self, agent_id: str, evaluation: np.ndarray | None) -> None:
+        """An agent whose request holds evaluation rows only plays no training env: learn batches do not wait for it
+        until a request of it holds a training row again (the request was checked, so the mask is one bool per row)."""
+        if evaluation is not None and evaluation.all():
+            self._evaluating.add(agent_id)
         else:
-            self._evaluating.discard(message.agent_id)
+            self._evaluating.discard(agent_id)
 
     def _on_statistics(self, message: Message, reply_to: Any) -> None:
         """An agent's new observation counts: merged into the CT's, and the merged ones go back at once."""
@@ -345,9 +344,10 @@ class ComputationDataProcessor:
         # Concatenated even for one request: the model gets writable arrays of its own, not views of a message.
         inputs = {key: concat_rows([r.payload["inputs"][key] for r in batch]) for key in specs.inputs}
         states = {key: concat_rows([r.payload["states"][key] for r in batch]) for key in specs.states}
+        # Rows of evaluation episodes get the action without exploration.
         greedy: bool | np.ndarray = False
-        if any("greedy" in r.payload for r in batch):
-            greedy = np.concatenate([r.payload.get("greedy", np.zeros(r.size, bool)) for r in batch])
+        if any("evaluation" in r.payload for r in batch):
+            greedy = np.concatenate([r.payload.get("evaluation", np.zeros(r.size, bool)) for r in batch])
         try:
             actions, next_states = self.ct.predict(inputs, states, greedy=greedy)
         except Exception:
@@ -375,7 +375,9 @@ class ComputationDataProcessor:
         def stacked(group: str, specs: dict) -> dict[str, np.ndarray]:
             return {key: concat_rows([r.payload[group][key] for r in batch]) for key in specs}
 
-        experience = {group: stacked(group, specs) for group, specs in self.ct.specs.experience_specs().items()}
+        experience: dict[str, Any] = {
+            group: stacked(group, specs) for group, specs in self.ct.specs.experience_specs().items()
+        }
         for flag in STEP_FLAG_SPECS:
             experience[flag] = np.concatenate([r.payload[flag] for r in batch])
         return experience

@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from flare2.core.agent import Agent, VectorAgent
+from flare2.core.agent import AgentBase, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError, RunFailed, UserCodeError
 from flare2.runtime import exit_codes
@@ -50,7 +50,7 @@ from flare2.runtime.manager.agent_desk import AGENT_CONTROL_INTERVAL_S
 from flare2.runtime.manager.progress import compute_report_interval_s
 from flare2.runtime.manager.schedule import Conductor
 from flare2.runtime.supervisor import agent_seed
-from flare2.wire.protocol import EVALUATING, LEARN, PREDICT, STATISTICS, Message
+from flare2.wire.protocol import LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
 
 logger = logging.getLogger(__name__)
@@ -120,10 +120,6 @@ class SerialPort:
     def wait_statistics(self, ticket: int) -> dict[str, Any]:
         return self._answered.pop(ticket)
 
-    def set_evaluating(self, evaluating: bool) -> None:
-        message = Message(EVALUATING, {"evaluating": evaluating}, SERIAL_AGENT_ID, self._seq, self.cdp.ct.name)
-        self.cdp.accept(message, self, time.monotonic(), learn=True)
-
 
 class _SerialControl:
     """What an agent process's link to the manager does in a parallel run, called from the agent's own loop: its
@@ -157,7 +153,7 @@ class SerialSchedule:
         self.manager = manager
         self.cdps: list[ComputationDataProcessor] = []
         self._learner = InlineLearner()
-        self._agent: Agent | None = None
+        self._agent: AgentBase | None = None
         self._control: _SerialControl | None = None
         self._envs = 0
         self._exit_code: int | None = None
@@ -198,7 +194,7 @@ class SerialSchedule:
         )
         self._agent, self._control, self._envs = agent, control, agent.num_envs
 
-    def _make_agent(self) -> Agent:
+    def _make_agent(self) -> AgentBase:
         config = self.config.agents
         agent = make_agent(config.path, config.kwargs, config.envs_per_agent)
         if isinstance(agent, VectorAgent):

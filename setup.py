@@ -4,7 +4,14 @@ setup(
     name="flare2",
     version="0.1.0",
     description="A reinforcement-learning runtime: agent processes, ZeroMQ, batched ComputationTasks.",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(
+        "flare2 is a reinforcement-learning runtime in the style of FLARE. Agent processes run episodes and send their "
+        "prediction requests and experiences (over Unix streams on the manager's machine, over ZeroMQ from other "
+        "machines) to a ComputationDataProcessor, which batches the requests of many agents into one forward pass (or "
+        "one `learn()` call) of a ComputationTask on the CPU or GPU, then sends each agent its slice back. A Manager "
+        "starts and supervises everything, prints progress and writes logs and checkpoints.\n\n"
+        "The README and the docs/ folder of the repository have the install, the quickstart and the guides."
+    ),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["flare2", "flare2.*"]),
     python_requires=">=3.10",
@@ -17,9 +24,11 @@ setup(
     ],
     extras_require={
         # The tests also cover flare2 plot, flare2 eval --video (as a .gif: no ffmpeg needed), --tensorboard, --wandb
-        # (offline) and flare2 tune.
+        # (offline), flare2 tune and the docs site.
         "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "imageio>=2.30", "pygame>=2.1", "tensorboard>=2.10",
-                 "wandb>=0.16", "optuna>=3.4"],
+                 "wandb>=0.16", "optuna>=3.4", "mkdocs>=1.6", "mkdocs-material>=9.5"],
+        # the site of docs/: mkdocs serve, or mkdocs build --strict (which the tests run)
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],
         # flare2 eval --video: frames to .gif (imageio with Pillow) or .mp4 (imageio-ffmpeg brings its own ffmpeg);
         # pygame draws the classic-control envs.
         "video": ["imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame>=2.1"],

@@ -1,17 +1,19 @@
-"""The README's commands, run as a new user would type them, with small budgets.
+"""The commands of the README and of every page of docs/, run as a new user would type them, with small budgets.
 
-Every ```bash block runs line by line, in the README's order, in one scratch
-directory that holds the checkout's examples/ and tools/, so a command may use
-what an earlier one made (``flare2 eval runs/ppo`` plays the run ``flare2
-train`` wrote). Every ```python block runs as a program there. A block right
-after a line ``<!-- not run: REASON -->`` is left out; the reason says where
-it is covered instead.
+The pages are read in one order: the README, then docs/ in the site's order. Every
+```bash block runs line by line, in that order, in one scratch directory that
+holds the checkout's examples/ and tools/, so a command may use what an earlier
+one made (``flare2 eval runs/ppo`` plays the run ``flare2 train`` wrote, and a
+page may read the runs of the README's quickstart). Every ```python block runs
+as a program there. A block right after a line ``<!-- not run: REASON -->`` is
+left out; the reason says why it cannot run here and where it is covered
+instead.
 
 Commands that share no run directory run side by side, one per core: a command
 waits for every earlier one that names a run directory it names (``runs/NAME``),
-so each run directory sees its commands in the README's order.
+so each run directory sees its commands in the pages' order.
 
-What changes, so that the whole README runs in about a minute: a budget
+What changes, so that all the pages run in about a minute: a budget
 (``--max-steps``, ``--episodes``, ``--trials``, ``--trial-steps``) becomes a
 small one, ``flare2 train`` without one gets ``--max-steps``, a return
 ``--threshold`` that a small run cannot reach becomes 0, the install
@@ -29,18 +31,26 @@ import re
 import subprocess
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 
 from runs import REPO
 
-README = REPO / "README.md"
 _SKIP = re.compile(r"<!-- not run: .+ -->")
 _RUN_DIRECTORY = re.compile(r"runs/[\w$.-]+")
 _SMALL = {"--max-steps": "600", "--episodes": "1", "--trials": "2", "--trial-steps": "300", "--threshold": "0"}
+_NAVIGATION_PAGE = re.compile(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w-]+\.md)\s*$", re.M)
 
 
-def readme_blocks() -> list[tuple[int, str, str]]:
-    """(line number, language, text) of each fenced bash or python block not marked to be left out."""
-    blocks, lines = [], README.read_text(encoding="utf-8").splitlines()
+def pages() -> list[Path]:
+    """The README, then the pages of docs/ in the site's order (mkdocs.yml's nav), then any page the nav lacks."""
+    listed = _NAVIGATION_PAGE.findall((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+    in_order = [REPO / "docs" / name for name in listed]
+    return [REPO / "README.md", *in_order, *sorted(set((REPO / "docs").glob("*.md")) - set(in_order))]
+
+
+def page_blocks(page: Path) -> list[tuple[int, str, str]]:
+    """(line number, language, text) of each fenced bash or python block of ``page`` not marked to be left out."""
+    blocks, lines = [], page.read_text(encoding="utf-8").splitlines()
     index = 0
     while index < len(lines):
         fence = re.fullmatch(r"\s*```(bash|python)\s*", lines[index])
@@ -54,6 +64,13 @@ def readme_blocks() -> list[tuple[int, str, str]]:
             blocks.append((index + 1, fence.group(1), "\n".join(line[indent:] for line in lines[index + 1:end])))
         index = end + 1
     return blocks
+
+
+def test_a_block_marked_not_run_is_left_out_and_the_others_keep_their_line_numbers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nflare2 train\n```\n<!-- not run: needs a second machine -->\n```bash\nflare2 attach\n```\n"
+                    "  ```python\n  print(1)\n  ```\n```\nplain text\n```\n", encoding="utf-8")
+    assert page_blocks(page) == [(1, "bash", "flare2 train"), (8, "python", "print(1)")]
 
 
 def small_budget(command: str) -> str:
@@ -122,22 +139,22 @@ def run_in_dependency_order(argvs: list[list[str]], waits_for: list[set[int]], w
     return [results.get(index) for index in range(len(argvs))]
 
 
-def test_every_command_of_the_readme_runs(tmp_path):
+def test_every_command_of_the_readme_and_the_docs_runs(tmp_path):
     for name in ("examples", "tools"):
         (tmp_path / name).symlink_to(REPO / name)
     seed = "0"
-    blocks = readme_blocks()
-    assert len(blocks) >= 10, "the README's blocks were not found"
-    lines, texts, argvs = [], [], []
-    for line, language, text in blocks:
-        for command in [text] if language == "python" else [small_budget(command) for command in commands(text)]:
-            lines.append(line)
-            texts.append(command)
-            argvs.append([sys.executable, "-c", command] if language == "python" else ["bash", "-c", command])
+    places, texts, argvs = [], [], []
+    for page in pages():
+        for line, language, text in page_blocks(page):
+            for command in [text] if language == "python" else [small_budget(command) for command in commands(text)]:
+                places.append(f"{page.relative_to(REPO)} line {line}")
+                texts.append(command)
+                argvs.append([sys.executable, "-c", command] if language == "python" else ["bash", "-c", command])
+    assert len(texts) >= 30, "the pages' blocks were not found"
     results = run_in_dependency_order(
         argvs, dependencies(texts, seed), workers=os.cpu_count() or 1,
         cwd=tmp_path, env={**os.environ, "SEED": seed}, capture_output=True, text=True, timeout=300)
-    failures = [f"README line {line}: {text!r} exited with {result.returncode}:\n{result.stderr[-3000:]}"
-                for line, text, result in zip(lines, texts, results) if result and result.returncode != 0]
+    failures = [f"{place}: {text!r} exited with {result.returncode}:\n{result.stderr[-3000:]}"
+                for place, text, result in zip(places, texts, results) if result and result.returncode != 0]
     assert not failures, failures[0]
     assert None not in results, "a command did not start"

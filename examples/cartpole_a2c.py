@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     # A2C learns every 5 steps from [8, 5] steps: handing each batch to a learner process and its weights back costs
     # more than it frees on 2 cores (1 agent of 8 envs: 6.2k-7.1k env steps/s inline, 5.6k in a process), so learn()
     # runs in the compute loop unless --learner says otherwise.
-    add_run_options(parser, num_agents=1, envs_per_agent=8, log_dir="runs/cartpole_a2c", learner="inline")
+    add_run_options(parser, log_dir="runs/cartpole_a2c", learner="inline")
     add_transform_options(parser)
     args = parser.parse_args(argv)
     # 2. One ComputationTask named "RL", batched by the rule of max batch / all agents waiting / max wait.

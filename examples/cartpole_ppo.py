@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="send whole episodes (at least --sample-interval steps per env of them together) instead "
                              "of fragments of --sample-interval steps: nothing is bootstrapped from a cut")
     add_config_options(parser, PPOConfig, derived={"anneal_steps": "--max-steps"})
-    add_run_options(parser, num_agents=1, envs_per_agent=8, max_steps=100_000, log_dir="runs/cartpole_ppo")
+    add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_ppo")
     add_transform_options(parser)
     # One learn() call per round of all agents (256 steps) matters for PPO: wait for the stragglers.
     parser.set_defaults(learn_max_wait_ms=200.0)

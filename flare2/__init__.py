@@ -22,6 +22,9 @@ _EXPORTS = {
     "ReplyTimeoutError": "flare2.errors",
     "RemoteError": "flare2.errors",
     "EncodeError": "flare2.errors",
+    "UserCodeError": "flare2.errors",
+    "LearnerDiedError": "flare2.errors",
+    "RunFailed": "flare2.errors",
     # core (no torch)
     "Spec": "flare2.core.specs",
     "CTSpecs": "flare2.core.specs",
@@ -45,6 +48,8 @@ _EXPORTS = {
     "AgentConfig": "flare2.runtime.config",
     "RunConfig": "flare2.runtime.config",
     "Manager": "flare2.runtime.manager.manager",
+    "train": "flare2.commands.train",
+    "TrainedRun": "flare2.commands.train",
     "load_policy": "flare2.commands.evaluate",
     "TrainedPolicy": "flare2.commands.evaluate",
 }

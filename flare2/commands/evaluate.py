@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
-from flare2.core.envs import GymAgent, make_gym_env
+from flare2.core.envs import DEFAULT_CT, GymAgent, make_gym_env
 from flare2.core.transforms import RunningMoments, Transforms
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.checkpoints import resume_checkpoint_path
@@ -61,7 +61,7 @@ class TrainedPolicy:
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
         transforms = Transforms.from_options(self.transforms)
-        transforms.bind("RL", ct.specs, PolicyPort(ct))
+        transforms.bind(DEFAULT_CT, ct.specs, PolicyPort(ct))
         self._acting = Acting(specs=ct.specs, observation_space=self.observation_space, action_space=self.action_space,
                               transforms=transforms, count=1, training=False)
         self._reply: tuple[dict[str, Any], dict[str, Any]] | None = None
@@ -155,8 +155,8 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
 
     from flare2.core.computation_task import ComputationTask
 
-    ct = ComputationTask("RL", record.builder(run["env"], _env_kwargs(run), config, settings)(), device=device)
-    ct.load(path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, "RL"))
+    ct = ComputationTask(DEFAULT_CT, record.builder(run["env"], _env_kwargs(run), config, settings)(), device=device)
+    ct.load(path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, DEFAULT_CT))
     return TrainedPolicy(run, ct)
 
 

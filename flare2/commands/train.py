@@ -6,6 +6,11 @@ when its record has one (``flare2/zoo/records/``), then ``--preset FILE``,
 then the command line. The resolved settings go to LOG_DIR/train.json,
 which is itself a preset: ``flare2 train --preset runs/x/train.json`` repeats
 the run. Imports no torch: the algorithm is built in the compute process.
+
+From Python, :func:`train` runs the same thing and returns the run::
+
+    run = flare2.train("CartPole-v1", algo="ppo", max_steps=100_000, lr=1e-3, stop_return=475)
+    run.log_dir, run.return_mean, run.policy.act(observation)
 """
 
 from __future__ import annotations
@@ -14,14 +19,17 @@ import argparse
 import dataclasses
 import difflib
 import json
+import multiprocessing
+from functools import cached_property
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import gymnasium as gym
 
-from flare2.core.envs import make_gym_env
-from flare2.errors import ConfigError
+from flare2.core.envs import DEFAULT_CT, make_gym_env
+from flare2.errors import ConfigError, RunFailed
+from flare2.runtime import exit_codes
 from flare2.runtime.config import CTConfig, RunConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
@@ -62,6 +70,66 @@ def main(argv: list[str]) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainedRun:
+    """What :func:`train` returns: where the run kept its files, its final figures, and its policy."""
+
+    log_dir: Path
+    """The run's log dir: progress.csv, train.json, checkpoints/ (``flare2 eval``, ``flare2 plot`` take it)."""
+    exit_code: int
+    """0 once the budget was reached; 130 or 143 when Ctrl+C or SIGTERM stopped it (its checkpoint is written)."""
+    env_steps: int
+    episodes: int
+    return_mean: float
+    """Mean return of the last 100 training episodes as the run ended."""
+    best_return_mean: float
+    """The highest ``return_mean`` of any progress row."""
+
+    @cached_property
+    def policy(self) -> Any:
+        """The trained policy (:class:`flare2.TrainedPolicy`), loaded from the final checkpoint on first use."""
+        from flare2.commands.evaluate import load_policy
+
+        return load_policy(self.log_dir)
+
+
+def train(env: str, algo: str = "ppo", *, max_steps: int | None = None, **settings: Any) -> TrainedRun:
+    """Train ``env`` with ``algo`` in this process's own run, as ``flare2 train --env ENV --algo ALGO`` does.
+
+    ``settings`` are what the command line takes, by field name (``flare2 train --algo ALGO --help`` lists them):
+    the algorithm's (``lr=3e-4``), its agents' (``sample_interval=64``) and the run's (``seed=1``,
+    ``envs_per_agent=16``, ``stop_return=475``, ``log_dir="runs/x"``). They go over the package's preset for the env,
+    like options on the command line. Returns when the run ends; a run that fails raises :class:`flare2.RunFailed`
+    naming its log.
+    """
+    if multiprocessing.parent_process() is not None:
+        # The spawn start method runs the parent's main module again in each child: without the guard, each child
+        # would start a run of its own.
+        raise ConfigError(
+            "flare2.train() was called again while a run's process was starting: in a script, call it under "
+            '`if __name__ == "__main__":`'
+        )
+    if max_steps is not None:
+        settings["max_steps"] = max_steps
+    plan = resolve(["--env", env, "--algo", algo], settings, parser_class=_RaisingParser)
+    _write_train_file(plan)
+    manager = Manager(plan.run)
+    code = manager.run()
+    log_dir = Path(plan.run.log_dir)
+    if code not in (exit_codes.OK, exit_codes.SIGINT, exit_codes.SIGTERM):
+        raise RunFailed(f"{exit_codes.outcome(code)} (exit code {code}): see {log_dir / 'manager.log'}", code)
+    totals = manager.totals
+    return TrainedRun(log_dir=log_dir, exit_code=code, env_steps=totals.env_steps, episodes=totals.episodes,
+                      return_mean=totals.return_mean, best_return_mean=totals.best_return_mean)
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """The parser :func:`train` resolves with: a setting it refuses raises ConfigError instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainPlan:
     """What ``flare2 train`` resolved from its command line: the run to start and every setting it used."""
 
@@ -74,11 +142,20 @@ class TrainPlan:
     run: RunConfig
 
 
-def resolve(argv: list[str]) -> TrainPlan:
-    """The plan of ``flare2 train ARGV``; a bad command line exits with a usage error naming what to change."""
+def resolve(
+    argv: list[str],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+) -> TrainPlan:
+    """The plan of ``flare2 train ARGV``; a bad command line exits with a usage error naming what to change.
+
+    ``overrides`` (from :func:`train`) are option values by field name, taken over the presets as defaults of the
+    command line; ``parser_class`` decides what a refused option does (exit with the usage, or raise).
+    """
     chooser = _choice_parser()
     chosen, _ = chooser.parse_known_args(argv)
-    usage = argparse.ArgumentParser(prog="flare2 train", parents=[chooser])
+    usage = parser_class(prog="flare2 train", parents=[chooser])
     try:
         file_preset = _read_preset(chosen.preset) if chosen.preset else {}
         algo = chosen.algo or file_preset.get("algo")
@@ -99,10 +176,11 @@ def resolve(argv: list[str]) -> TrainPlan:
         env.close()
         if file_preset:
             check_preset(file_preset, chosen.preset, _known_options(record))
+        given = _grouped(record, overrides or {})
     except ConfigError as exc:
         usage.error(str(exc))
 
-    parser = argparse.ArgumentParser(
+    parser = parser_class(
         prog="flare2 train", parents=[chooser],
         description=f"Train {env_id} with {algo}. Defaults: the algorithm's, then the package's preset for the env, "
                     "then --preset; every one can be given here. `flare2 train --algo ALGO --help` lists ALGO's.",
@@ -117,6 +195,7 @@ def resolve(argv: list[str]) -> TrainPlan:
     starting = record.preset(env_id)
     for group in PRESET_GROUPS:
         starting[group].update(file_preset.get(group, {}))
+        starting[group].update(given[group])
     parser.set_defaults(**_dests(record, starting))
     args = parser.parse_args(argv)
 
@@ -129,12 +208,29 @@ def resolve(argv: list[str]) -> TrainPlan:
     config = config_from_args(parser, args, record.config_class,
                               **{name: sources[source] for name, source in record.derived.items()})
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    ct = CTConfig(name="RL", build=record.builder(env_id, env_kwargs, config, settings),
+    ct = CTConfig(name=DEFAULT_CT, build=record.builder(env_id, env_kwargs, config, settings),
                   batching=batching_from_args(args))
-    kwargs = {"env_id": env_id, "env_kwargs": env_kwargs, "ct": "RL", "transforms": transforms_from_args(args),
+    kwargs = {"env_id": env_id, "env_kwargs": env_kwargs, "ct": DEFAULT_CT, "transforms": transforms_from_args(args),
               **settings.helper_kwargs(args.num_agents)}
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=kwargs)
     return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
+
+
+def _grouped(record: AlgorithmRecord, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Settings by field name, sorted into the preset's groups; a name that is no option, or two, is refused."""
+    known = _known_options(record)
+    known["run"] |= _THIS_RUN_ONLY
+    grouped: dict[str, dict[str, Any]] = {group: {} for group in PRESET_GROUPS}
+    for name, value in settings.items():
+        groups = [group for group in PRESET_GROUPS if name in known[group]]
+        if len(groups) != 1:
+            every = sorted(set().union(*known.values()))
+            close = difflib.get_close_matches(name, every, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else f"the settings are {', '.join(every)}"
+            what = "is no setting" if not groups else f"names a setting of both {' and '.join(groups)}"
+            raise ConfigError(f"{record.name}: {name!r} {what} of flare2 train --algo {record.name}: {hint}")
+        grouped[groups[0]][name] = value
+    return grouped
 
 
 def _known_options(record: AlgorithmRecord) -> dict[str, set[str]]:

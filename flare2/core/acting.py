@@ -84,7 +84,7 @@ class Acting:
         # Stored steps hold no views: the helper assembles them again for learning.
         return inputs, ({**inputs, **self.views.current()} if self.views else inputs), self.states
 
-    def env_actions(self, actions: Arrays) -> Sequence[Any]:
+    def env_actions(self, actions: Arrays) -> Sequence[Any] | np.ndarray:
         """Each env's action from the rows of a reply, as the env takes it."""
         if self._clip is not None:
             actions = {ACTION_KEY: np.clip(actions[ACTION_KEY], *self._clip)}

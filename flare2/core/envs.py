@@ -20,6 +20,9 @@ from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import concat_rows
 
 
+DEFAULT_CT = "RL"
+"""The CT a GymAgent asks unless told another: the one CT that ``flare2 train`` runs."""
+
 def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
     """``gymnasium.make`` with an error that names the id and the fix."""
     try:
@@ -85,7 +88,7 @@ class GymAgent(VectorAgent):
         env_id: str = "CartPole-v1",
         *,
         env_kwargs: dict[str, Any] | None = None,
-        ct: str = "RL",
+        ct: str = DEFAULT_CT,
         sample_interval: int = 5,
         replay: dict[str, Any] | None = None,
         double_buffer: bool = False,

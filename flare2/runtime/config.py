@@ -95,10 +95,12 @@ class AgentConfig:
     """Import path of the Agent class: ``package.module:Class`` or ``path/to/file.py:Class``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the class; plain JSON data so the same recipe works on any machine."""
-    num_agents: int = 8
+    num_agents: int = 1
     """How many agent processes this machine runs."""
-    envs_per_agent: int = 1
-    """Environments each agent process plays (a VectorAgent such as GymAgent; an Agent plays one)."""
+    envs_per_agent: int = 8
+    """Environments each agent process plays: a VectorAgent such as GymAgent plays several, sending one request
+    for all of them per step; a one-env Agent needs 1 (and more ``num_agents`` instead). The default, one process of
+    8 envs, keeps two processes busy on two cores: the agent and the compute process."""
 
     def __post_init__(self) -> None:
         if ":" not in self.path:

@@ -133,9 +133,9 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
 """Every run option: the command line is derived from this table, and the config from what it parsed."""
 
 
-COMMAND_LINE_DEFAULTS = {"num_agents": 1, "envs_per_agent": 8, "max_steps": 500_000}
-"""Where the command line starts unlike a RunConfig written in code: one agent process of 8 envs (two busy processes
-for two cores), and a budget, which a RunConfig must be given."""
+COMMAND_LINE_DEFAULTS = {"max_steps": 500_000}
+"""Where the command line starts unlike a RunConfig written in code: with a budget, which a RunConfig must be
+given."""
 
 
 def _field_default(owner: type, name: str) -> Any:

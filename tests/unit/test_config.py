@@ -121,7 +121,7 @@ def test_every_setting_of_a_run_has_one_option_and_the_option_defaults_are_the_c
     config = run_config_from_args(parser, parser.parse_args([]), cts=[CTConfig("RL", build)],
                                   agent_path="flare2.core.envs:GymAgent")
     assert config.max_steps == COMMAND_LINE_DEFAULTS["max_steps"]
-    assert config.agents.envs_per_agent == COMMAND_LINE_DEFAULTS["envs_per_agent"]
+    assert (config.agents.num_agents, config.agents.envs_per_agent) == (AgentConfig.num_agents, AgentConfig.envs_per_agent)
     for name in ("heartbeat_timeout_s", "learner", "torch_threads", "restart_backoff_s", "stop_timeout_s", "device"):
         assert getattr(config, name) == getattr(RunConfig, name)
     assert batching_from_args(parser.parse_args([])) == BatchingConfig()

@@ -27,7 +27,7 @@ SERVED = {"RL": {"algorithm": "flare2.zoo.a2c.A2C", "specs": {"inputs": {"obs": 
 def test_the_record_holds_every_setting_the_build_function_and_each_cts_algorithm_and_specs(tmp_path):
     record_run(config(log_dir=str(tmp_path)), SERVED)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["run"]["max_steps"] == 1000 and saved["run"]["agents"]["num_agents"] == 8
+    assert saved["run"]["max_steps"] == 1000 and saved["run"]["agents"]["num_agents"] == AgentConfig.num_agents
     assert saved["run"]["cts"][0]["build"] == {"function": f"{__name__}:build", "args": [64], "keywords": {}}
     assert saved["cts"] == {"RL": {"algorithm": "flare2.zoo.a2c.A2C", "specs": SERVED["RL"]["specs"]}}
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import flare2
 from flare2.commands.train import resolve
 from flare2.zoo.registry import lookup, names
 
@@ -64,3 +65,13 @@ def test_a_preset_file_that_names_no_option_or_is_no_json_is_refused(tmp_path, c
     preset.write_text("{algo: ppo")
     assert f"--preset {preset} is not a JSON file" in usage_error(capsys, ["--preset", str(preset)])
     assert "no such file" in usage_error(capsys, ["--preset", str(tmp_path / "missing.json")])
+
+
+def test_flare2_train_from_python_names_a_setting_it_does_not_know_and_the_closest_ones(tmp_path):
+    with pytest.raises(flare2.ConfigError, match=r"'lrr' is no setting of flare2 train --algo ppo: did you mean lr"):
+        flare2.train("CartPole-v1", algo="ppo", lrr=0.1, log_dir=str(tmp_path))
+
+
+def test_flare2_train_from_python_refuses_a_setting_out_of_range_with_the_command_lines_message(tmp_path):
+    with pytest.raises(flare2.ConfigError, match="num_agents must be >= 0"):
+        flare2.train("CartPole-v1", algo="ppo", num_agents=-1, log_dir=str(tmp_path))

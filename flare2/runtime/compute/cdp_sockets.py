@@ -8,7 +8,7 @@ which cost them half the round trip.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import zmq
 
@@ -79,8 +79,13 @@ class SocketFront:
     def sources(self) -> dict[zmq.Socket | int, zmq.Socket | StreamServer]:
         """What the compute loop polls for this CDP, by what ``zmq.Poller`` registers and reports for it (a stream
         server's epoll fd); ``drain`` takes in whatever one of them has ready."""
-        streams = {server.fileno(): server for server in (self.local_predict, self.local_learn) if server is not None}
-        return {self.predict_socket: self.predict_socket, self.learn_socket: self.learn_socket, **streams}
+        sources: dict[zmq.Socket | int, zmq.Socket | StreamServer] = {
+            self.predict_socket: self.predict_socket, self.learn_socket: self.learn_socket,
+        }
+        for server in (self.local_predict, self.local_learn):
+            if server is not None:
+                sources[server.fileno()] = server
+        return sources
 
     def _count_drop(self) -> None:
         self.cdp.stats.rejected += 1
@@ -114,7 +119,7 @@ class SocketFront:
         learn = source is self.learn_socket
         for _ in range(_MAX_DRAIN):
             # Asking first is cheaper than the exception of a recv that finds nothing.
-            if not source.get(zmq.EVENTS) & zmq.POLLIN:
+            if not cast(int, source.get(zmq.EVENTS)) & zmq.POLLIN:
                 return
             frames = source.recv_multipart(zmq.NOBLOCK)
             self._take(frames[0], frames[1:], now, learn=learn)

@@ -68,7 +68,7 @@ _ZOO_STEP: dict[str, Any] = {"lr": 3e-4, "anneal_steps": None, "minibatch_size":
 RECORD = AlgorithmRecord(
     name="ppo", config_class=PPOConfig, settings_class=ActorCriticSettings, build="flare2.zoo.ppo:build",
     observations=(BOX, DISCRETE, MASKED), actions=(DISCRETE, VECTOR_BOX),
-    run={"num_agents": 1, "envs_per_agent": 8, "max_steps": 100_000, "learn_max_wait_ms": 200.0},
+    run={"max_steps": 100_000, "learn_max_wait_ms": 200.0},
     agent={"sample_interval": 32}, derived={"anneal_steps": "max_steps"},
     presets={
         # The example's settings, measured in the README's results.

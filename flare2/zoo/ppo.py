@@ -19,6 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.model import Model
 from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.core.specs import Spec
 from flare2.zoo.models import MLPActorCritic
@@ -71,15 +72,36 @@ class PPOActorCritic(MLPActorCritic):
         return {**super().action_specs(), "log_prob": Spec((), "float32")}
 
 
-class PPO(Algorithm):
-    model: PPOActorCritic
+class ClippedObjective(Algorithm):
+    """What PPO and recurrent PPO share beyond the loss: Adam, and the learning rate annealed over the env steps
+    learned from, a count the checkpoint keeps so that a resumed run goes on down the same schedule."""
+
     may_learn_in_own_process = True
 
-    def __init__(self, model: PPOActorCritic, config: PPOConfig = PPOConfig()) -> None:
+    def __init__(self, model: Model, config: ClippedObjectiveConfig) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
-        self.config = config
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-5)
         self.steps_seen = 0
+
+    def count_steps(self, samples: int, config: ClippedObjectiveConfig) -> None:
+        """Count ``samples`` more env steps learned from, and set the learning rate for them."""
+        self.steps_seen += samples
+        self.anneal_lr(config.lr, self.steps_seen, config.anneal_steps)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.steps_seen = int(state.get("steps_seen", 0))
+
+
+class PPO(ClippedObjective):
+    model: PPOActorCritic
+
+    def __init__(self, model: PPOActorCritic, config: PPOConfig = PPOConfig()) -> None:
+        super().__init__(model, config)
+        self.config = config
 
     @classmethod
     def for_env(cls, env: gym.Env, config: PPOConfig = PPOConfig(), *, frames: int = 1,
@@ -107,8 +129,7 @@ class PPO(Algorithm):
                 experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
             )
         samples = advantages.numel()
-        self.steps_seen += samples
-        self.anneal_lr(config.lr, self.steps_seen, config.anneal_steps)
+        self.count_steps(samples, config)
 
         # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
         inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
@@ -127,13 +148,6 @@ class PPO(Algorithm):
                 ))
                 updates += 1
         return {key: value / updates for key, value in totals.items()}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "steps_seen": self.steps_seen}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.steps_seen = int(state.get("steps_seen", 0))
 
 
 def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:

@@ -16,26 +16,23 @@ from __future__ import annotations
 import gymnasium as gym
 import torch
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.algorithm import Experience, Tensors
 from flare2.errors import ConfigError
-from flare2.zoo.ppo import clipped_loss
+from flare2.zoo.ppo import ClippedObjective, clipped_loss
 from flare2.zoo.record import RecurrentSettings
 from flare2.zoo.records.recurrent_ppo import RecurrentPPOConfig
 from flare2.zoo.recurrent import GRUActorCritic
 from flare2.zoo.returns import gae
 
 
-class RecurrentPPO(Algorithm):
+class RecurrentPPO(ClippedObjective):
     model: GRUActorCritic
-    may_learn_in_own_process = True
 
     def __init__(self, model: GRUActorCritic, config: RecurrentPPOConfig = RecurrentPPOConfig()) -> None:
-        super().__init__(model, max_grad_norm=config.max_grad_norm)
         if not isinstance(model, GRUActorCritic):
             raise ConfigError(f"RecurrentPPO needs a GRUActorCritic model, got {type(model).__name__}")
+        super().__init__(model, config)
         self.config = config
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-5)
-        self.steps_seen = 0
 
     @classmethod
     def for_env(cls, env: gym.Env, config: RecurrentPPOConfig = RecurrentPPOConfig(), *, hidden_size: int = 64
@@ -67,8 +64,7 @@ class RecurrentPPO(Algorithm):
                 experience.rewards["reward"], values, model.next_values(next_obs, hidden_after),
                 experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
             )
-        self.steps_seen += advantages.numel()
-        self.anneal_lr(config.lr, self.steps_seen, config.anneal_steps)
+        self.count_steps(advantages.numel(), config)
 
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
@@ -81,13 +77,6 @@ class RecurrentPPO(Algorithm):
                 ))
                 updates += 1
         return {key: value / updates for key, value in totals.items()}
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "steps_seen": self.steps_seen}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.steps_seen = int(state.get("steps_seen", 0))
 
 
 def build(env: gym.Env, config: RecurrentPPOConfig, settings: RecurrentSettings) -> RecurrentPPO:

@@ -25,8 +25,20 @@ setup(
     extras_require={
         # The tests also cover flare2 plot, flare2 eval --video (as a .gif: no ffmpeg needed), --tensorboard, --wandb
         # (offline), flare2 tune and the docs site.
-        "test": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "imageio>=2.30", "pygame>=2.1", "tensorboard>=2.10",
-                 "wandb>=0.16", "optuna>=3.4", "mkdocs>=1.6", "mkdocs-material>=9.5"],
+        "test": [
+            "pytest>=7",
+            "hypothesis>=6",
+            "matplotlib>=3.7",
+            "imageio>=2.30",
+            "pygame>=2.1",
+            "tensorboard>=2.10",
+            "wandb>=0.16",
+            "optuna>=3.4",
+            "mkdocs>=1.6",
+            "mkdocs-material>=9.5",
+        ],
+        # the checks .ci/run makes before the tests: pinned, so that a new release cannot fail an unchanged tree
+        "lint": ["ruff==0.17.6", "mypy==2.4.1"],
         # the site of docs/: mkdocs serve, or mkdocs build --strict (which the tests run)
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5"],
         # flare2 eval --video: frames to .gif (imageio with Pillow) or .mp4 (imageio-ffmpeg brings its own ffmpeg);

@@ -21,8 +21,13 @@ from functools import partial
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
-    run_config_from_args, transforms_from_args,
+    add_config_options,
+    add_run_options,
+    add_transform_options,
+    batching_from_args,
+    config_from_args,
+    run_config_from_args,
+    transforms_from_args,
 )
 from flare2.zoo.records.a2c import A2CConfig
 
@@ -44,10 +49,16 @@ def build_a2c(env_id: str, config: A2CConfig):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
-    parser.add_argument("--sample-interval", type=int, default=5, help="env steps per learn request (n of the n-step returns)")
-    parser.add_argument("--no-double-buffer", dest="double_buffer", action="store_false",
-                        help="each agent steps all its envs, then asks for all their actions (by default two halves "
-                             "of its envs alternate: one is stepped while the other's actions are predicted)")
+    parser.add_argument(
+        "--sample-interval", type=int, default=5, help="env steps per learn request (n of the n-step returns)"
+    )
+    parser.add_argument(
+        "--no-double-buffer",
+        dest="double_buffer",
+        action="store_false",
+        help="each agent steps all its envs, then asks for all their actions (by default two halves "
+        "of its envs alternate: one is stepped while the other's actions are predicted)",
+    )
     add_config_options(parser, A2CConfig)
     # A2C learns every 5 steps from [8, 5] steps: handing each batch to a learner process and its weights back costs
     # more than it frees on 2 cores (1 agent of 8 envs: 6.2k-7.1k env steps/s inline, 5.6k in a process), so learn()
@@ -59,10 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(parser, args, A2CConfig)
     ct = CTConfig(name="RL", build=partial(build_a2c, args.env, config), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent: asks CT "RL" for the actions of its envs, sends experiences every sample_interval steps.
-    agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,
-                    "double_buffer": args.double_buffer, "transforms": transforms_from_args(args)}
+    agent_kwargs = {
+        "env_id": args.env,
+        "ct": "RL",
+        "sample_interval": args.sample_interval,
+        "double_buffer": args.double_buffer,
+        "transforms": transforms_from_args(args),
+    }
     # 4. The manager spawns the compute process and the agents and runs to the budget.
-    config = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    config = run_config_from_args(
+        parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs
+    )
     return Manager(config).run()
 
 

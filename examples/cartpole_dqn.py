@@ -26,10 +26,14 @@ from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+    add_config_options,
+    add_run_options,
+    batching_from_args,
+    config_from_args,
+    run_config_from_args,
 )
-from flare2.zoo.records.dqn import DQNConfig
 from flare2.zoo.dqn import DQN
+from flare2.zoo.records.dqn import DQNConfig
 
 
 # 1. The Algorithm, built inside the compute process.
@@ -41,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box observations, Discrete actions)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 128], help="sizes of the hidden layers")
-    parser.add_argument("--buffer", type=int, default=100_000, help="replay capacity over all agents (each keeps its share)")
+    parser.add_argument(
+        "--buffer", type=int, default=100_000, help="replay capacity over all agents (each keeps its share)"
+    )
     parser.add_argument("--warmup", type=int, default=1_000, help="steps stored over all agents before learning starts")
     parser.add_argument("--sample-interval", type=int, default=2, help="env steps per agent between learn requests")
     parser.add_argument("--batch-size", type=int, default=64, help="sampled sequences per learn request")
@@ -51,15 +57,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # 2. One CT "RL" with a Q-network; learn() gets the replayed transitions of every agent.
     config = config_from_args(parser, args, DQNConfig, anneal_steps=args.max_steps)
-    ct = CTConfig(name="RL", build=partial(build_dqn, args.env, config, tuple(args.hidden)), batching=batching_from_args(args))
+    ct = CTConfig(
+        name="RL", build=partial(build_dqn, args.env, config, tuple(args.hidden)), batching=batching_from_args(args)
+    )
     # 3. The stock Gymnasium agent with a replay buffer in place of the online helper.
     agents = max(args.num_agents, 1)
     replay = {
-        "capacity": max(args.buffer // agents, args.batch_size), "warmup": max(args.warmup // agents, args.n_step),
-        "sample_interval": args.sample_interval, "batch_size": args.batch_size, "sequence_length": args.n_step,
+        "capacity": max(args.buffer // agents, args.batch_size),
+        "warmup": max(args.warmup // agents, args.n_step),
+        "sample_interval": args.sample_interval,
+        "batch_size": args.batch_size,
+        "sequence_length": args.n_step,
     }
     agent_kwargs = {"env_id": args.env, "ct": "RL", "replay": replay}
-    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    run = run_config_from_args(
+        parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs
+    )
     # 4. The manager runs to the budget.
     return Manager(run).run()
 

@@ -25,12 +25,16 @@ from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+    add_config_options,
+    add_run_options,
+    batching_from_args,
+    config_from_args,
+    run_config_from_args,
 )
 from flare2.zoo.envs import CARTPOLE_NO_VELOCITY_ENTRY
+from flare2.zoo.ppo import PPO
 from flare2.zoo.records.ppo import PPOConfig
 from flare2.zoo.records.recurrent_ppo import RecurrentPPOConfig
-from flare2.zoo.ppo import PPO
 from flare2.zoo.recurrent_ppo import RecurrentPPO
 
 
@@ -45,10 +49,14 @@ def build(model: str, env_id: str, config: PPOConfig | RecurrentPPOConfig, hidde
 def main(argv: list[str] | None = None) -> int:
     # 2. The model chosen decides which algorithm's settings the command line offers, so it is read first.
     model_parser = argparse.ArgumentParser(add_help=False)
-    model_parser.add_argument("--model", choices=("gru", "stack", "mlp"), default="gru",
-                              help="gru: RecurrentPPO with a GRU actor-critic; stack: PPO's MLP over the last --frames "
-                                   "observations; mlp: the memoryless PPO of cartpole_ppo.py (each has its own settings "
-                                   "below: `--model mlp --help` lists the MLP's)")
+    model_parser.add_argument(
+        "--model",
+        choices=("gru", "stack", "mlp"),
+        default="gru",
+        help="gru: RecurrentPPO with a GRU actor-critic; stack: PPO's MLP over the last --frames "
+        "observations; mlp: the memoryless PPO of cartpole_ppo.py (each has its own settings "
+        "below: `--model mlp --help` lists the MLP's)",
+    )
     config_class = RecurrentPPOConfig if model_parser.parse_known_args(argv)[0].model == "gru" else PPOConfig
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[model_parser])
     parser.add_argument("--env", default=CARTPOLE_NO_VELOCITY_ENTRY, help="Gymnasium env id (Discrete actions)")
@@ -61,13 +69,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.set_defaults(learn_max_wait_ms=200.0)
     args = parser.parse_args(argv)
     config = config_from_args(parser, args, config_class, anneal_steps=args.max_steps)
-    ct = CTConfig(name="RL", build=partial(build, args.model, args.env, config, args.hidden_size, args.frames),
-                  batching=batching_from_args(args))
+    ct = CTConfig(
+        name="RL",
+        build=partial(build, args.model, args.env, config, args.hidden_size, args.frames),
+        batching=batching_from_args(args),
+    )
     # 3. The stock Gymnasium agent: states come from the CT's state specs (none for the MLP).
     agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval}
-    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    run = run_config_from_args(
+        parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs
+    )
     # 4. The manager runs to the budget.
     return Manager(run).run()
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,11 +27,15 @@ from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+    add_config_options,
+    add_run_options,
+    batching_from_args,
+    config_from_args,
+    run_config_from_args,
 )
 from flare2.zoo.a2c import A2C
-from flare2.zoo.records.a2c import A2CConfig
 from flare2.zoo.models import MLPActorCritic, mlp
+from flare2.zoo.records.a2c import A2CConfig
 
 AGENT_PATH = f"{Path(__file__).with_name('multi_ct_agent.py')}:PolicyAndAuxAgent"
 _shared: dict[str, nn.Module] = {}
@@ -107,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # 4. Two CTs, each with its own CDP and batching; one agent class asks both.
     cts = [
-        CTConfig(name="policy", build=partial(build_policy, config_from_args(parser, args, A2CConfig)),
-                 batching=batching_from_args(args)),
+        CTConfig(
+            name="policy",
+            build=partial(build_policy, config_from_args(parser, args, A2CConfig)),
+            batching=batching_from_args(args),
+        ),
         CTConfig(name="aux", build=partial(build_aux, args.aux_lr), batching=batching_from_args(args)),
     ]
     run = run_config_from_args(parser, args, cts=cts, agent_path=AGENT_PATH, agent_kwargs={"env_id": "CartPole-v1"})

@@ -18,8 +18,13 @@ from functools import partial
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
-    run_config_from_args, transforms_from_args,
+    add_config_options,
+    add_run_options,
+    add_transform_options,
+    batching_from_args,
+    config_from_args,
+    run_config_from_args,
+    transforms_from_args,
 )
 from flare2.zoo.records.ppo import PPOConfig
 
@@ -37,12 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1", help="Gymnasium env id (Box or Discrete spaces)")
     parser.add_argument("--sample-interval", type=int, default=32, help="env steps per agent in each learn request")
-    parser.add_argument("--no-double-buffer", dest="double_buffer", action="store_false",
-                        help="each agent steps all its envs, then asks for all their actions (by default two halves "
-                             "of its envs alternate: one is stepped while the other's actions are predicted)")
-    parser.add_argument("--complete-episodes", action="store_true",
-                        help="send whole episodes (at least --sample-interval steps per env of them together) instead "
-                             "of fragments of --sample-interval steps: nothing is bootstrapped from a cut")
+    parser.add_argument(
+        "--no-double-buffer",
+        dest="double_buffer",
+        action="store_false",
+        help="each agent steps all its envs, then asks for all their actions (by default two halves "
+        "of its envs alternate: one is stepped while the other's actions are predicted)",
+    )
+    parser.add_argument(
+        "--complete-episodes",
+        action="store_true",
+        help="send whole episodes (at least --sample-interval steps per env of them together) instead "
+        "of fragments of --sample-interval steps: nothing is bootstrapped from a cut",
+    )
     add_config_options(parser, PPOConfig, derived={"anneal_steps": "--max-steps"})
     add_run_options(parser, max_steps=100_000, log_dir="runs/cartpole_ppo")
     add_transform_options(parser)
@@ -54,10 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     build = partial(build_ppo, args.env, config)
     ct = CTConfig(name="RL", build=build, batching=batching_from_args(args))
     # 3. The stock Gymnasium agent stores every action output, so learn() gets the log-probabilities.
-    agent_kwargs = {"env_id": args.env, "ct": "RL", "sample_interval": args.sample_interval,
-                    "double_buffer": args.double_buffer, "transforms": transforms_from_args(args),
-                    "complete_episodes": args.complete_episodes}
-    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    agent_kwargs = {
+        "env_id": args.env,
+        "ct": "RL",
+        "sample_interval": args.sample_interval,
+        "double_buffer": args.double_buffer,
+        "transforms": transforms_from_args(args),
+        "complete_episodes": args.complete_episodes,
+    }
+    run = run_config_from_args(
+        parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs
+    )
     # 4. The manager runs to the budget.
     return Manager(run).run()
 

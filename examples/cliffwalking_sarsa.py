@@ -21,7 +21,11 @@ from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, batching_from_args, config_from_args, run_config_from_args,
+    add_config_options,
+    add_run_options,
+    batching_from_args,
+    config_from_args,
+    run_config_from_args,
 )
 from flare2.zoo.records.sarsa import SARSAConfig
 from flare2.zoo.sarsa import SARSA
@@ -40,15 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     add_config_options(parser, SARSAConfig, gamma=1.0)
     # SARSA learns from a few steps at a time: in the compute loop it runs faster than in a learner process (2.5k
     # against 2.2k env steps/s on 2 cores), so learn() runs there unless --learner says otherwise.
-    add_run_options(parser, num_agents=8, envs_per_agent=1, max_steps=60_000, log_dir="runs/cliffwalking_sarsa", learner="inline")
+    add_run_options(
+        parser, num_agents=8, envs_per_agent=1, max_steps=60_000, log_dir="runs/cliffwalking_sarsa", learner="inline"
+    )
     args = parser.parse_args(argv)
     config = config_from_args(parser, args, SARSAConfig)
     # 2. One CT "RL" with a linear Q-network over the one-hot state.
     ct = CTConfig(name="RL", build=partial(build_sarsa, args.env, config), batching=batching_from_args(args))
     # 3. The stock Gymnasium agent with the online helper: SARSA learns from the steps as they are played.
-    agent_kwargs = {"env_id": args.env, "env_kwargs": {"max_episode_steps": args.time_limit}, "ct": "RL",
-                    "sample_interval": args.sample_interval}
-    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    agent_kwargs = {
+        "env_id": args.env,
+        "env_kwargs": {"max_episode_steps": args.time_limit},
+        "ct": "RL",
+        "sample_interval": args.sample_interval,
+    }
+    run = run_config_from_args(
+        parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs
+    )
     # 4. The manager runs to the budget.
     return Manager(run).run()
 

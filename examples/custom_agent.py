@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import torch
+
+# The Agent lives in its own module, because agent processes must not import torch.
+from corridor_agent import CELLS
 from torch import nn
 from torch.nn import functional as F
 
 from flare2 import AgentConfig, Algorithm, CTConfig, Manager, Model, RunConfig, Spec
-
-# The Agent lives in its own module, because agent processes must not import torch.
-from corridor_agent import CELLS
 
 AGENT_PATH = f"{Path(__file__).with_name('corridor_agent.py')}:CorridorAgent"
 

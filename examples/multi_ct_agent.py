@@ -27,7 +27,10 @@ class PolicyAndAuxAgent(Agent):
         return make_gym_env(self.env_id)
 
     def helpers(self) -> dict[str, AgentHelper]:
-        return {"policy": OnlineHelper(sample_interval=self.sample_interval), "aux": OnlineHelper(sample_interval=self.sample_interval)}
+        return {
+            "policy": OnlineHelper(sample_interval=self.sample_interval),
+            "aux": OnlineHelper(sample_interval=self.sample_interval),
+        }
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         for ct in ("policy", "aux"):
@@ -46,8 +49,11 @@ class PolicyAndAuxAgent(Agent):
             next_obs, reward, terminated, truncated, _ = self.env.step(actions["action"])
             next_obs = np.asarray(next_obs, dtype=obs_dtype)
             step = {
-                "inputs": {"obs": obs}, "next_inputs": {"obs": next_obs}, "rewards": {"reward": np.float32(reward)},
-                "terminated": terminated, "truncated": truncated,
+                "inputs": {"obs": obs},
+                "next_inputs": {"obs": next_obs},
+                "rewards": {"reward": np.float32(reward)},
+                "terminated": terminated,
+                "truncated": truncated,
             }
             self.store("policy", actions=actions, **step)
             self.store("aux", actions=predicted, **step)

@@ -21,8 +21,13 @@ from flare2.core.envs import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (
-    add_config_options, add_run_options, add_transform_options, batching_from_args, config_from_args,
-    run_config_from_args, transforms_from_args,
+    add_config_options,
+    add_run_options,
+    add_transform_options,
+    batching_from_args,
+    config_from_args,
+    run_config_from_args,
+    transforms_from_args,
 )
 from flare2.zoo.records.td3 import TD3Config
 from flare2.zoo.td3 import TD3
@@ -36,9 +41,15 @@ def build_td3(env_id: str, config: TD3Config) -> TD3:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Pendulum-v1", help="Gymnasium env id (Box observations, bounded Box actions)")
-    parser.add_argument("--buffer", type=int, default=200_000, help="replay capacity over all agents (each keeps its share)")
-    parser.add_argument("--warmup", type=int, default=2_000,
-                        help="steps over all agents with uniformly random actions, stored before learning starts")
+    parser.add_argument(
+        "--buffer", type=int, default=200_000, help="replay capacity over all agents (each keeps its share)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2_000,
+        help="steps over all agents with uniformly random actions, stored before learning starts",
+    )
     parser.add_argument("--sample-interval", type=int, default=1, help="env steps per agent between learn requests")
     parser.add_argument("--batch-size", type=int, default=256, help="transitions per learn request")
     # Small layers: a gradient step per env step on CPU.
@@ -52,11 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     # 3. The stock Gymnasium agent with a replay buffer in place of the online helper.
     agents = max(args.num_agents, 1)
     replay = {
-        "capacity": max(args.buffer // agents, args.batch_size), "warmup": max(args.warmup // agents, 1),
-        "sample_interval": args.sample_interval, "batch_size": args.batch_size,
+        "capacity": max(args.buffer // agents, args.batch_size),
+        "warmup": max(args.warmup // agents, 1),
+        "sample_interval": args.sample_interval,
+        "batch_size": args.batch_size,
     }
     agent_kwargs = {"env_id": args.env, "ct": "RL", "replay": replay, "transforms": transforms_from_args(args)}
-    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs)
+    run = run_config_from_args(
+        parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=agent_kwargs
+    )
     # 4. The manager runs to the budget (or to --stop-return).
     return Manager(run).run()
 

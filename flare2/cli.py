@@ -27,8 +27,14 @@ def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         curve = load_client(args.keys, args.key_name) if args.keys else None
         config = AttachConfig(
-            endpoint=args.endpoint, agent_path=args.agent, agent_kwargs=kwargs, num_agents=args.num_agents,
-            envs_per_agent=args.envs_per_agent, seed=args.seed, curve=curve, max_restarts=args.max_restarts,
+            endpoint=args.endpoint,
+            agent_path=args.agent,
+            agent_kwargs=kwargs,
+            num_agents=args.num_agents,
+            envs_per_agent=args.envs_per_agent,
+            seed=args.seed,
+            curve=curve,
+            max_restarts=args.max_restarts,
         )
     except ConfigError as exc:
         parser.error(str(exc))
@@ -56,24 +62,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"flare2 {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     # Its options depend on --algo, so it parses its own command line (below).
-    commands.add_parser("train", help="train a Gymnasium env with a zoo algorithm: flare2 train --env ID --algo NAME",
-                        add_help=False)
+    commands.add_parser(
+        "train", help="train a Gymnasium env with a zoo algorithm: flare2 train --env ID --algo NAME", add_help=False
+    )
     commands.add_parser("eval", help="play episodes with a run of flare2 train: flare2 eval RUN_DIR", add_help=False)
-    commands.add_parser("plot", help="return against env steps of runs: flare2 plot RUN_DIR ... -o curve.png",
-                        add_help=False)
-    commands.add_parser("tune", help="search an algorithm's settings for an env with Optuna: flare2 tune --env ID "
-                        "--algo NAME", add_help=False)
+    commands.add_parser(
+        "plot", help="return against env steps of runs: flare2 plot RUN_DIR ... -o curve.png", add_help=False
+    )
+    commands.add_parser(
+        "tune",
+        help="search an algorithm's settings for an env with Optuna: flare2 tune --env ID --algo NAME",
+        add_help=False,
+    )
 
     attach = commands.add_parser("attach", help="start agents here that join a run on another machine")
     attach.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
-    attach.add_argument("--agent", default="flare2.core.envs:GymAgent", help="Agent class: package.module:Class or file.py:Class")
+    attach.add_argument(
+        "--agent", default="flare2.core.envs:GymAgent", help="Agent class: package.module:Class or file.py:Class"
+    )
     attach.add_argument("--agent-kwargs", default="{}", help="JSON object of the agent's keyword arguments")
     attach.add_argument("--num-agents", type=int, default=1, help="agent processes to start here")
     attach.add_argument("--envs-per-agent", type=int, default=1, help="environments each of them plays")
     attach.add_argument("--seed", type=int, default=0, help="seeds the agents' envs")
-    attach.add_argument("--max-restarts", type=int, default=RunConfig.max_restarts,
-                        help="agent failures restarted (after a backoff) before this command gives up")
-    attach.add_argument("--keys", default=None, metavar="DIR", help="folder with server.key and the client's key_secret")
+    attach.add_argument(
+        "--max-restarts",
+        type=int,
+        default=RunConfig.max_restarts,
+        help="agent failures restarted (after a backoff) before this command gives up",
+    )
+    attach.add_argument(
+        "--keys", default=None, metavar="DIR", help="folder with server.key and the client's key_secret"
+    )
     attach.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
     attach.set_defaults(run=_attach, parser=attach)
 

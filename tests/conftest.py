@@ -6,7 +6,6 @@ import os
 import signal
 
 import pytest
-
 from process_token import processes_started_here
 
 

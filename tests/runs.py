@@ -165,18 +165,24 @@ def train(script: str, log_dir: Path, *args: str, timeout_s: float = 1800) -> li
     the others), so these are the figures of the README's commands. Fails the test if the run fails.
     """
     result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / script), "--device", "cpu",
-         "--log-dir", str(log_dir), *args],
-        cwd=log_dir, capture_output=True, text=True, timeout=timeout_s,
+        [sys.executable, str(REPO / "examples" / script), "--device", "cpu", "--log-dir", str(log_dir), *args],
+        cwd=log_dir,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return read_csv(log_dir / "progress.csv")
 
 
-def first_row_reaching(rows: list[dict[str, float]], column: str, threshold: float, budget_steps: int) -> dict[str, float]:
+def first_row_reaching(
+    rows: list[dict[str, float]], column: str, threshold: float, budget_steps: int
+) -> dict[str, float]:
     """The first row whose ``column`` reached ``threshold``; fails the test unless it came before ``budget_steps``."""
     reached = [row for row in rows if finite([row[column]]) and row[column] >= threshold]
     best = max(finite(row[column] for row in rows), default=float("nan"))
     assert reached, f"{column} never reached {threshold} (best {best} in {rows[-1]['env_steps']:.0f} env steps)"
-    assert reached[0]["env_steps"] < budget_steps, f"{column} reached {threshold} only at {reached[0]['env_steps']:.0f} steps"
+    assert reached[0]["env_steps"] < budget_steps, (
+        f"{column} reached {threshold} only at {reached[0]['env_steps']:.0f} steps"
+    )
     return reached[0]

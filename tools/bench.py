@@ -89,7 +89,7 @@ REPO = TOOLS.parent
 if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
-from proctree import MeasureTimeout, Measured, run_measured  # noqa: E402
+from proctree import Measured, MeasureTimeout, run_measured  # noqa: E402
 
 ENV_ID = "CartPole-v1"
 ECHO_MESSAGE = {"inputs": {"obs": bytes(range(16))}}
@@ -127,11 +127,26 @@ class Plan:
         return sorted(counts)
 
 
-FULL = Plan(procs=(1, 2, 4, 8), envs_per_proc=(1, 8, 32, 128), rollout_s=6.0, echo_round_trips=5000,
-            echo_aggregate_s=3.0, syncvec_s=2.0, act_calls=5000,
-            double_buffered=((1, 32), (2, 32), (1, 128), (2, 128)))
-QUICK = Plan(procs=(1, 2, 8), envs_per_proc=(1, 32), rollout_s=3.0, echo_round_trips=2000,
-             echo_aggregate_s=1.0, syncvec_s=1.0, act_calls=2000, double_buffered=((1, 32),))
+FULL = Plan(
+    procs=(1, 2, 4, 8),
+    envs_per_proc=(1, 8, 32, 128),
+    rollout_s=6.0,
+    echo_round_trips=5000,
+    echo_aggregate_s=3.0,
+    syncvec_s=2.0,
+    act_calls=5000,
+    double_buffered=((1, 32), (2, 32), (1, 128), (2, 128)),
+)
+QUICK = Plan(
+    procs=(1, 2, 8),
+    envs_per_proc=(1, 32),
+    rollout_s=3.0,
+    echo_round_trips=2000,
+    echo_aggregate_s=1.0,
+    syncvec_s=1.0,
+    act_calls=2000,
+    double_buffered=((1, 32),),
+)
 
 
 class BenchError(RuntimeError):
@@ -190,8 +205,9 @@ class EchoServer:
 
     def __enter__(self) -> EchoServer:
         endpoints = self._mp.Queue()
-        self._process = self._mp.Process(target=echo_server, args=(endpoints, os.getpid()), name="bench-echo",
-                                         daemon=True)
+        self._process = self._mp.Process(
+            target=echo_server, args=(endpoints, os.getpid()), name="bench-echo", daemon=True
+        )
         self._process.start()
         try:
             self.endpoint = endpoints.get(timeout=60)
@@ -271,8 +287,12 @@ def echo_aggregate_rate(endpoint: str, clients: int, duration_s: float) -> float
     mp = multiprocessing.get_context("spawn")
     ready, results, start = mp.Queue(), mp.Queue(), mp.Event()
     processes = [
-        mp.Process(target=echo_client, args=(endpoint, ready, start, duration_s, results),
-                   name=f"bench-echo-client-{i}", daemon=True)
+        mp.Process(
+            target=echo_client,
+            args=(endpoint, ready, start, duration_s, results),
+            name=f"bench-echo-client-{i}",
+            daemon=True,
+        )
         for i in range(clients)
     ]
     try:
@@ -403,7 +423,7 @@ def steady_state(rows: list[dict[str, float]], first: int, last: int) -> dict[st
     if last <= first:
         raise BenchError(f"too few progress rows for a steady state (rows {first}..{last} of {len(rows)})")
     span = rows[last]["wall_time"] - rows[first]["wall_time"]
-    window = rows[first + 1: last + 1]
+    window = rows[first + 1 : last + 1]
 
     def finite(column: str) -> list[float]:
         return [row[column] for row in window if math.isfinite(row[column])]
@@ -518,11 +538,18 @@ def run_rollout(procs: int, envs: int, log_dir: str, seconds: float, device: str
 
     config = RunConfig(
         cts=(CTConfig(name="RL", build=build_rollout_a2c),),
-        agents=AgentConfig(path="tools/bench_agents.py:RolloutAgent",
-                           kwargs={"env_id": ENV_ID, "double_buffer": double_buffer},
-                           num_agents=procs, envs_per_agent=envs),
+        agents=AgentConfig(
+            path="tools/bench_agents.py:RolloutAgent",
+            kwargs={"env_id": ENV_ID, "double_buffer": double_buffer},
+            num_agents=procs,
+            envs_per_agent=envs,
+        ),
         # Nothing is learned: a learner process would only add its memory to the figures.
-        log_dir=log_dir, max_steps=10**12, device=device, progress_interval_s=1.0, learner="inline",
+        log_dir=log_dir,
+        max_steps=10**12,
+        device=device,
+        progress_interval_s=1.0,
+        learner="inline",
     )
     watcher = _StopAfter(Path(log_dir), procs, seconds, device)
     watcher.start()
@@ -540,8 +567,12 @@ def _mb(measured: Measured) -> float:
 def _measured_figures(measured: Measured) -> dict[str, Any]:
     """Exit code, wall time, peak RSS, and (where proctree gives them) the CPU seconds of the tree and of the
     rest of the machine meanwhile: much of the latter means others competed for the cores."""
-    figures = {"exit_code": measured.returncode, "wall_s": measured.wall_s, "peak_rss_mb": _mb(measured),
-               "leftover_processes": len(measured.leftover_pids)}
+    figures = {
+        "exit_code": measured.returncode,
+        "wall_s": measured.wall_s,
+        "peak_rss_mb": _mb(measured),
+        "leftover_processes": len(measured.leftover_pids),
+    }
     for name in ("cpu_s", "others_cpu_s"):
         if hasattr(measured, name):
             figures[name] = float(getattr(measured, name))
@@ -558,10 +589,25 @@ def measure_rollout(
 ) -> dict[str, Any]:
     """One configuration of (c), run as a subprocess measured by proctree."""
     log_dir = log_root / f"rollout_p{procs}_e{envs}{'_db' if double_buffer else ''}"
-    command = [sys.executable, str(TOOLS / "bench.py"), "--run-rollout", str(procs), str(envs), str(log_dir),
-               str(seconds), "--device", device, *(["--double-buffer"] if double_buffer else [])]
-    result: dict[str, Any] = {"procs": procs, "envs_per_proc": envs, "envs": procs * envs, "log_dir": str(log_dir),
-                              "double_buffer": double_buffer}
+    command = [
+        sys.executable,
+        str(TOOLS / "bench.py"),
+        "--run-rollout",
+        str(procs),
+        str(envs),
+        str(log_dir),
+        str(seconds),
+        "--device",
+        device,
+        *(["--double-buffer"] if double_buffer else []),
+    ]
+    result: dict[str, Any] = {
+        "procs": procs,
+        "envs_per_proc": envs,
+        "envs": procs * envs,
+        "log_dir": str(log_dir),
+        "double_buffer": double_buffer,
+    }
     try:
         measured = run_measured(command, cwd=REPO, timeout_s=STARTUP_LIMIT_S + seconds + 60)
     except MeasureTimeout as exc:
@@ -586,8 +632,22 @@ def measure_rollout(
 
 def train_command(algo: str, log_dir: Path, extra: Sequence[str], serial: bool, device: str) -> list[str]:
     script, steps = TRAIN_COMMANDS[algo]
-    return [sys.executable, script, "--max-steps", str(steps), "--log-dir", str(log_dir), "--device", device,
-            "--seed", "0", "--progress-interval", "1", *extra, *(["--serial"] if serial else [])]
+    return [
+        sys.executable,
+        script,
+        "--max-steps",
+        str(steps),
+        "--log-dir",
+        str(log_dir),
+        "--device",
+        device,
+        "--seed",
+        "0",
+        "--progress-interval",
+        "1",
+        *extra,
+        *(["--serial"] if serial else []),
+    ]
 
 
 def measure_train(algo: str, serial: bool, extra: Sequence[str], log_root: Path, device: str) -> dict[str, Any]:
@@ -595,8 +655,12 @@ def measure_train(algo: str, serial: bool, extra: Sequence[str], log_root: Path,
     mode = "serial" if serial else "flare2"
     log_dir = log_root / f"train_{algo}_{mode}"
     command = train_command(algo, log_dir, extra, serial, device)
-    result: dict[str, Any] = {"algo": algo, "mode": mode, "command": shlex.join(["python", *command[1:]]),
-                              "log_dir": str(log_dir)}
+    result: dict[str, Any] = {
+        "algo": algo,
+        "mode": mode,
+        "command": shlex.join(["python", *command[1:]]),
+        "log_dir": str(log_dir),
+    }
     try:
         measured = run_measured(command, cwd=REPO, timeout_s=TRAIN_TIMEOUT_S)
     except MeasureTimeout as exc:
@@ -654,20 +718,29 @@ def summary_ratios(echo: dict | None, syncvec: dict | None, rollout: list[dict])
     raw_rtt_us = echo["rtt_p50_us"] + syncvec["act_batch1_us"] if echo and syncvec else None
     return {
         "rtt_ratio": _ratio(one["rtt_p50_ms"] * 1000, raw_rtt_us) if one else None,
-        "rollout_vs_echo_8":
-            _ratio(eight["steps_per_s"], echo["aggregate_round_trips_per_s"]) if eight and echo else None,
+        "rollout_vs_echo_8": _ratio(eight["steps_per_s"], echo["aggregate_round_trips_per_s"])
+        if eight and echo
+        else None,
         "rollout_vs_syncvec_best": _ratio(best["steps_per_s"], syncvec_rate(syncvec, best["envs"])) if best else None,
-        "rollout_best": {"procs": best["procs"], "envs_per_proc": best["envs_per_proc"],
-                         "double_buffer": best.get("double_buffer", False)} if best else None,
+        "rollout_best": {
+            "procs": best["procs"],
+            "envs_per_proc": best["envs_per_proc"],
+            "double_buffer": best.get("double_buffer", False),
+        }
+        if best
+        else None,
     }
 
 
 def echo_table(echo: dict[str, Any]) -> str:
-    return markdown_table(["measurement", "value"], [
-        ["round trip, 1 client, p50 (µs)", _fmt(echo["rtt_p50_us"], 1)],
-        ["round trip, 1 client, p99 (µs)", _fmt(echo["rtt_p99_us"], 1)],
-        [f"{echo['clients']} client processes, round trips/s (sum)", _fmt(echo["aggregate_round_trips_per_s"])],
-    ])
+    return markdown_table(
+        ["measurement", "value"],
+        [
+            ["round trip, 1 client, p50 (µs)", _fmt(echo["rtt_p50_us"], 1)],
+            ["round trip, 1 client, p99 (µs)", _fmt(echo["rtt_p99_us"], 1)],
+            [f"{echo['clients']} client processes, round trips/s (sum)", _fmt(echo["aggregate_round_trips_per_s"])],
+        ],
+    )
 
 
 def syncvec_table(syncvec: dict[str, Any]) -> str:
@@ -688,16 +761,41 @@ def rollout_table(rollout: list[dict[str, Any]], syncvec: dict[str, Any] | None)
         if "error" in r:
             rows.append([r["procs"], r["envs_per_proc"], r["envs"], "failed", *["-"] * 10])
             continue
-        rows.append([
-            r["procs"], f"{r['envs_per_proc']}{' (2 halves)' if r.get('double_buffer') else ''}", r["envs"],
-            _fmt(r["steps_per_s"]),
-            _fmt(_ratio(r["steps_per_s"], syncvec_rate(syncvec, r["envs"])), 2),
-            _fmt(r["rtt_p50_ms"], 3), _fmt(r["rtt_p99_ms"], 3), _fmt(r["batch_mean"], 2), _fmt(r["forwards_per_s"]),
-            _fmt(r.get("gpu_util_percent")), _fmt(r["peak_rss_mb"]), _fmt(r["steady_s"], 1), _others_cores(r),
-        ])
-    return markdown_table(["procs", "envs/proc", "envs", "env steps/s", "vs SyncVectorEnv", "rtt p50 ms",
-                           "rtt p99 ms", "mean batch", "forward passes/s", "GPU util %", "peak RSS MB", "steady s",
-                           "others' cores"], rows)
+        rows.append(
+            [
+                r["procs"],
+                f"{r['envs_per_proc']}{' (2 halves)' if r.get('double_buffer') else ''}",
+                r["envs"],
+                _fmt(r["steps_per_s"]),
+                _fmt(_ratio(r["steps_per_s"], syncvec_rate(syncvec, r["envs"])), 2),
+                _fmt(r["rtt_p50_ms"], 3),
+                _fmt(r["rtt_p99_ms"], 3),
+                _fmt(r["batch_mean"], 2),
+                _fmt(r["forwards_per_s"]),
+                _fmt(r.get("gpu_util_percent")),
+                _fmt(r["peak_rss_mb"]),
+                _fmt(r["steady_s"], 1),
+                _others_cores(r),
+            ]
+        )
+    return markdown_table(
+        [
+            "procs",
+            "envs/proc",
+            "envs",
+            "env steps/s",
+            "vs SyncVectorEnv",
+            "rtt p50 ms",
+            "rtt p99 ms",
+            "mean batch",
+            "forward passes/s",
+            "GPU util %",
+            "peak RSS MB",
+            "steady s",
+            "others' cores",
+        ],
+        rows,
+    )
 
 
 def train_table(train: list[dict[str, Any]], ratios: dict[str, float | None]) -> str:
@@ -706,27 +804,62 @@ def train_table(train: list[dict[str, Any]], ratios: dict[str, float | None]) ->
         if "error" in r:
             rows.append([r["algo"], r["mode"], "failed", "-", "-", "-", "-", "-", "-", "-"])
             continue
-        rows.append([
-            r["algo"], r["mode"], _fmt(r["steps_per_s"]),
-            _fmt(ratios.get(r["algo"]), 2) if r["mode"] == "flare2" else "1.00",
-            _fmt(r["wall_s"], 1), _fmt(r["peak_rss_mb"]), _fmt(r["batch_mean"], 2), _fmt(r["rtt_p50_ms"], 3),
-            _fmt(r["return_mean"], 1), _others_cores(r),
-        ])
-    return markdown_table(["algo", "mode", "env steps/s", "flare2/serial", "wall s", "peak RSS MB", "mean batch",
-                           "rtt p50 ms", "return (last row)", "others' cores"], rows)
+        rows.append(
+            [
+                r["algo"],
+                r["mode"],
+                _fmt(r["steps_per_s"]),
+                _fmt(ratios.get(r["algo"]), 2) if r["mode"] == "flare2" else "1.00",
+                _fmt(r["wall_s"], 1),
+                _fmt(r["peak_rss_mb"]),
+                _fmt(r["batch_mean"], 2),
+                _fmt(r["rtt_p50_ms"], 3),
+                _fmt(r["return_mean"], 1),
+                _others_cores(r),
+            ]
+        )
+    return markdown_table(
+        [
+            "algo",
+            "mode",
+            "env steps/s",
+            "flare2/serial",
+            "wall s",
+            "peak RSS MB",
+            "mean batch",
+            "rtt p50 ms",
+            "return (last row)",
+            "others' cores",
+        ],
+        rows,
+    )
 
 
 def summary_table(summary: dict[str, Any]) -> str:
     best = summary.get("rollout_best")
-    best_text = (f"{best['procs']} x {best['envs_per_proc']}{', 2 halves' if best.get('double_buffer') else ''}"
-                 if best else "-")
-    return markdown_table(["ratio", "value", "what"], [
-        ["rtt_ratio", _fmt(summary["rtt_ratio"], 2), "flare2 1x1 predict rtt p50 / (raw echo p50 + act at batch 1)"],
-        ["rollout_vs_echo_8", _fmt(summary["rollout_vs_echo_8"], 2),
-         "flare2 rollout 8x1 steps/s / raw 8-client echo round trips/s"],
-        ["rollout_vs_syncvec_best", _fmt(summary["rollout_vs_syncvec_best"], 2),
-         f"best flare2 rollout ({best_text}) / SyncVectorEnv at its env count"],
-    ])
+    best_text = (
+        f"{best['procs']} x {best['envs_per_proc']}{', 2 halves' if best.get('double_buffer') else ''}" if best else "-"
+    )
+    return markdown_table(
+        ["ratio", "value", "what"],
+        [
+            [
+                "rtt_ratio",
+                _fmt(summary["rtt_ratio"], 2),
+                "flare2 1x1 predict rtt p50 / (raw echo p50 + act at batch 1)",
+            ],
+            [
+                "rollout_vs_echo_8",
+                _fmt(summary["rollout_vs_echo_8"], 2),
+                "flare2 rollout 8x1 steps/s / raw 8-client echo round trips/s",
+            ],
+            [
+                "rollout_vs_syncvec_best",
+                _fmt(summary["rollout_vs_syncvec_best"], 2),
+                f"best flare2 rollout ({best_text}) / SyncVectorEnv at its env count",
+            ],
+        ],
+    )
 
 
 def _json_ready(value: Any) -> Any:
@@ -766,24 +899,44 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.split("\nInternal:")[0].splitlines()[2:]))
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer rollout configurations ({1,2,8} x {1,32}) and shorter measurements")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\nInternal:")[0].splitlines()[2:]),
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rollout configurations ({1,2,8} x {1,32}) and shorter measurements"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
-    parser.add_argument("--train-args", default="", metavar="ARGS",
-                        help="more options for the four training commands of (d), e.g. \"--num-agents 8\"")
-    parser.add_argument("--log-root", metavar="DIR",
-                        help="keep the log dirs of the flare2 runs under DIR (default: a temporary dir, removed)")
-    parser.add_argument("--device", default="cpu",
-                        help="where the model of (b), (c) and (d) runs: cpu (default), cuda or cuda:N")
-    parser.add_argument("--procs", type=_counts, metavar="LIST",
-                        help="agent processes of (c), comma-separated, instead of the plan's (e.g. 1,4,16)")
-    parser.add_argument("--envs-per-proc", type=_counts, metavar="LIST",
-                        help="envs per agent process of (c), comma-separated, instead of the plan's (e.g. 8,128)")
-    parser.add_argument("--run-rollout", nargs=4, metavar=("PROCS", "ENVS", "LOGDIR", "SECONDS"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--train-args",
+        default="",
+        metavar="ARGS",
+        help='more options for the four training commands of (d), e.g. "--num-agents 8"',
+    )
+    parser.add_argument(
+        "--log-root",
+        metavar="DIR",
+        help="keep the log dirs of the flare2 runs under DIR (default: a temporary dir, removed)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="where the model of (b), (c) and (d) runs: cpu (default), cuda or cuda:N"
+    )
+    parser.add_argument(
+        "--procs",
+        type=_counts,
+        metavar="LIST",
+        help="agent processes of (c), comma-separated, instead of the plan's (e.g. 1,4,16)",
+    )
+    parser.add_argument(
+        "--envs-per-proc",
+        type=_counts,
+        metavar="LIST",
+        help="envs per agent process of (c), comma-separated, instead of the plan's (e.g. 8,128)",
+    )
+    parser.add_argument(
+        "--run-rollout", nargs=4, metavar=("PROCS", "ENVS", "LOGDIR", "SECONDS"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--double-buffer", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -796,8 +949,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     plan = QUICK if args.quick else FULL
     if args.procs or args.envs_per_proc:
-        plan = dataclasses.replace(plan, procs=args.procs or plan.procs,
-                                   envs_per_proc=args.envs_per_proc or plan.envs_per_proc, double_buffered=())
+        plan = dataclasses.replace(
+            plan,
+            procs=args.procs or plan.procs,
+            envs_per_proc=args.envs_per_proc or plan.envs_per_proc,
+            double_buffered=(),
+        )
     device = checked_device(args.device)
     extra = shlex.split(args.train_args)
     bench_started = time.monotonic()
@@ -857,8 +1014,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch  # already loaded by (b); only for the record
 
     where = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "CPU"
-    print(f"\nflare2 bench{' --quick' if args.quick else ''}: {ENV_ID}, A2C MLP 64-64, {where}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}\n")
+    print(
+        f"\nflare2 bench{' --quick' if args.quick else ''}: {ENV_ID}, A2C MLP 64-64, {where}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}\n"
+    )
     print("## (a) raw ZeroMQ + msgpack echo\n")
     print(echo_table(echo) if echo else "failed")
     print("\n## (b) in-process baseline (one process, one torch thread)\n")
@@ -879,8 +1038,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
             "bench_wall_s": bench_wall_s,
             "device": device,
-            "machine": {"cpus": os.cpu_count(), "device": where, "python": platform.python_version(), "torch": torch.__version__,
-                        "platform": platform.platform()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "device": where,
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "platform": platform.platform(),
+            },
             "echo": echo,
             "syncvec": syncvec,
             "rollout": rollout,

@@ -156,8 +156,10 @@ def install_venv(venv_dir: Path) -> None:
     if not venv_python(venv_dir).exists():
         print(f"creating {venv_dir} (--system-site-packages)", file=sys.stderr)
         venv.EnvBuilder(system_site_packages=True, with_pip=True).create(venv_dir)
-    subprocess.run([str(venv_python(venv_dir)), "-m", "pip", "install", "--disable-pip-version-check",
-                    "stable-baselines3"], check=True)
+    subprocess.run(
+        [str(venv_python(venv_dir)), "-m", "pip", "install", "--disable-pip-version-check", "stable-baselines3"],
+        check=True,
+    )
 
 
 def sb3_version(venv_dir: Path) -> str | None:
@@ -165,8 +167,11 @@ def sb3_version(venv_dir: Path) -> str | None:
     python = venv_python(venv_dir)
     if not python.exists():
         return None
-    done = subprocess.run([str(python), "-c", "import stable_baselines3; print(stable_baselines3.__version__)"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(python), "-c", "import stable_baselines3; print(stable_baselines3.__version__)"],
+        capture_output=True,
+        text=True,
+    )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -195,15 +200,30 @@ def _tail(text: str, lines: int = 15) -> str:
 
 
 def measured_run(algo: str, system: str, seed: int, measured: Measured) -> Run:
-    return Run(algo, system, seed, measured.returncode, measured.wall_s, measured.peak_rss_bytes / 2**20,
-               leftover_pids=measured.leftover_pids, cpu_s=measured.cpu_s,
-               others_load=measured.others_cpu_s / measured.wall_s if measured.wall_s > 0 else None)
+    return Run(
+        algo,
+        system,
+        seed,
+        measured.returncode,
+        measured.wall_s,
+        measured.peak_rss_bytes / 2**20,
+        leftover_pids=measured.leftover_pids,
+        cpu_s=measured.cpu_s,
+        others_load=measured.others_cpu_s / measured.wall_s if measured.wall_s > 0 else None,
+    )
 
 
-def run_sb3(algo: str, system: str, seed: int, *, venv_dir: Path, n_envs: int, budget: int,
-            threshold: float, timeout_s: float) -> Run:
-    spec = {"algo": algo, "vec_env": SB3_VEC_ENV[system], "n_envs": n_envs, "seed": seed,
-            "budget": budget, "threshold": threshold}
+def run_sb3(
+    algo: str, system: str, seed: int, *, venv_dir: Path, n_envs: int, budget: int, threshold: float, timeout_s: float
+) -> Run:
+    spec = {
+        "algo": algo,
+        "vec_env": SB3_VEC_ENV[system],
+        "n_envs": n_envs,
+        "seed": seed,
+        "budget": budget,
+        "threshold": threshold,
+    }
     command = [str(venv_python(venv_dir)), "-c", SB3_RUNNER, json.dumps(spec)]
     try:
         measured = run_measured(command, cwd=ROOT, timeout_s=timeout_s)
@@ -220,11 +240,23 @@ def run_sb3(algo: str, system: str, seed: int, *, venv_dir: Path, n_envs: int, b
     return run
 
 
-def run_flare2(algo: str, seed: int, *, flare2_args: list[str], budget: int, threshold: float,
-               timeout_s: float) -> Run:
+def run_flare2(algo: str, seed: int, *, flare2_args: list[str], budget: int, threshold: float, timeout_s: float) -> Run:
     with tempfile.TemporaryDirectory(prefix=f"bench_peers_{algo}_s{seed}_") as log_dir:
-        command = [sys.executable, f"examples/cartpole_{algo}.py", *flare2_args, "--stop-return", f"{threshold:g}",
-                   "--max-steps", str(budget), "--log-dir", log_dir, "--seed", str(seed), "--device", "cpu"]
+        command = [
+            sys.executable,
+            f"examples/cartpole_{algo}.py",
+            *flare2_args,
+            "--stop-return",
+            f"{threshold:g}",
+            "--max-steps",
+            str(budget),
+            "--log-dir",
+            log_dir,
+            "--seed",
+            str(seed),
+            "--device",
+            "cpu",
+        ]
         try:
             measured = run_measured(command, cwd=ROOT, timeout_s=timeout_s)
         except MeasureTimeout as exc:
@@ -259,31 +291,37 @@ def summarize(runs: list[Run]) -> dict:
     rows = []
     for (algo, system), group in groups.items():
         group = sorted(group, key=lambda run: run.seed)
-        rows.append({
-            "algo": algo, "system": system,
-            "seeds": [run.seed for run in group],
-            "steps_per_s_median": _median([run.steps_per_s for run in group]),
-            "steps_to_threshold": [run.steps_to_threshold for run in group],
-            "reached": [run.error is None and run.steps_to_threshold is not None for run in group],
-            "failed": [run.error is not None for run in group],
-            "wall_s": [run.wall_s for run in group],
-            "wall_s_median": _median([run.wall_s for run in group]),
-            "peak_rss_mb_median": _median([run.peak_rss_mb for run in group]),
-            "cpu_s_median": _median([run.cpu_s for run in group]),
-            "others_load": [run.others_load for run in group],
-        })
+        rows.append(
+            {
+                "algo": algo,
+                "system": system,
+                "seeds": [run.seed for run in group],
+                "steps_per_s_median": _median([run.steps_per_s for run in group]),
+                "steps_to_threshold": [run.steps_to_threshold for run in group],
+                "reached": [run.error is None and run.steps_to_threshold is not None for run in group],
+                "failed": [run.error is not None for run in group],
+                "wall_s": [run.wall_s for run in group],
+                "wall_s_median": _median([run.wall_s for run in group]),
+                "peak_rss_mb_median": _median([run.peak_rss_mb for run in group]),
+                "cpu_s_median": _median([run.cpu_s for run in group]),
+                "others_load": [run.others_load for run in group],
+            }
+        )
     by_key = {(row["algo"], row["system"]): row for row in rows}
     ratios = []
     for (algo, system), row in by_key.items():
         flare2 = by_key.get((algo, "flare2"))
         if system == "flare2" or flare2 is None:
             continue
-        ratios.append({
-            "algo": algo, "against": system,
-            "steps_per_s": _ratio(flare2["steps_per_s_median"], row["steps_per_s_median"]),
-            "wall_s": _ratio(flare2["wall_s_median"], row["wall_s_median"]),
-            "peak_rss": _ratio(flare2["peak_rss_mb_median"], row["peak_rss_mb_median"]),
-        })
+        ratios.append(
+            {
+                "algo": algo,
+                "against": system,
+                "steps_per_s": _ratio(flare2["steps_per_s_median"], row["steps_per_s_median"]),
+                "wall_s": _ratio(flare2["wall_s_median"], row["wall_s_median"]),
+                "peak_rss": _ratio(flare2["peak_rss_mb_median"], row["peak_rss_mb_median"]),
+            }
+        )
     order = {name: i for i, name in enumerate(ALGOS + SYSTEMS)}
     rows.sort(key=lambda row: (order.get(row["algo"], 99), order.get(row["system"], 99)))
     ratios.sort(key=lambda row: (order.get(row["algo"], 99), order.get(row["against"], 99)))
@@ -326,39 +364,58 @@ def markdown_table(summary: dict, threshold: float = 475.0) -> str:
             )
     shared = [
         f"{row['algo'].upper()} {row['system']} seed {seed} ({load:.2f})"
-        for row in summary["rows"] for seed, load in zip(row["seeds"], row["others_load"])
+        for row in summary["rows"]
+        for seed, load in zip(row["seeds"], row["others_load"])
         if load is not None and load > SHARED_LOAD
     ]
     if shared:
-        lines += ["", f"Other processes kept this many cores busy on average during: {', '.join(shared)}; "
-                      "those runs had less of the machine than the others."]
+        lines += [
+            "",
+            f"Other processes kept this many cores busy on average during: {', '.join(shared)}; "
+            "those runs had less of the machine than the others.",
+        ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--install", action="store_true", help="create the venv and pip-install stable-baselines3 into it")
+    parser.add_argument(
+        "--install", action="store_true", help="create the venv and pip-install stable-baselines3 into it"
+    )
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="virtualenv holding stable-baselines3")
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--threshold", type=float, default=475.0, help="mean return of the last 100 episodes to reach")
     parser.add_argument("--a2c-steps", type=int, default=500_000, help="A2C step budget (zoo: 5e5)")
-    parser.add_argument("--ppo-steps", type=int, default=100_000,
-                        help="PPO step budget; the learning rate and clip range fall to 0 over it (zoo: 1e5)")
+    parser.add_argument(
+        "--ppo-steps",
+        type=int,
+        default=100_000,
+        help="PPO step budget; the learning rate and clip range fall to 0 over it (zoo: 1e5)",
+    )
     parser.add_argument("--n-envs", type=int, default=8, help="SB3's env count (zoo: 8)")
-    parser.add_argument("--flare2-args", default=None,
-                        help="extra arguments of the flare2 example scripts (default: '--num-agents 1 --envs-per-agent N_ENVS'; "
-                             "keep the env count equal to SB3's for a like-for-like comparison)")
+    parser.add_argument(
+        "--flare2-args",
+        default=None,
+        help="extra arguments of the flare2 example scripts (default: '--num-agents 1 --envs-per-agent N_ENVS'; "
+        "keep the env count equal to SB3's for a like-for-like comparison)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is killed")
-    parser.add_argument("--max-others-load", type=float, default=None,
-                        help="repeat a run (up to --retries times) while other processes kept more than this many "
-                             "cores busy on average during it; the least disturbed attempt is kept")
+    parser.add_argument(
+        "--max-others-load",
+        type=float,
+        default=None,
+        help="repeat a run (up to --retries times) while other processes kept more than this many "
+        "cores busy on average during it; the least disturbed attempt is kept",
+    )
     parser.add_argument("--retries", type=int, default=2, help="repeats allowed per run by --max-others-load")
     parser.add_argument("--json", type=Path, help="also write every run's figures and the ratios to this file")
     args = parser.parse_args(argv)
     venv_dir = args.venv.resolve()
-    flare2_args = shlex.split(args.flare2_args if args.flare2_args is not None else f"--num-agents 1 --envs-per-agent {args.n_envs}")
+    flare2_args = shlex.split(
+        args.flare2_args if args.flare2_args is not None else f"--num-agents 1 --envs-per-agent {args.n_envs}"
+    )
     budgets = {"a2c": args.a2c_steps, "ppo": args.ppo_steps}
 
     if args.install:
@@ -368,22 +425,43 @@ def main(argv: list[str] | None = None) -> int:
         version = sb3_version(venv_dir)
         if version is None:
             venv_option = "" if venv_dir == DEFAULT_VENV else f" --venv {args.venv}"
-            print(f"stable-baselines3 is not importable with {venv_python(venv_dir)}: "
-                  f"run `python tools/bench_peers.py --install{venv_option}` once to make that venv",
-                  file=sys.stderr)
+            print(
+                f"stable-baselines3 is not importable with {venv_python(venv_dir)}: "
+                f"run `python tools/bench_peers.py --install{venv_option}` once to make that venv",
+                file=sys.stderr,
+            )
             return 2
 
     def run_once(algo: str, system: str, seed: int) -> Run:
         if system == "flare2":
-            run = run_flare2(algo, seed, flare2_args=flare2_args, budget=budgets[algo],
-                             threshold=args.threshold, timeout_s=args.timeout)
+            run = run_flare2(
+                algo,
+                seed,
+                flare2_args=flare2_args,
+                budget=budgets[algo],
+                threshold=args.threshold,
+                timeout_s=args.timeout,
+            )
         else:
-            run = run_sb3(algo, system, seed, venv_dir=venv_dir, n_envs=args.n_envs, budget=budgets[algo],
-                          threshold=args.threshold, timeout_s=args.timeout)
-        status = f"FAILED: {run.error}" if run.error else (
-            f"{_num(run.steps_per_s)} steps/s, {run.steps_to_threshold or 'never'} steps to "
-            f"{args.threshold:g}, {run.wall_s:.1f} s, {run.peak_rss_mb:.0f} MB, others used "
-            f"{_num(run.others_load, 2)} cores")
+            run = run_sb3(
+                algo,
+                system,
+                seed,
+                venv_dir=venv_dir,
+                n_envs=args.n_envs,
+                budget=budgets[algo],
+                threshold=args.threshold,
+                timeout_s=args.timeout,
+            )
+        status = (
+            f"FAILED: {run.error}"
+            if run.error
+            else (
+                f"{_num(run.steps_per_s)} steps/s, {run.steps_to_threshold or 'never'} steps to "
+                f"{args.threshold:g}, {run.wall_s:.1f} s, {run.peak_rss_mb:.0f} MB, others used "
+                f"{_num(run.others_load, 2)} cores"
+            )
+        )
         if run.leftover_pids:
             status += f" (left processes running: {list(run.leftover_pids)}, killed)"
         print(f"{algo} {system} seed {seed}: {status}", file=sys.stderr, flush=True)
@@ -408,8 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(summary, args.threshold))
     if args.json:
         config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
-        config.update(flare2_args=flare2_args, sb3_version=version, python=sys.version.split()[0],
-                      cpus=os.cpu_count())
+        config.update(flare2_args=flare2_args, sb3_version=version, python=sys.version.split()[0], cpus=os.cpu_count())
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"config": config, "runs": [asdict(run) for run in runs], **summary}, indent=2))
     return 1 if any(run.error for run in runs) else 0

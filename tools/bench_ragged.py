@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     env = Minefield()
-    network = EntityActorCritic(env.observation_space, env.action_space, actors={"move": "robot"},
-                                selects={"fire": "mine"})
+    network = EntityActorCritic(
+        env.observation_space, env.action_space, actors={"move": "robot"}, selects={"fire": "mine"}
+    )
     ragged_ct = ComputationTask("ragged", PPO(network), device="cpu")
     padded_ct = ComputationTask("padded", PaddedPPO(PaddedEntities(network)), device="cpu")
     arrays = observations(args.rows, seed=0)
@@ -145,11 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, ct, batch in (("ragged", ragged_ct, arrays), ("padded", padded_ct, padded(arrays))):
         seconds, wire_bytes = measure(ct, split(batch, args.requests), args.seconds)
         results[name] = (seconds, wire_bytes)
-        print(f"{name:7s} {entities / seconds:10,.0f} entities/s  {1 / seconds:8,.1f} batches/s  "
-              f"{seconds * 1e3:7.2f} ms/batch  {wire_bytes:7,d} wire bytes/batch")
+        print(
+            f"{name:7s} {entities / seconds:10,.0f} entities/s  {1 / seconds:8,.1f} batches/s  "
+            f"{seconds * 1e3:7.2f} ms/batch  {wire_bytes:7,d} wire bytes/batch"
+        )
     (ragged_s, ragged_bytes), (padded_s, padded_bytes) = results["ragged"], results["padded"]
-    print(f"{args.rows} observations, {entities} entities, {args.requests} requests per batch; "
-          f"ragged/padded speed {padded_s / ragged_s:.2f}, wire bytes {ragged_bytes / padded_bytes:.2f}")
+    print(
+        f"{args.rows} observations, {entities} entities, {args.requests} requests per batch; "
+        f"ragged/padded speed {padded_s / ragged_s:.2f}, wire bytes {ragged_bytes / padded_bytes:.2f}"
+    )
     return 0
 
 

@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     with context() as ctx:
         control = Requester(ctx, args.endpoint, identity=agent_id, curve=curve)
         welcome = control.request(
-            HELLO, {"role": "agent", "remote": True, "pid": 0, "host": socket.gethostname(), "cts": [args.ct]},
-            timeout_s=10, what="hello to the manager",
+            HELLO,
+            {"role": "agent", "remote": True, "pid": 0, "host": socket.gethostname(), "cts": [args.ct]},
+            timeout_s=10,
+            what="hello to the manager",
         ).payload
         ct = welcome["cts"][args.ct]
         specs = CTSpecs.from_wire(ct["specs"])

@@ -59,8 +59,11 @@ def table(curves: dict[str, list[tuple[float, float]]], every: int, digits: int 
     finals = [curve[-1] if curve else None for curve in curves.values()]
     cells = [cell(final[1] if final else None, width) for final, width in zip(finals, widths)]
     lines.append("final".rjust(9) + "  " + "  ".join(cells))
-    lines.append("at steps".rjust(9) + "  " + "  ".join(
-        (str(int(final[0])) if final else "").rjust(w) for final, w in zip(finals, widths)))
+    lines.append(
+        "at steps".rjust(9)
+        + "  "
+        + "  ".join((str(int(final[0])) if final else "").rjust(w) for final, w in zip(finals, widths))
+    )
     return "\n".join(lines)
 
 

@@ -45,9 +45,11 @@ def report(log_dir: Path) -> list[str]:
     for row in read_rows(log_dir / "learn.csv"):
         costs[(row["ct"], row["cost"])].append(float(row["value"]))
     for ct, kinds in batching.items():
-        lines.append(f"  {ct}: predict batch mean {weighted_mean(kinds['predict']):.2f} over "
-                     f"{sum(n for _, n in kinds['predict'])} batches, learn batch mean "
-                     f"{weighted_mean(kinds['learn']):.2f} over {sum(n for _, n in kinds['learn'])} calls")
+        lines.append(
+            f"  {ct}: predict batch mean {weighted_mean(kinds['predict']):.2f} over "
+            f"{sum(n for _, n in kinds['predict'])} batches, learn batch mean "
+            f"{weighted_mean(kinds['learn']):.2f} over {sum(n for _, n in kinds['learn'])} calls"
+        )
         for (cost_ct, cost), values in costs.items():
             if cost_ct == ct:
                 start, end = fifths(values)

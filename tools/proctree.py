@@ -73,7 +73,7 @@ def _proc_table() -> dict[int, tuple[int, int, str, int]]:
         except OSError:  # gone meanwhile
             continue
         # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) >= 13:
             ppid, sid, utime, stime = int(fields[1]), int(fields[3]), int(fields[11]), int(fields[12])
             table[int(entry.name)] = (ppid, sid, fields[0].decode(), utime + stime)
@@ -173,8 +173,13 @@ def run_measured(
         busy_before, own_before = machine_busy_s(), _own_cpu_s()
         start = time.monotonic()
         proc = subprocess.Popen(
-            command, cwd=cwd, env=None if env is None else dict(env),
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+            command,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
         )
         peak = 0
         cpu_ticks: dict[int, int] = {}  # the most each process of the tree was seen to have used
@@ -220,8 +225,9 @@ def run_measured(
             )
         cpu_s = sum(cpu_ticks.values()) * _TICK_S
         others_cpu_s = max(0.0, busy_s - cpu_s - (_own_cpu_s() - own_before))
-        return Measured(returncode, wall_s, peak, _read_text(out), _read_text(err), tuple(sorted(leftovers)),
-                        cpu_s, others_cpu_s)
+        return Measured(
+            returncode, wall_s, peak, _read_text(out), _read_text(err), tuple(sorted(leftovers)), cpu_s, others_cpu_s
+        )
 
 
 if __name__ == "__main__":
@@ -229,7 +235,16 @@ if __name__ == "__main__":
     import sys
 
     result = run_measured(sys.argv[1:], timeout_s=float(os.environ.get("PROCTREE_TIMEOUT_S", "3600")))
-    print(json.dumps({"returncode": result.returncode, "wall_s": round(result.wall_s, 3),
-                      "peak_rss_mb": round(result.peak_rss_bytes / 2**20, 1), "cpu_s": round(result.cpu_s, 2),
-                      "others_cpu_s": round(result.others_cpu_s, 2), "leftover_pids": list(result.leftover_pids)}))
+    print(
+        json.dumps(
+            {
+                "returncode": result.returncode,
+                "wall_s": round(result.wall_s, 3),
+                "peak_rss_mb": round(result.peak_rss_bytes / 2**20, 1),
+                "cpu_s": round(result.cpu_s, 2),
+                "others_cpu_s": round(result.others_cpu_s, 2),
+                "leftover_pids": list(result.leftover_pids),
+            }
+        )
+    )
     sys.exit(result.returncode)

@@ -29,8 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run log directories (or progress.csv files)")
     parser.add_argument("--threshold", type=float, default=475.0, help="value to reach")
-    parser.add_argument("--column", default="return_mean",
-                        help="progress.csv column: return_mean (training episodes) or eval_return_mean (greedy evaluation)")
+    parser.add_argument(
+        "--column",
+        default="return_mean",
+        help="progress.csv column: return_mean (training episodes) or eval_return_mean (greedy evaluation)",
+    )
     args = parser.parse_args(argv)
     missed = 0
     for run in args.runs:

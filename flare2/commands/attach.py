@@ -58,7 +58,7 @@ class AttachConfig:
     restart_backoff_s: float = RunConfig.restart_backoff_s
 
     def __post_init__(self) -> None:
-        if not self.endpoint.startswith("tcp://") or ":" not in self.endpoint[len("tcp://"):]:
+        if not self.endpoint.startswith("tcp://") or ":" not in self.endpoint[len("tcp://") :]:
             raise ConfigError(f"the manager's address must look like tcp://HOST:PORT, got {self.endpoint!r}")
         if ":" not in self.agent_path:
             raise ConfigError(f"--agent must look like package.module:Class, got {self.agent_path!r}")
@@ -79,8 +79,11 @@ def probe(config: AttachConfig) -> dict[str, Any]:
                 HELLO, {"role": "probe"}, timeout_s=config.probe_timeout_s, what="hello to the manager"
             ).payload
         except ReplyTimeoutError:
-            keys = (" and that --keys holds the run's keys" if config.curve
-                    else " (a run bound beyond loopback needs --keys)")
+            keys = (
+                " and that --keys holds the run's keys"
+                if config.curve
+                else " (a run bound beyond loopback needs --keys)"
+            )
             raise TransportError(
                 f"no manager answered at {config.endpoint} within {config.probe_timeout_s:.0f}s: check the address, "
                 f"that the run is up and that the port is reachable{keys}"
@@ -108,7 +111,10 @@ def attach(config: AttachConfig) -> int:
         logger.error("%s", exc)
         return exit_codes.UNREACHABLE
     logger.info(
-        "manager at %s serves CTs %s; starting %d agent(s)", config.endpoint, sorted(info.get("cts", {})), config.num_agents
+        "manager at %s serves CTs %s; starting %d agent(s)",
+        config.endpoint,
+        sorted(info.get("cts", {})),
+        config.num_agents,
     )
     agents = _AttachedAgents(config)
 
@@ -145,8 +151,13 @@ class _AttachedAgents:
         config = self.config
         tag = f"{socket.gethostname()}-{os.getpid()}"[:60]
         launch = AgentLaunch(
-            control_endpoint=config.endpoint, agent_path=config.agent_path, agent_kwargs=config.agent_kwargs,
-            envs_per_agent=config.envs_per_agent, seed=config.seed, curve=config.curve, id_prefix=f"r-{tag}-",
+            control_endpoint=config.endpoint,
+            agent_path=config.agent_path,
+            agent_kwargs=config.agent_kwargs,
+            envs_per_agent=config.envs_per_agent,
+            seed=config.seed,
+            curve=config.curve,
+            id_prefix=f"r-{tag}-",
             extra=("--remote",),
         )
         self.supervisor.start_all(launch, config.num_agents)

@@ -62,22 +62,31 @@ class TrainedPolicy:
         env.close()
         transforms = Transforms.from_options(self.transforms)
         transforms.bind(DEFAULT_CT, ct.specs, PolicyPort(ct))
-        self._acting = Acting(specs=ct.specs, observation_space=self.observation_space, action_space=self.action_space,
-                              transforms=transforms, count=1, training=False)
+        self._acting = Acting(
+            specs=ct.specs,
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            transforms=transforms,
+            count=1,
+            training=False,
+        )
         self._reply: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     def make_env(self, **kwargs: Any) -> gym.Env:
         """The run's env (with its time limit); ``kwargs`` go to ``gymnasium.make`` (``render_mode="rgb_array"``)."""
         return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs})
 
-    def predict(self, observation: Any, *, reward: float = 0.0, episode_start: bool = False, greedy: bool = True) -> Any:
+    def predict(
+        self, observation: Any, *, reward: float = 0.0, episode_start: bool = False, greedy: bool = True
+    ) -> Any:
         """The action for ``observation``, as the env takes it; ``greedy`` False samples as training did."""
         acting = self._acting
         if episode_start:
             acting.start([observation])
         elif self._reply is None:
-            raise ConfigError("the first predict() of a policy needs episode_start=True: it starts the model's states "
-                              "and views")
+            raise ConfigError(
+                "the first predict() of a policy needs episode_start=True: it starts the model's states and views"
+            )
         else:
             rows = acting.next_rows()
             rows.set(0, observation)
@@ -115,7 +124,9 @@ class PolicyPort:
         return self._answered.pop(ticket)
 
     def learn(self, payload: dict[str, Any]) -> None:
-        raise FlareError(f"a loaded policy learns nothing: play it with an agent that is evaluating (CT {self.ct.name!r})")
+        raise FlareError(
+            f"a loaded policy learns nothing: play it with an agent that is evaluating (CT {self.ct.name!r})"
+        )
 
     def send_statistics(self, payload: dict[str, Any]) -> int:
         self._asked = list(payload["moments"])
@@ -123,7 +134,9 @@ class PolicyPort:
 
     def wait_statistics(self, ticket: int) -> dict[str, Any]:
         saved, specs = self.ct.statistics, self.ct.specs
-        return {"moments": {key: saved.get(key, RunningMoments(specs.inputs[key].shape)).to_wire() for key in self._asked}}
+        return {
+            "moments": {key: saved.get(key, RunningMoments(specs.inputs[key].shape)).to_wire() for key in self._asked}
+        }
 
 
 def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
@@ -210,19 +223,31 @@ class _Episodes(gym.Wrapper):
             self.frames.append(_frame(self.env, self.env_id))
 
 
-def play(policy: TrainedPolicy, episodes: int, *, seed: int, greedy: bool, video: Path | None) -> list[tuple[float, int]]:
+def play(
+    policy: TrainedPolicy, episodes: int, *, seed: int, greedy: bool, video: Path | None
+) -> list[tuple[float, int]]:
     """Return and length of ``episodes`` episodes; with ``video``, the first one is saved there.
 
     They are played by the run's own agent (a GymAgent playing one env, ``evaluating``) over a ``PolicyPort``.
     """
-    env = _Episodes(policy.make_env(**({"render_mode": "rgb_array"} if video else {})), episodes, seed=seed,
-                    frames=video is not None, env_id=policy.env_id)
+    env = _Episodes(
+        policy.make_env(**({"render_mode": "rgb_array"} if video else {})),
+        episodes,
+        seed=seed,
+        frames=video is not None,
+        env_id=policy.env_id,
+    )
     agent = GymAgent(policy.env_id, env_kwargs=policy.env_kwargs, transforms=policy.transforms)
     agent.envs, agent.evaluating = [env], True
     ct = policy.ct
     try:
-        agent.connect(agent_id="eval", seed=seed, specs={ct.name: ct.specs}, ports={ct.name: PolicyPort(ct, greedy=greedy)},
-                      helpers=agent.helpers())
+        agent.connect(
+            agent_id="eval",
+            seed=seed,
+            specs={ct.name: ct.specs},
+            ports={ct.name: PolicyPort(ct, greedy=greedy)},
+            helpers=agent.helpers(),
+        )
         agent.run()
     except _Played:
         pass
@@ -239,7 +264,9 @@ def _frame(env: gym.Env, env_id: str) -> np.ndarray:
     except gym.error.DependencyNotInstalled as exc:
         raise ConfigError(f"--video: {env_id} cannot render here: {exc}") from None
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
-        raise ConfigError(f"--video: {env_id} gives no rgb_array frames (render_mode='rgb_array' gave {type(frame).__name__})")
+        raise ConfigError(
+            f"--video: {env_id} gives no rgb_array frames (render_mode='rgb_array' gave {type(frame).__name__})"
+        )
     return frame
 
 
@@ -257,22 +284,33 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
         else:
             imageio.imwrite(path, np.stack(frames), duration=1000 / fps, loop=0)
     except (ImportError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"cannot write {path} ({exc}): a .gif needs Pillow, a .mp4 imageio-ffmpeg (the video extra)") from None
+        raise ConfigError(
+            f"cannot write {path} ({exc}): a .gif needs Pillow, a .mp4 imageio-ffmpeg (the video extra)"
+        ) from None
     logger.info("wrote %s (%d frames)", path, len(frames))
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="flare2 eval", description="Play episodes with a run of flare2 train and "
-                                     "print the mean and spread of their returns and lengths.")
+    parser = argparse.ArgumentParser(
+        prog="flare2 eval",
+        description="Play episodes with a run of flare2 train and "
+        "print the mean and spread of their returns and lengths.",
+    )
     parser.add_argument("run", help="the run's log dir, or its checkpoints/RL.pt")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default: %(default)s)")
     actions = parser.add_mutually_exclusive_group()
-    actions.add_argument("--greedy", dest="greedy", action="store_true", default=True,
-                         help="the best action of the policy (the default)")
+    actions.add_argument(
+        "--greedy", dest="greedy", action="store_true", default=True, help="the best action of the policy (the default)"
+    )
     actions.add_argument("--stochastic", dest="greedy", action="store_false", help="sample actions as training did")
     parser.add_argument("--seed", type=int, default=10_000, help="seed of the first episode, +1 for each next one")
-    parser.add_argument("--video", type=Path, default=None, metavar="FILE",
-                        help="save the first episode as FILE (.mp4 or .gif; needs the video extra)")
+    parser.add_argument(
+        "--video",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="save the first episode as FILE (.mp4 or .gif; needs the video extra)",
+    )
     parser.add_argument("--device", default="cpu", help="where the network runs (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
@@ -287,8 +325,9 @@ def main(argv: list[str]) -> int:
         parser.error(str(exc))
     returns, lengths = [r for r, _ in results], [n for _, n in results]
     kind = "greedy" if args.greedy else "stochastic"
-    print(f"{policy.algo} on {policy.env_id}, {len(results)} {kind} episode{'s' * (len(results) > 1)}: "
-          f"return {statistics.mean(returns):.1f} ± {statistics.pstdev(returns):.1f}, "
-          f"length {statistics.mean(lengths):.1f} ± {statistics.pstdev(lengths):.1f}")
+    print(
+        f"{policy.algo} on {policy.env_id}, {len(results)} {kind} episode{'s' * (len(results) > 1)}: "
+        f"return {statistics.mean(returns):.1f} ± {statistics.pstdev(returns):.1f}, "
+        f"length {statistics.mean(lengths):.1f} ± {statistics.pstdev(lengths):.1f}"
+    )
     return 0
-

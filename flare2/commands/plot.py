@@ -42,8 +42,10 @@ def read_curves(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         raise ConfigError(f"{run_dir} has no progress.csv: give the log dir of a run (its --log-dir)")
     curves = _episode_curves(run_dir / "episodes.csv") or _progress_curves(run_dir / "progress.csv")
     if "return_mean" not in curves:
-        raise ConfigError(f"{run_dir / 'progress.csv'} has no return yet: the run ended before its first finished "
-                          "episodes were reported")
+        raise ConfigError(
+            f"{run_dir / 'progress.csv'} has no return yet: the run ended before its first finished "
+            "episodes were reported"
+        )
     return curves
 
 
@@ -71,7 +73,10 @@ def _episode_curves(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     except (KeyError, TypeError, ValueError):
         return {}  # not as flare2 writes it: progress.csv instead
     curves = {}
-    for column, evaluation, window in (("return_mean", False, RETURN_WINDOW), ("eval_return_mean", True, EVAL_RETURN_WINDOW)):
+    for column, evaluation, window in (
+        ("return_mean", False, RETURN_WINDOW),
+        ("eval_return_mean", True, EVAL_RETURN_WINDOW),
+    ):
         chosen = [(steps, value) for steps, value, is_eval in episodes if is_eval == evaluation]
         if chosen:
             steps = _spread(np.array([steps for steps, _ in chosen]))
@@ -143,11 +148,13 @@ def plot(run_dirs: list[Path], output: Path, *, title: str | None = None) -> lis
             steps, mean, low, high = _band(curves)
             name = labels[key] + (" (evaluation)" if column == "eval_return_mean" else "")
             seeds = f"{len(curves)} seeds" if len(curves) > 1 else "1 run"
-            line, = axes.plot(steps, mean, style, label=f"{name}, {seeds}")
+            (line,) = axes.plot(steps, mean, style, label=f"{name}, {seeds}")
             if len(curves) > 1:
                 axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
-            lines.append(f"{name}: {seeds}, last mean {mean[-1]:.1f} (lowest {low[-1]:.1f}, highest {high[-1]:.1f}) "
-                         f"at {steps[-1]:,.0f} env steps")
+            lines.append(
+                f"{name}: {seeds}, last mean {mean[-1]:.1f} (lowest {low[-1]:.1f}, highest {high[-1]:.1f}) "
+                f"at {steps[-1]:,.0f} env steps"
+            )
     axes.set_xlabel("env steps")
     axes.set_ylabel("mean return (last 100 episodes)")
     axes.set_title(title or "return against env steps")

@@ -20,8 +20,8 @@ import dataclasses
 import difflib
 import json
 import multiprocessing
-from functools import cached_property
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -50,16 +50,18 @@ from flare2.zoo.registry import check_spaces, lookup, names
 _TRANSFORM_OPTIONS = ("normalize_observations", "scale_rewards", "clip_rewards")
 # Where this run writes and listens belongs to the command line, not to a preset that another run reuses.
 _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_dir", "insecure"}
-_RUN_OPTIONS = tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY) + _TRANSFORM_OPTIONS + (
-    "max_episode_steps",)
+_RUN_OPTIONS = (
+    tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY) + _TRANSFORM_OPTIONS + ("max_episode_steps",)
+)
 
 
 def _choice_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--algo", help=f"the algorithm: {', '.join(names())}, or one of your own (flare2.zoo.register)")
     parser.add_argument("--env", help="Gymnasium env id (module:id imports the module that registers it)")
-    parser.add_argument("--preset", metavar="FILE",
-                        help="JSON settings over the package's own (a run's train.json is one)")
+    parser.add_argument(
+        "--preset", metavar="FILE", help="JSON settings over the package's own (a run's train.json is one)"
+    )
     return parser
 
 
@@ -118,8 +120,14 @@ def train(env: str, algo: str = "ppo", *, max_steps: int | None = None, **settin
     if code not in (exit_codes.OK, exit_codes.SIGINT, exit_codes.SIGTERM):
         raise RunFailed(f"{exit_codes.outcome(code)} (exit code {code}): see {log_dir / 'manager.log'}", code)
     totals = manager.totals
-    return TrainedRun(log_dir=log_dir, exit_code=code, env_steps=totals.env_steps, episodes=totals.episodes,
-                      return_mean=totals.return_mean, best_return_mean=totals.best_return_mean)
+    return TrainedRun(
+        log_dir=log_dir,
+        exit_code=code,
+        env_steps=totals.env_steps,
+        episodes=totals.episodes,
+        return_mean=totals.return_mean,
+        best_return_mean=totals.best_return_mean,
+    )
 
 
 class _RaisingParser(argparse.ArgumentParser):
@@ -181,12 +189,18 @@ def resolve(
         usage.error(str(exc))
 
     parser = parser_class(
-        prog="flare2 train", parents=[chooser],
+        prog="flare2 train",
+        parents=[chooser],
         description=f"Train {env_id} with {algo}. Defaults: the algorithm's, then the package's preset for the env, "
-                    "then --preset; every one can be given here. `flare2 train --algo ALGO --help` lists ALGO's.",
+        "then --preset; every one can be given here. `flare2 train --algo ALGO --help` lists ALGO's.",
     )
-    parser.add_argument("--max-episode-steps", type=number_option(int, least=1), default=None, metavar="STEPS",
-                        help="truncate episodes after STEPS steps (the env's own time limit otherwise)")
+    parser.add_argument(
+        "--max-episode-steps",
+        type=number_option(int, least=1),
+        default=None,
+        metavar="STEPS",
+        help="truncate episodes after STEPS steps (the env's own time limit otherwise)",
+    )
     derived = {name: "--" + source.replace("_", "-") for name, source in record.derived.items()}
     add_config_options(parser, record.config_class, derived=derived)
     add_config_options(parser, record.settings_class, title="how its agents send experience, and its network")
@@ -203,15 +217,24 @@ def resolve(
     sources = {**vars(args), **dataclasses.asdict(settings)}
     unknown = sorted(set(record.derived.values()) - set(sources))
     if unknown:
-        parser.error(f"the record of {algo} derives settings from {unknown}, which are neither run options nor fields "
-                     f"of {record.settings_class.__name__}: fix its derived")
-    config = config_from_args(parser, args, record.config_class,
-                              **{name: sources[source] for name, source in record.derived.items()})
+        parser.error(
+            f"the record of {algo} derives settings from {unknown}, which are neither run options nor fields "
+            f"of {record.settings_class.__name__}: fix its derived"
+        )
+    config = config_from_args(
+        parser, args, record.config_class, **{name: sources[source] for name, source in record.derived.items()}
+    )
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    ct = CTConfig(name=DEFAULT_CT, build=record.builder(env_id, env_kwargs, config, settings),
-                  batching=batching_from_args(args))
-    kwargs = {"env_id": env_id, "env_kwargs": env_kwargs, "ct": DEFAULT_CT, "transforms": transforms_from_args(args),
-              **settings.helper_kwargs(args.num_agents)}
+    ct = CTConfig(
+        name=DEFAULT_CT, build=record.builder(env_id, env_kwargs, config, settings), batching=batching_from_args(args)
+    )
+    kwargs = {
+        "env_id": env_id,
+        "env_kwargs": env_kwargs,
+        "ct": DEFAULT_CT,
+        "transforms": transforms_from_args(args),
+        **settings.helper_kwargs(args.num_agents),
+    }
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=kwargs)
     return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
 
@@ -234,8 +257,11 @@ def _grouped(record: AlgorithmRecord, settings: Mapping[str, Any]) -> dict[str, 
 
 
 def _known_options(record: AlgorithmRecord) -> dict[str, set[str]]:
-    return {"algorithm": field_names(record.config_class), "agent": field_names(record.settings_class),
-            "run": set(_RUN_OPTIONS)}
+    return {
+        "algorithm": field_names(record.config_class),
+        "agent": field_names(record.settings_class),
+        "run": set(_RUN_OPTIONS),
+    }
 
 
 def check_env_id(env_id: str) -> None:
@@ -291,7 +317,10 @@ def _write_train_file(plan: TrainPlan) -> None:
     log_dir = Path(plan.run.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     record = {
-        "algo": plan.algo, "env": plan.env_id,
-        "algorithm": dataclasses.asdict(plan.config), "agent": dataclasses.asdict(plan.settings), "run": plan.options,
+        "algo": plan.algo,
+        "env": plan.env_id,
+        "algorithm": dataclasses.asdict(plan.config),
+        "agent": dataclasses.asdict(plan.settings),
+        "run": plan.options,
     }
     (log_dir / TRAIN_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -53,18 +53,27 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="flare2 tune",
         description="Search an algorithm's settings for an env with Optuna: each trial is a flare2 train run with a "
-                    "budget of its own; bad trials are stopped early; the best settings are written as a preset for "
-                    "flare2 train --preset. Options not listed here (--num-agents, --normalize-observations, ...) "
-                    "go to every trial's flare2 train.",
+        "budget of its own; bad trials are stopped early; the best settings are written as a preset for "
+        "flare2 train --preset. Options not listed here (--num-agents, --normalize-observations, ...) "
+        "go to every trial's flare2 train.",
     )
-    parser.add_argument("--algo", required=True,
-                        help=f"the algorithm: {', '.join(names())}, or one of your own (flare2.zoo.register)")
+    parser.add_argument(
+        "--algo", required=True, help=f"the algorithm: {', '.join(names())}, or one of your own (flare2.zoo.register)"
+    )
     parser.add_argument("--env", required=True, help="Gymnasium env id")
     parser.add_argument("--trials", type=number_option(int, least=1), default=20, help="trials to run")
-    parser.add_argument("--trial-steps", type=number_option(int, least=1), default=None, metavar="STEPS",
-                        help="env steps of each trial (default: the algorithm's budget in flare2 train)")
-    parser.add_argument("--log-dir", default=None, help="where the trials' runs, trials.csv and best.json go "
-                        "(default: runs/tune_ALGO_ENV)")
+    parser.add_argument(
+        "--trial-steps",
+        type=number_option(int, least=1),
+        default=None,
+        metavar="STEPS",
+        help="env steps of each trial (default: the algorithm's budget in flare2 train)",
+    )
+    parser.add_argument(
+        "--log-dir",
+        default=None,
+        help="where the trials' runs, trials.csv and best.json go (default: runs/tune_ALGO_ENV)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampler and every trial's run")
     args, train_argv = parser.parse_known_args(argv)
     try:
@@ -72,11 +81,22 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         parser.error(f"argument --algo: {exc}")
     if importlib.util.find_spec("optuna") is None:
-        parser.error('flare2 tune searches with Optuna, which is not installed: python -m pip install -e ".[tune]" '
-                     "(or pip install optuna)")
+        parser.error(
+            'flare2 tune searches with Optuna, which is not installed: python -m pip install -e ".[tune]" '
+            "(or pip install optuna)"
+        )
     log_dir = Path(args.log_dir or f"runs/tune_{args.algo}_{args.env.rsplit(':', 1)[-1].replace('/', '_')}")
-    base_argv = ["--algo", args.algo, "--env", args.env, "--seed", str(args.seed),
-                 "--progress-interval", str(_TRIAL_PROGRESS_S), *train_argv]
+    base_argv = [
+        "--algo",
+        args.algo,
+        "--env",
+        args.env,
+        "--seed",
+        str(args.seed),
+        "--progress-interval",
+        str(_TRIAL_PROGRESS_S),
+        *train_argv,
+    ]
     # A command line flare2 train refuses ends here, before any trial, with its own message.
     plan = resolve([*base_argv, "--log-dir", str(log_dir / "trial_0")])
     trial_steps = args.trial_steps or plan.run.max_steps
@@ -95,8 +115,9 @@ def search_space(algo: str) -> Mapping[str, tuple[str, Any]]:
     """What ``flare2 tune`` searches for ``algo``: its record's search space; a ConfigError when it has none."""
     space = lookup(algo).search_space
     if not space:
-        raise ConfigError(f"{algo} has no search space: give its AlgorithmRecord a search_space of the settings to "
-                          "search")
+        raise ConfigError(
+            f"{algo} has no search space: give its AlgorithmRecord a search_space of the settings to search"
+        )
     return space
 
 
@@ -158,9 +179,11 @@ class Study:
         preset = best_preset(self._trial_dir(best.number), self.algo)
         out.write_text(json.dumps(preset, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         pruned = sum(trial.state == optuna.trial.TrialState.PRUNED for trial in study.trials)
-        print(f"flare2 tune: {len(complete)} trials complete, {pruned} pruned; best: trial {best.number} with mean "
-              f"return {best.value:.1f} ({json.dumps(best.params)})\n"
-              f"  its settings: {out}\n  train with them: flare2 train --preset {out}")
+        print(
+            f"flare2 tune: {len(complete)} trials complete, {pruned} pruned; best: trial {best.number} with mean "
+            f"return {best.value:.1f} ({json.dumps(best.params)})\n"
+            f"  its settings: {out}\n  train with them: flare2 train --preset {out}"
+        )
         return exit_codes.OK
 
     def objective(self, trial: Any) -> float:
@@ -170,14 +193,25 @@ class Study:
         trial_dir = self._trial_dir(trial.number)
         trial_dir.mkdir(parents=True, exist_ok=True)
         flags = [part for name, value in params.items() for part in ("--" + name.replace("_", "-"), str(value))]
-        command = [sys.executable, "-m", "flare2.cli", "train", *self.train_argv, *flags,
-                   "--max-steps", str(self.trial_steps), "--log-dir", str(trial_dir)]
+        command = [
+            sys.executable,
+            "-m",
+            "flare2.cli",
+            "train",
+            *self.train_argv,
+            *flags,
+            "--max-steps",
+            str(self.trial_steps),
+            "--log-dir",
+            str(trial_dir),
+        ]
         print(f"flare2 tune: trial {trial.number}: {' '.join(flags)}", file=sys.stderr)
         with open(trial_dir / "console.log", "wb") as console:
             # preexec_fn runs between fork and exec; Optuna runs the trials one at a time in this thread (n_jobs=1),
             # so no other thread holds a lock the child could need there.
-            process = subprocess.Popen(command, stdout=console, stderr=subprocess.STDOUT,
-                                       preexec_fn=interrupt_at_parent_death(os.getpid()))  # noqa: PLW1509
+            process = subprocess.Popen(
+                command, stdout=console, stderr=subprocess.STDOUT, preexec_fn=interrupt_at_parent_death(os.getpid())
+            )  # noqa: PLW1509
             try:
                 pruned, score = self._follow(process, trial, trial_dir / "progress.csv")
             finally:
@@ -193,8 +227,9 @@ class Study:
         if process.returncode == exit_codes.CONFIG_ERROR:
             raise ConfigError(f"trial {trial.number} was refused by flare2 train: {_tail(trial_dir / 'console.log')}")
         if process.returncode != exit_codes.OK:
-            raise _TrialFailed(f"trial {trial.number} {exit_codes.describe(process.returncode)}: "
-                               f"see {trial_dir / 'console.log'}")
+            raise _TrialFailed(
+                f"trial {trial.number} {exit_codes.describe(process.returncode)}: see {trial_dir / 'console.log'}"
+            )
         return score
 
     def _follow(self, process: subprocess.Popen, trial: Any, progress: Path) -> tuple[bool, float]:
@@ -230,8 +265,15 @@ class Study:
             writer.writerow(["trial", "state", "mean_return", "last_step", *searched])
             for trial in study.trials:
                 last_step = max(trial.intermediate_values, default="")
-                writer.writerow([trial.number, trial.state.name.lower(), "" if trial.value is None else trial.value,
-                                 last_step, *(trial.params.get(name, "") for name in searched)])
+                writer.writerow(
+                    [
+                        trial.number,
+                        trial.state.name.lower(),
+                        "" if trial.value is None else trial.value,
+                        last_step,
+                        *(trial.params.get(name, "") for name in searched),
+                    ]
+                )
 
 
 def _returns(progress: Path) -> list[tuple[int, float]]:
@@ -255,8 +297,9 @@ def best_preset(trial_dir: Path, algo: str) -> dict[str, Any]:
     settings derived from its budget (they follow the new run's)."""
     preset = json.loads((trial_dir / TRAIN_FILE).read_text(encoding="utf-8"))
     preset["run"] = {name: value for name, value in preset["run"].items() if name not in _TRIAL_ONLY}
-    preset["algorithm"] = {name: value for name, value in preset["algorithm"].items()
-                           if name not in lookup(algo).derived}
+    preset["algorithm"] = {
+        name: value for name, value in preset["algorithm"].items() if name not in lookup(algo).derived
+    }
     return preset
 
 

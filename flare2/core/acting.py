@@ -53,8 +53,14 @@ class Acting:
     """
 
     def __init__(
-        self, *, specs: CTSpecs, observation_space: gym.Space, action_space: gym.Space, transforms: Transforms,
-        count: int, training: bool = True,
+        self,
+        *,
+        specs: CTSpecs,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        transforms: Transforms,
+        count: int,
+        training: bool = True,
     ) -> None:
         self.specs, self.transforms, self.count, self.training = specs, transforms, count, training
         self.reward_dtype = specs.rewards["reward"].dtype

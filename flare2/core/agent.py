@@ -202,8 +202,14 @@ class AgentBase:
 
     # ---- in rows: the subclasses say how their arrays become rows ----------------------------
 
-    def _send_rows(self, ct: str, inputs: Arrays, states: Arrays, evaluation: np.ndarray | None,
-                   finish: Callable[[Arrays, Arrays], tuple[Arrays, Arrays]]) -> PendingPrediction:
+    def _send_rows(
+        self,
+        ct: str,
+        inputs: Arrays,
+        states: Arrays,
+        evaluation: np.ndarray | None,
+        finish: Callable[[Arrays, Arrays], tuple[Arrays, Arrays]],
+    ) -> PendingPrediction:
         """Send a predict request of ``[rows, ...]`` arrays; the pending prediction gives the reply through ``finish``."""
         port = self._ports[ct]
         payload: dict[str, Any] = {"inputs": inputs, "states": states}
@@ -258,7 +264,9 @@ class Agent(AgentBase):
         specs = self._specs[ct]
 
         def one_env(actions: Arrays, next_states: Arrays) -> tuple[Arrays, Arrays]:
-            return {key: _only_row(value) for key, value in actions.items()}, {key: value[0] for key, value in next_states.items()}
+            return {key: _only_row(value) for key, value in actions.items()}, {
+                key: value[0] for key, value in next_states.items()
+            }
 
         return self._send_rows(
             ct,
@@ -296,17 +304,21 @@ class Agent(AgentBase):
         def rows(group: Arrays, group_specs: Mapping[str, Spec]) -> Arrays:
             return {name: _one_row(group[name], spec, cast=True) for name, spec in group_specs.items()}
 
-        self._store_rows(ct, {
-            "inputs": rows(inputs, specs.acting_inputs),
-            "next_inputs": rows(next_inputs, specs.acting_inputs),
-            "actions": rows(actions, specs.actions),
-            "rewards": rows(rewards, specs.rewards),
-            "states": rows(states or {}, specs.states),
-            "extras": {name: np.asarray(value)[None] for name, value in (extras or {}).items()},
-            "terminated": np.array([terminated], bool),
-            "truncated": np.array([truncated], bool),
-            "policy_version": None if policy_version is None else np.array([policy_version], np.int64),
-        }, 1)
+        self._store_rows(
+            ct,
+            {
+                "inputs": rows(inputs, specs.acting_inputs),
+                "next_inputs": rows(next_inputs, specs.acting_inputs),
+                "actions": rows(actions, specs.actions),
+                "rewards": rows(rewards, specs.rewards),
+                "states": rows(states or {}, specs.states),
+                "extras": {name: np.asarray(value)[None] for name, value in (extras or {}).items()},
+                "terminated": np.array([terminated], bool),
+                "truncated": np.array([truncated], bool),
+                "policy_version": None if policy_version is None else np.array([policy_version], np.int64),
+            },
+            1,
+        )
 
 
 class VectorAgent(AgentBase):
@@ -378,10 +390,21 @@ class VectorAgent(AgentBase):
         As ``Agent.store``, in rows: ``terminated``, ``truncated`` and ``policy_version`` hold one value per row.
         Nothing is kept while ``evaluating``.
         """
-        self._store_rows(ct, {
-            "inputs": inputs, "next_inputs": next_inputs, "actions": actions, "rewards": rewards, "states": states,
-            "extras": extras, "terminated": terminated, "truncated": truncated, "policy_version": policy_version,
-        }, len(terminated))
+        self._store_rows(
+            ct,
+            {
+                "inputs": inputs,
+                "next_inputs": next_inputs,
+                "actions": actions,
+                "rewards": rewards,
+                "states": states,
+                "extras": extras,
+                "terminated": terminated,
+                "truncated": truncated,
+                "policy_version": policy_version,
+            },
+            len(terminated),
+        )
 
 
 def _as_they_are(actions: Arrays, states: Arrays) -> tuple[Arrays, Arrays]:

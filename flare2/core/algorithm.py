@@ -89,7 +89,9 @@ class Algorithm:
 
     def __init__(self, model: Model, *, max_grad_norm: float | None = None) -> None:
         if not isinstance(model, Model):
-            raise ConfigError(f"{type(self).__name__} needs a flare2.Model subclass as its model, got {type(model).__name__}")
+            raise ConfigError(
+                f"{type(self).__name__} needs a flare2.Model subclass as its model, got {type(model).__name__}"
+            )
         self.model = model
         self.max_grad_norm = max_grad_norm
         self.optimizer: torch.optim.Optimizer | None = None

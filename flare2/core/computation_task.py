@@ -47,11 +47,16 @@ def choose_device(name: str, algorithms: list[Algorithm]) -> torch.device:
         if device.type == "cpu":
             logger.info(
                 "--device auto chose the CPU although there is a GPU: the networks hold %d parameters, and the GPU "
-                "pays from about %d on (--device cuda puts them there anyway)", parameters, AUTO_CUDA_MIN_PARAMETERS,
+                "pays from about %d on (--device cuda puts them there anyway)",
+                parameters,
+                AUTO_CUDA_MIN_PARAMETERS,
             )
         else:
-            logger.info("--device auto chose the GPU (%s): the networks hold %d parameters",
-                        torch.cuda.get_device_name(device), parameters)
+            logger.info(
+                "--device auto chose the GPU (%s): the networks hold %d parameters",
+                torch.cuda.get_device_name(device),
+                parameters,
+            )
     return device
 
 
@@ -133,7 +138,9 @@ class ComputationTask:
         if not isinstance(algorithm, Algorithm):
             raise ConfigError(f"ComputationTask {name!r} needs a flare2 Algorithm, got {type(algorithm).__name__}")
         self.name = name
-        self.device = device if isinstance(device, torch.device) else resolve_device(device, count_parameters(algorithm))
+        self.device = (
+            device if isinstance(device, torch.device) else resolve_device(device, count_parameters(algorithm))
+        )
         self.algorithm = algorithm.to(self.device)
         model = algorithm.model
         inputs, actions, rewards = dict(model.input_specs()), dict(model.action_specs()), dict(model.reward_specs())
@@ -147,8 +154,14 @@ class ComputationTask:
                     "and a name no input has"
                 )
             inputs[view_name] = view.spec(source)
-        self.specs = CTSpecs(inputs=inputs, actions=actions, states=dict(model.state_specs()), rewards=rewards, views=views,
-                             extras=dict(model.extra_specs()))
+        self.specs = CTSpecs(
+            inputs=inputs,
+            actions=actions,
+            states=dict(model.state_specs()),
+            rewards=rewards,
+            views=views,
+            extras=dict(model.extra_specs()),
+        )
         if not self.specs.inputs or not self.specs.actions:
             raise ConfigError(f"the model of CT {name!r} must declare at least one input spec and one action spec")
         learn_ahead = algorithm.learn_ahead
@@ -177,7 +190,9 @@ class ComputationTask:
         """Give ``predict`` its own copy of every nn.Module of the algorithm, refreshed at the end of each ``learn``."""
         with self._learn_lock:
             self._acting_modules = {
-                name: copy.deepcopy(value) for name, value in vars(self.algorithm).items() if isinstance(value, nn.Module)
+                name: copy.deepcopy(value)
+                for name, value in vars(self.algorithm).items()
+                if isinstance(value, nn.Module)
             }
             self._acting = _ActingView(self.algorithm, self._acting_modules)
             self._acting_in_eval_mode = False
@@ -201,7 +216,9 @@ class ComputationTask:
     def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray | Ragged]:
         if not isinstance(tensors, dict) or tensors.keys() != specs.keys():
             got = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
-            raise SpecError(f"{type(self.algorithm).__name__}.predict must return {group} with keys {sorted(specs)}, got {got}")
+            raise SpecError(
+                f"{type(self.algorithm).__name__}.predict must return {group} with keys {sorted(specs)}, got {got}"
+            )
         arrays: dict[str, np.ndarray | Ragged] = {}
         for key, spec in specs.items():
             tensor = tensors[key]
@@ -209,7 +226,11 @@ class ComputationTask:
                 arrays[key] = self._ragged_output(group, key, spec, tensor, rows)
                 continue
             # Under inference_mode a CPU tensor converts as it is; detach() and cpu() are for the other cases.
-            array = tensor.numpy() if tensor.device.type == "cpu" and not tensor.requires_grad else tensor.detach().cpu().numpy()
+            array = (
+                tensor.numpy()
+                if tensor.device.type == "cpu" and not tensor.requires_grad
+                else tensor.detach().cpu().numpy()
+            )
             if array.shape != (rows, *spec.shape) or array.dtype != NUMPY_DTYPES[spec.dtype]:
                 raise SpecError(
                     f"{type(self.algorithm).__name__}.predict returned {group}[{key!r}] with shape {array.shape} and "
@@ -222,8 +243,10 @@ class ComputationTask:
         """A ragged output (one value per item, such as an action per entity) as a checked ``Ragged``."""
         where = f"{type(self.algorithm).__name__}.predict returned {group}[{key!r}]"
         if not isinstance(tensor, RaggedTensor):
-            raise SpecError(f"{where} as a {type(tensor).__name__}; its spec {spec.shape} is ragged: return a RaggedTensor "
-                            "(input.with_values(per_item_values) keeps the input's rows)")
+            raise SpecError(
+                f"{where} as a {type(tensor).__name__}; its spec {spec.shape} is ragged: return a RaggedTensor "
+                "(input.with_values(per_item_values) keeps the input's rows)"
+            )
         if tensor.shape != (rows,):
             raise SpecError(f"{where} with leading dims {tensor.shape}; the batch has ({rows},)")
         try:
@@ -259,7 +282,9 @@ class ComputationTask:
         self.predict_calls += 1
         return result
 
-    def _predict_rows(self, predict: Any, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray]) -> tuple[dict, dict]:
+    def _predict_rows(
+        self, predict: Any, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray]
+    ) -> tuple[dict, dict]:
         rows = len(next(iter(inputs.values())))
         with torch.inference_mode():
             actions, next_states = predict(self._tensors(inputs), self._tensors(states))
@@ -272,7 +297,10 @@ class ComputationTask:
         """Exploring rows through ``predict``, greedy rows through ``predict_greedy``, put back in their order."""
         rows = len(greedy)
         parts = []
-        for predict, index in ((algorithm.predict, np.flatnonzero(~greedy)), (algorithm.predict_greedy, np.flatnonzero(greedy))):
+        for predict, index in (
+            (algorithm.predict, np.flatnonzero(~greedy)),
+            (algorithm.predict_greedy, np.flatnonzero(greedy)),
+        ):
             part_inputs = {key: value[index] for key, value in inputs.items()}
             part_states = {key: value[index] for key, value in states.items()}
             parts.append((index, self._predict_rows(predict, part_inputs, part_states)))
@@ -416,8 +444,10 @@ class ComputationTask:
         except FileNotFoundError:
             raise ConfigError(f"no checkpoint at {path}: check the --resume directory") from None
         except Exception as exc:  # torch.load fails in many ways on a file it cannot read (pickle, zip, EOF)
-            raise ConfigError(f"checkpoint {path} cannot be read ({type(exc).__name__}): it is no flare2 checkpoint, "
-                              "or it was cut short") from None
+            raise ConfigError(
+                f"checkpoint {path} cannot be read ({type(exc).__name__}): it is no flare2 checkpoint, "
+                "or it was cut short"
+            ) from None
         if not isinstance(state, dict):
             raise ConfigError(f"checkpoint {path} holds a {type(state).__name__}, not a flare2 checkpoint")
         if state.get("ct") != self.name:
@@ -435,8 +465,12 @@ class ComputationTask:
                 ) from None
             with self._statistics_lock:
                 self.statistics = {
-                    key: RunningMoments(self.specs.inputs[key].fixed_shape, int(m["count"]), m["mean"].cpu().numpy(),
-                                        m["m2"].cpu().numpy())
+                    key: RunningMoments(
+                        self.specs.inputs[key].fixed_shape,
+                        int(m["count"]),
+                        m["mean"].cpu().numpy(),
+                        m["m2"].cpu().numpy(),
+                    )
                     for key, m in state.get("statistics", {}).items()
                 }
             counters = dict(state["counters"])

@@ -19,9 +19,9 @@ from flare2.core.transforms import Transforms
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import concat_rows
 
-
 DEFAULT_CT = "RL"
 """The CT a GymAgent asks unless told another: the one CT that ``flare2 train`` runs."""
+
 
 def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
     """``gymnasium.make`` with an error that names the id and the fix."""
@@ -121,8 +121,11 @@ class GymAgent(VectorAgent):
         ct_specs = specs[self.ct]
         env = self.envs[0]
         env_inputs, env_actions_ = input_specs(env.observation_space), action_specs(env.action_space)
-        if (set(ct_specs.acting_inputs) != set(env_inputs) or not set(env_actions_) <= set(ct_specs.actions)
-                or set(ct_specs.rewards) != {"reward"}):
+        if (
+            set(ct_specs.acting_inputs) != set(env_inputs)
+            or not set(env_actions_) <= set(ct_specs.actions)
+            or set(ct_specs.rewards) != {"reward"}
+        ):
             raise ConfigError(
                 f"GymAgent sends the inputs {sorted(env_inputs)} and reward 'reward' of env {self.env_id!r} and reads "
                 f"the actions {sorted(env_actions_)} (other action outputs are stored with them), but CT {self.ct!r} "
@@ -136,7 +139,10 @@ class GymAgent(VectorAgent):
                 f"GymAgent infos {missing} are not among the extra specs of CT {self.ct!r} ({sorted(ct_specs.extras)}): "
                 "declare them in the model's extra_specs() with the shape and dtype of the info entry"
             )
-        for group, env_specs, ct_group in (("input", env_inputs, ct_specs.inputs), ("action", env_actions_, ct_specs.actions)):
+        for group, env_specs, ct_group in (
+            ("input", env_inputs, ct_specs.inputs),
+            ("action", env_actions_, ct_specs.actions),
+        ):
             for key, spec in env_specs.items():
                 if ct_group[key].shape != spec.shape:
                     raise ConfigError(
@@ -171,15 +177,22 @@ def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
     """The rows of several groups' steps as one step, in env order."""
     return {
         key: {name: concat_rows([step[key][name] for step in steps]) for name in value}
-        if isinstance(value, dict) else concat_rows([step[key] for step in steps])
+        if isinstance(value, dict)
+        else concat_rows([step[key] for step in steps])
         for key, value in steps[0].items()
     }
 
 
 def _acting(agent: GymAgent, specs: CTSpecs, transforms: Transforms, count: int, *, training: bool) -> Acting:
     env = agent.envs[0]
-    return Acting(specs=specs, observation_space=env.observation_space, action_space=env.action_space,
-                  transforms=transforms, count=count, training=training)
+    return Acting(
+        specs=specs,
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        transforms=transforms,
+        count=count,
+        training=training,
+    )
 
 
 class _EnvGroup:
@@ -217,8 +230,10 @@ class _EnvGroup:
         envs, count, acting = self.envs, len(self.envs), self.acting
         evaluation_reply = None
         if evaluation is not None and self.with_evaluation:
-            evaluation_reply = ({key: value[count:] for key, value in actions.items()},
-                                {key: value[count:] for key, value in next_states.items()})
+            evaluation_reply = (
+                {key: value[count:] for key, value in actions.items()},
+                {key: value[count:] for key, value in next_states.items()},
+            )
             actions = {key: value[:count] for key, value in actions.items()}
             next_states = {key: value[:count] for key, value in next_states.items()}
         per_env = acting.env_actions(actions)
@@ -239,9 +254,15 @@ class _EnvGroup:
         if evaluation is not None and evaluation_reply is not None:
             evaluation.play(*evaluation_reply)
         step = {
-            "inputs": self.inputs, "actions": actions, "rewards": {"reward": rewards},
-            "next_inputs": next_inputs, "terminated": terminated, "truncated": truncated, "states": self.states,
-            "policy_version": np.full(count, self.pending.version, np.int64), "extras": extras,
+            "inputs": self.inputs,
+            "actions": actions,
+            "rewards": {"reward": rewards},
+            "next_inputs": next_inputs,
+            "terminated": terminated,
+            "truncated": truncated,
+            "states": self.states,
+            "policy_version": np.full(count, self.pending.version, np.int64),
+            "extras": extras,
         }
         ended = np.flatnonzero(terminated | truncated)
         if ended.size:
@@ -285,8 +306,11 @@ class _EvaluationEpisodes:
         _, row, row_states = self.acting.request()
         marks = np.zeros(len(next(iter(inputs.values()))) + 1, bool)
         marks[-1] = True
-        return ({key: concat_rows([value, row[key]]) for key, value in inputs.items()},
-                {key: np.concatenate([value, row_states[key]]) for key, value in states.items()}, marks)
+        return (
+            {key: concat_rows([value, row[key]]) for key, value in inputs.items()},
+            {key: np.concatenate([value, row_states[key]]) for key, value in states.items()},
+            marks,
+        )
 
     def play(self, actions: dict[str, Any], next_states: dict[str, Any]) -> None:
         """Step ``eval_env`` with its row of a reply."""

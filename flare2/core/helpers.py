@@ -13,8 +13,9 @@ from flare2.errors import ConfigError
 from flare2.wire.ragged import Ragged, concat_time, stack_time
 
 
-def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs, ages: list[np.ndarray] | None = None,
-                context: int = 0) -> dict[str, Any]:
+def stack_steps(
+    steps: list[dict[str, Any]], specs: CTSpecs, ages: list[np.ndarray] | None = None, context: int = 0
+) -> dict[str, Any]:
     """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes.
 
     A CT with views needs each step's ``ages`` in its episode (``EpisodeAges``); the first ``context`` steps then
@@ -99,11 +100,11 @@ class OnlineHelper(AgentHelper):
             payload = stack_steps(self._steps, self.specs, self._ages, self._context)
             # The next request's first views reach back into these steps.
             self._context = min(view_context(self.specs), len(self._steps))
-            self._steps = self._steps[len(self._steps) - self._context:]
-            self._ages = self._ages[len(self._ages) - self._context:]
+            self._steps = self._steps[len(self._steps) - self._context :]
+            self._ages = self._ages[len(self._ages) - self._context :]
             if self._postprocessing:
                 for env in range(self.num_envs):
-                    self.postprocess(_sequence(payload, lambda value, env=env: _only_sequence(value[env:env + 1])))
+                    self.postprocess(_sequence(payload, lambda value, env=env: _only_sequence(value[env : env + 1])))
             self.port.learn(payload)
 
     def _store_for_episodes(self, step: dict[str, Any]) -> None:
@@ -124,11 +125,14 @@ class OnlineHelper(AgentHelper):
             self._first += done
         if self._ended_steps >= self.sample_interval * self.num_envs:
             ended, self._ended, self._ended_steps = self._ended, [], 0
-            self.port.learn({
-                key: {name: concat_time([e[key][name] for e in ended]) for name in value} if isinstance(value, dict)
-                else concat_time([e[key] for e in ended])
-                for key, value in ended[0].items()
-            })
+            self.port.learn(
+                {
+                    key: {name: concat_time([e[key][name] for e in ended]) for name in value}
+                    if isinstance(value, dict)
+                    else concat_time([e[key] for e in ended])
+                    for key, value in ended[0].items()
+                }
+            )
 
 
 def _sequence(payload: dict[str, Any], take: Any) -> dict[str, Any]:
@@ -198,8 +202,12 @@ class ExpReplayHelper(AgentHelper):
 
     def attach(self, ct: str, specs: CTSpecs, port: Any, *, num_envs: int = 1) -> None:
         super().attach(ct, specs, port, num_envs=num_envs)
-        ragged = [f"{group}[{name!r}]" for group, specs_of_group in specs.experience_specs().items()
-                  for name, spec in specs_of_group.items() if spec.ragged]
+        ragged = [
+            f"{group}[{name!r}]"
+            for group, specs_of_group in specs.experience_specs().items()
+            for name, spec in specs_of_group.items()
+            if spec.ragged
+        ]
         if ragged:
             raise ConfigError(
                 f"ExpReplayHelper keeps fixed-size arrays, but CT {ct!r} has ragged {', '.join(ragged)}: learn from "
@@ -210,8 +218,10 @@ class ExpReplayHelper(AgentHelper):
         self._rows = max(-(-self.capacity // num_envs), self.sequence_length + self._context)
         # No spec is ragged (refused above), so every dim of every shape is a size.
         self._buffers = {
-            group: {name: np.zeros((self._rows, num_envs, *cast("tuple[int, ...]", spec.shape)), spec.dtype)
-                    for name, spec in specs_of_group.items()}
+            group: {
+                name: np.zeros((self._rows, num_envs, *cast("tuple[int, ...]", spec.shape)), spec.dtype)
+                for name, spec in specs_of_group.items()
+            }
             for group, specs_of_group in specs.stored_specs().items()
         }
         self._flags = {name: np.zeros((self._rows, num_envs), spec.dtype) for name, spec in STEP_FLAG_SPECS.items()}
@@ -245,7 +255,9 @@ class ExpReplayHelper(AgentHelper):
         """A learn payload of ``count`` random sequences, ``[count, sequence_length, ...]``, oldest step first."""
         length = self.sequence_length
         if self.size < self._least_size:
-            raise ValueError(f"the buffer holds {self.size} steps per env, fewer than one sequence of {self._least_size}")
+            raise ValueError(
+                f"the buffer holds {self.size} steps per env, fewer than one sequence of {self._least_size}"
+            )
         oldest = (self._next - self.size) % self._rows
         # Sequences start anywhere among the stored steps but never run past the newest one. Their views reach
         # back context steps, which must not be overwritten ones: until the buffer is full, the steps before the
@@ -256,7 +268,8 @@ class ExpReplayHelper(AgentHelper):
         rows = (oldest + starts[:, None] + np.arange(-context, length)[None, :]) % self._rows
         envs = self.rng.integers(0, self.num_envs, size=count)[:, None]
         payload: dict[str, Any] = {
-            group: {name: array[rows, envs] for name, array in arrays.items()} for group, arrays in self._buffers.items()
+            group: {name: array[rows, envs] for name, array in arrays.items()}
+            for group, arrays in self._buffers.items()
         }
         payload.update({name: array[rows, envs] for name, array in self._flags.items()})
         if self.specs.views:

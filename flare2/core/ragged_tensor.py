@@ -36,7 +36,9 @@ class RaggedTensor:
         return cls(torch.from_numpy(ragged.values).to(device), torch.from_numpy(ragged.lengths).to(device))
 
     def to_ragged(self) -> Ragged:
-        return Ragged(self.values.detach().cpu().numpy(), self.lengths.detach().cpu().numpy().astype(np.int64, copy=False))
+        return Ragged(
+            self.values.detach().cpu().numpy(), self.lengths.detach().cpu().numpy().astype(np.int64, copy=False)
+        )
 
     def to(self, device: torch.device | str) -> RaggedTensor:
         return RaggedTensor(self.values.to(device), self.lengths.to(device))
@@ -149,15 +151,13 @@ class RaggedTensor:
 
 # Overloaded so that tensors with no ragged entry stay typed as plain tensors.
 @overload
-def flat_rows(tensors: Mapping[str, torch.Tensor], leading_ndim: int = 2) -> dict[str, torch.Tensor]:
-    ...
+def flat_rows(tensors: Mapping[str, torch.Tensor], leading_ndim: int = 2) -> dict[str, torch.Tensor]: ...
 
 
 @overload
 def flat_rows(
     tensors: Mapping[str, torch.Tensor | RaggedTensor], leading_ndim: int = 2
-) -> dict[str, torch.Tensor | RaggedTensor]:
-    ...
+) -> dict[str, torch.Tensor | RaggedTensor]: ...
 
 
 def flat_rows(tensors: Mapping[str, torch.Tensor | RaggedTensor], leading_ndim: int = 2) -> dict[str, Any]:
@@ -169,20 +169,20 @@ def flat_rows(tensors: Mapping[str, torch.Tensor | RaggedTensor], leading_ndim: 
 
 
 @overload
-def take_rows(tensors: Mapping[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
-    ...
+def take_rows(tensors: Mapping[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]: ...
 
 
 @overload
 def take_rows(
     tensors: Mapping[str, torch.Tensor | RaggedTensor], index: torch.Tensor
-) -> dict[str, torch.Tensor | RaggedTensor]:
-    ...
+) -> dict[str, torch.Tensor | RaggedTensor]: ...
 
 
 def take_rows(tensors: Mapping[str, torch.Tensor | RaggedTensor], index: torch.Tensor) -> dict[str, Any]:
     """The rows ``index`` of every tensor (flat leading dim), ragged or not."""
-    return {key: value.take(index) if isinstance(value, RaggedTensor) else value[index] for key, value in tensors.items()}
+    return {
+        key: value.take(index) if isinstance(value, RaggedTensor) else value[index] for key, value in tensors.items()
+    }
 
 
 def pad_rows(

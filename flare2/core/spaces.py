@@ -33,7 +33,9 @@ def space_spec(space: gym.Space, where: str) -> Spec:
         return Spec((int(space.n),), "bool")
     if isinstance(space, gym.spaces.MultiDiscrete):
         return Spec(space.shape, "int64")
-    if isinstance(space, gym.spaces.Sequence) and isinstance(space.feature_space, (gym.spaces.Box, gym.spaces.Discrete)):
+    if isinstance(space, gym.spaces.Sequence) and isinstance(
+        space.feature_space, (gym.spaces.Box, gym.spaces.Discrete)
+    ):
         item = space_spec(space.feature_space, where)
         return Spec((None, *item.shape), item.dtype)
     raise ConfigError(
@@ -65,8 +67,9 @@ class ObservationRows:
     def __init__(self, specs: dict[str, Spec], count: int, *, keyed: bool) -> None:
         """``keyed``: the env gives a dict per observation (a Dict space); else one value, for the only spec."""
         self.specs = specs
-        self._fixed = {key: np.zeros((count, *spec.fixed_shape), spec.dtype) for key, spec in specs.items()
-                       if not spec.ragged}
+        self._fixed = {
+            key: np.zeros((count, *spec.fixed_shape), spec.dtype) for key, spec in specs.items() if not spec.ragged
+        }
         self._ragged: dict[str, list[Any]] = {
             key: [np.zeros((0, *spec.item_shape), spec.dtype)] * count for key, spec in specs.items() if spec.ragged
         }

@@ -80,7 +80,11 @@ class Spec:
 
     @classmethod
     def from_wire(cls, value: Any) -> Spec:
-        if not isinstance(value, dict) or not isinstance(value.get("shape"), list) or not isinstance(value.get("dtype"), str):
+        if (
+            not isinstance(value, dict)
+            or not isinstance(value.get("shape"), list)
+            or not isinstance(value.get("dtype"), str)
+        ):
             raise SpecError(f"a spec is a map with 'shape' and 'dtype' (a list and a str), got {value!r}")
         return cls(shape=tuple(value["shape"]), dtype=value["dtype"])
 
@@ -103,15 +107,13 @@ def specs_from_wire(value: Any) -> dict[str, Spec]:
 @overload
 def check_arrays(
     group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: tuple[int, ...]
-) -> tuple[int, ...]:
-    ...
+) -> tuple[int, ...]: ...
 
 
 @overload
 def check_arrays(
     group: str, specs: Specs, arrays: Any, *, leading_ndim: int = 1, leading: None = None
-) -> tuple[int, ...] | None:
-    ...
+) -> tuple[int, ...] | None: ...
 
 
 def check_arrays(
@@ -248,7 +250,9 @@ class CTSpecs:
             if source is None or view.key in self.views:
                 raise SpecError(f"view {name!r} is made of {view.group}[{view.key!r}], which the specs do not have")
             if source.ragged:
-                raise SpecError(f"view {name!r} is made of the ragged {view.group}[{view.key!r}]: views take fixed shapes")
+                raise SpecError(
+                    f"view {name!r} is made of the ragged {view.group}[{view.key!r}]: views take fixed shapes"
+                )
             if self.inputs.get(name) != view.spec(source):
                 raise SpecError(f"view {name!r} must be the input {view.spec(source)}, got {self.inputs.get(name)}")
 
@@ -274,9 +278,11 @@ class CTSpecs:
         views = value.get("views", {})
         if not isinstance(views, dict):
             raise SpecError(f"CT views are a map of name to view, got {type(views).__name__}")
-        return cls(**{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")},
-                   views={str(name): View.from_wire(view) for name, view in views.items()},
-                   extras=specs_from_wire(value.get("extras", {})))
+        return cls(
+            **{group: specs_from_wire(value.get(group)) for group in ("inputs", "actions", "states", "rewards")},
+            views={str(name): View.from_wire(view) for name, view in views.items()},
+            extras=specs_from_wire(value.get("extras", {})),
+        )
 
     def check_predict(self, payload: dict[str, Any]) -> int:
         """Validate a predict request ``{"inputs": ..., "states": ..., "evaluation": [rows] bool}``; returns its row count.
@@ -309,8 +315,13 @@ class CTSpecs:
         """Validate a learn request: N sequences of T steps, every array ``[N, T, ...]`` (see ``Experience``); returns (N, T)."""
         leading: tuple[int, ...] | None = None
         for group, specs in self.experience_specs().items():
-            leading = check_arrays(group, specs, payload.get(group, {} if group in _OPTIONAL_GROUPS else None),
-                                   leading_ndim=2, leading=leading)
+            leading = check_arrays(
+                group,
+                specs,
+                payload.get(group, {} if group in _OPTIONAL_GROUPS else None),
+                leading_ndim=2,
+                leading=leading,
+            )
         flags = {name: payload.get(name) for name in STEP_FLAG_SPECS}
         # The step flags always count the sequences and steps, even of a CT whose groups hold no arrays.
         leading = check_arrays("step flags", STEP_FLAG_SPECS, flags, leading_ndim=2, leading=leading)

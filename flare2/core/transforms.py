@@ -41,8 +41,9 @@ _MAX_COUNT = 2**53  # counts stay exact as floats below this
 class RunningMoments:
     """Count, mean and sum of squared deviations (``m2``) of samples of one shape, merged exactly (Chan et al.)."""
 
-    def __init__(self, shape: tuple[int, ...], count: int = 0, mean: np.ndarray | None = None,
-                 m2: np.ndarray | None = None) -> None:
+    def __init__(
+        self, shape: tuple[int, ...], count: int = 0, mean: np.ndarray | None = None, m2: np.ndarray | None = None
+    ) -> None:
         self.shape = tuple(shape)
         self.count = count
         self.mean = np.zeros(self.shape) if mean is None else np.array(mean, np.float64)
@@ -100,7 +101,9 @@ class RunningMoments:
             raise SpecError(f"{what}: count must be an int from 0 to 2**53, got {count!r}")
         for name, array in (("mean", mean), ("m2", m2)):
             if not isinstance(array, np.ndarray) or array.dtype != np.float64 or array.shape != tuple(shape):
-                raise SpecError(f"{what}: {name} must be a float64 array of shape {tuple(shape)}, got {_describe(array)}")
+                raise SpecError(
+                    f"{what}: {name} must be a float64 array of shape {tuple(shape)}, got {_describe(array)}"
+                )
             if not np.isfinite(array).all():
                 raise SpecError(f"{what}: {name} holds NaN or infinity")
         if (m2 < 0).any() or (count == 0 and (mean.any() or m2.any())):
@@ -148,8 +151,9 @@ class Transform:
 class NormalizeObservations(Transform):
     """``clip((x - mean) / sqrt(var + epsilon))`` for each of ``keys``, from the run's shared running statistics."""
 
-    def __init__(self, keys: Iterable[str] = ("obs",), *, clip: float = 10.0, epsilon: float = 1e-8,
-                 sync_every: int = 1000) -> None:
+    def __init__(
+        self, keys: Iterable[str] = ("obs",), *, clip: float = 10.0, epsilon: float = 1e-8, sync_every: int = 1000
+    ) -> None:
         self.keys = list(keys)
         if not self.keys or clip <= 0 or epsilon <= 0 or sync_every < 1:
             raise ConfigError(
@@ -191,8 +195,10 @@ class NormalizeObservations(Transform):
         moments = reply.get("moments") if isinstance(reply, dict) else None
         if not isinstance(moments, dict) or moments.keys() != set(shapes):
             raise SpecError(f"a statistics reply must give the moments of {sorted(shapes)}, got {_describe(moments)}")
-        self.moments = {key: RunningMoments.from_wire(moments[key], shape, f"statistics of {key!r}")
-                        for key, shape in shapes.items()}
+        self.moments = {
+            key: RunningMoments.from_wire(moments[key], shape, f"statistics of {key!r}")
+            for key, shape in shapes.items()
+        }
         for key, counted in since.items():
             self.moments[key].merge(counted)
         self._update_scale()
@@ -301,8 +307,9 @@ class Transforms:
         for transform in self.transforms:
             transform.bind(ct, specs, port)
 
-    def observations(self, inputs: Mapping[str, np.ndarray | Ragged], rows: np.ndarray | None = None, *,
-                     count: bool = True) -> None:
+    def observations(
+        self, inputs: Mapping[str, np.ndarray | Ragged], rows: np.ndarray | None = None, *, count: bool = True
+    ) -> None:
         for transform in self.observing:
             transform.observations(inputs, rows, count=count)
 

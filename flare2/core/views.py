@@ -32,8 +32,9 @@ class ViewRows:
     def __init__(self, specs: CTSpecs, count: int) -> None:
         self.views = specs.views
         # A view's spec has a fixed shape (CTSpecs checks it), so its frames are one array.
-        self._frames = {name: np.zeros((count, *specs.inputs[name].fixed_shape), specs.inputs[name].dtype)
-                        for name in self.views}
+        self._frames = {
+            name: np.zeros((count, *specs.inputs[name].fixed_shape), specs.inputs[name].dtype) for name in self.views
+        }
 
     def __bool__(self) -> bool:
         return bool(self.views)
@@ -55,8 +56,12 @@ class ViewRows:
         """The views of the current step, ``[count, frames, ...]`` each (copies: the caller may keep them)."""
         return {name: frames.copy() for name, frames in self._frames.items()}
 
-    def advance(self, next_inputs: Mapping[str, np.ndarray | Ragged], actions: Mapping[str, Any],
-                rewards: Mapping[str, np.ndarray]) -> None:
+    def advance(
+        self,
+        next_inputs: Mapping[str, np.ndarray | Ragged],
+        actions: Mapping[str, Any],
+        rewards: Mapping[str, np.ndarray],
+    ) -> None:
         """The envs made a step: each view takes its next frame (the next observation, or this step's action or reward)."""
         # A view's source has a fixed shape (CTSpecs checks it): never a Ragged.
         sources: dict[str, Mapping[str, Any]] = {"inputs": next_inputs, "actions": actions, "rewards": rewards}
@@ -97,7 +102,9 @@ def with_views(specs: CTSpecs, payload: dict[str, Any], ages: np.ndarray, contex
             # The view of step t ends with its observation; the next one goes on to the next observation.
             out["inputs"][name] = _frames(source, now, np.arange(view.frames - 1, -1, -1), ages)
             before = _frames(source, now, np.arange(view.frames - 2, -1, -1), ages)
-            out["next_inputs"][name] = np.concatenate([before, payload["next_inputs"][view.key][:, context:, None]], axis=2)
+            out["next_inputs"][name] = np.concatenate(
+                [before, payload["next_inputs"][view.key][:, context:, None]], axis=2
+            )
         else:
             # The view of step t ends with step t - 1's action or reward; the next one with step t's.
             out["inputs"][name] = _frames(source, now, np.arange(view.frames, 0, -1), ages)

@@ -220,7 +220,9 @@ class RunConfig:
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
         if self.max_steps is None and self.max_episodes is None:
-            raise ConfigError("a run needs a budget: set max_steps or max_episodes (stop_return alone may never be met)")
+            raise ConfigError(
+                "a run needs a budget: set max_steps or max_episodes (stop_return alone may never be met)"
+            )
         if self.eval_every < 0:
             raise ConfigError(f"eval_every must be >= 0 (0: no evaluation episodes), got {self.eval_every}")
         if self.stop_eval_return is not None and not self.eval_every:
@@ -232,12 +234,12 @@ class RunConfig:
         if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
             raise ConfigError(
                 "--wandb logs with the wandb package, which is not installed: "
-                "python -m pip install -e \".[wandb]\" (or pip install wandb tensorboard)"
+                'python -m pip install -e ".[wandb]" (or pip install wandb tensorboard)'
             )
         if (self.tensorboard or self.wandb_project is not None) and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError(
                 f"{'--tensorboard' if self.tensorboard else '--wandb'} writes with the tensorboard package, which is not "
-                "installed: python -m pip install -e \".[tensorboard]\" (or pip install tensorboard)"
+                'installed: python -m pip install -e ".[tensorboard]" (or pip install tensorboard)'
             )
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
@@ -245,7 +247,13 @@ class RunConfig:
             raise ConfigError(
                 f"busy_wait_us must be between 0 (sleep at once) and {MOST_BUSY_WAIT_US}, got {self.busy_wait_us}"
             )
-        for name in ("restart_backoff_s", "heartbeat_timeout_s", "reply_timeout_s", "checkpoint_every_s", "checkpoint_every_steps"):
+        for name in (
+            "restart_backoff_s",
+            "heartbeat_timeout_s",
+            "reply_timeout_s",
+            "checkpoint_every_s",
+            "checkpoint_every_steps",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
@@ -269,4 +277,6 @@ class RunConfig:
                 "drop --bind (or drop --serial to let agents on other machines attach)"
             )
         if self.bind in ("0.0.0.0", "::", "*") and not self.advertise:
-            raise ConfigError(f"--bind {self.bind} listens on every address: pass --advertise ADDRESS that agents can reach")
+            raise ConfigError(
+                f"--bind {self.bind} listens on every address: pass --advertise ADDRESS that agents can reach"
+            )

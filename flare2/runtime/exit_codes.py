@@ -35,8 +35,12 @@ def stopped_by(signum: int) -> int:
 
 def outcome(code: int) -> str:
     """How a run ended, as its summary line starts."""
-    return {OK: "run complete", SIGINT: "stopped by Ctrl+C", SIGTERM: "stopped by SIGTERM",
-            CONFIG_ERROR: "run stopped: a setting is wrong"}.get(code, "run failed")
+    return {
+        OK: "run complete",
+        SIGINT: "stopped by Ctrl+C",
+        SIGTERM: "stopped by SIGTERM",
+        CONFIG_ERROR: "run stopped: a setting is wrong",
+    }.get(code, "run failed")
 
 
 def describe(code: int) -> str:
@@ -47,4 +51,3 @@ def describe(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
-

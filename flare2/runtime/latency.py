@@ -32,7 +32,11 @@ class LatencyHistogram:
 
     def merge(self, counts: Any) -> None:
         """Add counts an agent sent; anything but a list of as many non-negative ints is ignored."""
-        if isinstance(counts, list) and len(counts) == _LATENCY_BUCKETS and all(type(c) is int and c >= 0 for c in counts):
+        if (
+            isinstance(counts, list)
+            and len(counts) == _LATENCY_BUCKETS
+            and all(type(c) is int and c >= 0 for c in counts)
+        ):
             self.counts = [mine + theirs for mine, theirs in zip(self.counts, counts)]
 
     def quantile(self, q: float) -> float:

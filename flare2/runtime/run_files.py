@@ -103,11 +103,14 @@ def write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, A
     """run.json: where this run listens (TCP, and the Unix sockets of local agents), for tools and for agents
     attached by hand."""
     keys = ("predict_endpoint", "learn_endpoint", "local_predict_endpoint", "local_learn_endpoint")
-    _write_json(path, {
-        "pid": os.getpid(),
-        "control_endpoint": control_endpoint,
-        "cts": {name: {key: ct.get(key) for key in keys} for name, ct in compute_hello.get("cts", {}).items()},
-    })
+    _write_json(
+        path,
+        {
+            "pid": os.getpid(),
+            "control_endpoint": control_endpoint,
+            "cts": {name: {key: ct.get(key) for key in keys} for name, ct in compute_hello.get("cts", {}).items()},
+        },
+    )
 
 
 @contextmanager

@@ -80,14 +80,23 @@ class AgentLaunch:
     def command(self, agent_id: str, slot: int, incarnation: int) -> list[str]:
         """The command line of one agent process."""
         return [
-            sys.executable, "-m", "flare2.runtime.agents.agent_process",
-            "--control", self.control_endpoint,
-            "--agent-id", agent_id,
-            "--agent", self.agent_path,
-            "--agent-kwargs", json.dumps(self.agent_kwargs),
-            "--seed", str(agent_seed(self.seed, slot, incarnation)),
-            "--envs-per-agent", str(self.envs_per_agent),
-            "--parent-pid", str(os.getpid()),
+            sys.executable,
+            "-m",
+            "flare2.runtime.agents.agent_process",
+            "--control",
+            self.control_endpoint,
+            "--agent-id",
+            agent_id,
+            "--agent",
+            self.agent_path,
+            "--agent-kwargs",
+            json.dumps(self.agent_kwargs),
+            "--seed",
+            str(agent_seed(self.seed, slot, incarnation)),
+            "--envs-per-agent",
+            str(self.envs_per_agent),
+            "--parent-pid",
+            str(os.getpid()),
             *self.extra,
         ]
 
@@ -189,8 +198,9 @@ class AgentSupervisor:
         """
         if exit_code == exit_codes.CONFIG_ERROR:
             reason = error or f"{cause} (its error is above)"
-            raise RunFailed(f"agent {slot.agent_id} cannot run: {reason}; fix the agent or its options",
-                            exit_codes.CONFIG_ERROR)
+            raise RunFailed(
+                f"agent {slot.agent_id} cannot run: {reason}; fix the agent or its options", exit_codes.CONFIG_ERROR
+            )
         detail = f"\n{error}" if error else ""
         self.count.restarts += 1
         if self.count.restarts > self.max_restarts:
@@ -204,7 +214,12 @@ class AgentSupervisor:
         backoff = restart_backoff(self.restart_backoff_s, slot.failure_streak)
         logger.warning(
             "agent %s %s; restarting it in %.1fs (restart %d of at most %d)%s",
-            slot.agent_id, cause, backoff, self.count.restarts, self.max_restarts, detail,
+            slot.agent_id,
+            cause,
+            backoff,
+            self.count.restarts,
+            self.max_restarts,
+            detail,
         )
         slot.restart_at = now + backoff
 

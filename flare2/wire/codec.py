@@ -31,9 +31,18 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _WIRE_DTYPES = tuple(
     np.dtype(name)
     for name in (
-        "bool", "int8", "int16", "int32", "int64",
-        "uint8", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64",
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
     )
 )
 _CODE_OF_DTYPE = {dtype: code for code, dtype in enumerate(_WIRE_DTYPES)}

@@ -44,7 +44,22 @@ ERROR = "error"  # a request failed; the payload says why
 BYE = "bye"  # a peer leaves on purpose
 
 KINDS = frozenset(
-    {HELLO, WELCOME, PREDICT, PREDICTION, LEARN, LEARNED, STATISTICS, STATS, HEARTBEAT, CHECKPOINT, LIVE, STOP, ERROR, BYE}
+    {
+        HELLO,
+        WELCOME,
+        PREDICT,
+        PREDICTION,
+        LEARN,
+        LEARNED,
+        STATISTICS,
+        STATS,
+        HEARTBEAT,
+        CHECKPOINT,
+        LIVE,
+        STOP,
+        ERROR,
+        BYE,
+    }
 )
 
 

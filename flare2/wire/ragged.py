@@ -86,15 +86,19 @@ class Ragged:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
             if step == 1:
-                return Ragged(self.values[offsets[start]:offsets[max(start, stop)]], self.lengths[index])
+                return Ragged(self.values[offsets[start] : offsets[max(start, stop)]], self.lengths[index])
             index = np.arange(start, stop, step)
         index = np.asarray(index)
         if index.dtype == bool:
             if index.shape != (len(self),):
-                raise IndexError(f"a bool index of a Ragged has one entry per row ({len(self)}), got shape {index.shape}")
+                raise IndexError(
+                    f"a bool index of a Ragged has one entry per row ({len(self)}), got shape {index.shape}"
+                )
             index = np.flatnonzero(index)
         if index.ndim != 1 or index.dtype.kind not in "iu":
-            raise IndexError(f"a Ragged is indexed along its first dim by a slice or a 1-d int or bool array, got {index!r}")
+            raise IndexError(
+                f"a Ragged is indexed along its first dim by a slice or a 1-d int or bool array, got {index!r}"
+            )
         index = np.where(index < 0, index + len(self), index)
         return Ragged(self.values[_segments(offsets[index], offsets[index + 1] - offsets[index])], self.lengths[index])
 
@@ -133,7 +137,12 @@ class Ragged:
         if not isinstance(lengths, np.ndarray) or lengths.dtype != np.int64 or lengths.ndim != leading_ndim:
             got = f"{lengths.dtype.name} {lengths.shape}" if isinstance(lengths, np.ndarray) else type(lengths).__name__
             raise ValueError(f"its lengths must be an int64 array of {leading_ndim} dim(s), got {got}")
-        if not isinstance(values, np.ndarray) or values.dtype != dtype or values.shape[1:] != item_shape or values.ndim < 1:
+        if (
+            not isinstance(values, np.ndarray)
+            or values.dtype != dtype
+            or values.shape[1:] != item_shape
+            or values.ndim < 1
+        ):
             got = f"{values.dtype.name} {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
             raise ValueError(f"its values must be a {dtype.name} array of shape (items,) + {item_shape}, got {got}")
         if lengths.size and (lengths.min() < 0 or lengths.max() > len(values)):
@@ -165,7 +174,9 @@ def concat_rows(parts: Sequence[Any]) -> Any:
 def concat_time(parts: Sequence[Any]) -> Any:
     """Sequences ``[1, T_i, ...]`` one after another in time, as ``[1, sum T_i, ...]``, for arrays or for Ragged."""
     if isinstance(parts[0], Ragged):
-        return Ragged(np.concatenate([part.values for part in parts]), np.concatenate([part.lengths for part in parts], axis=1))
+        return Ragged(
+            np.concatenate([part.values for part in parts]), np.concatenate([part.lengths for part in parts], axis=1)
+        )
     return np.concatenate(parts, axis=1)
 
 

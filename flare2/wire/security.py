@@ -186,7 +186,8 @@ class AllowList:
         if worth_logging(self.refused):
             logger.warning(
                 "refused a peer whose CURVE key %s is not in the allow-list (refusal %d)",
-                client_key.decode(errors="replace"), self.refused,
+                client_key.decode(errors="replace"),
+                self.refused,
             )
         return False
 

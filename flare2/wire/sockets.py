@@ -83,7 +83,9 @@ class ConnectionWatch:
                     logger.info(
                         "a connection on %s closed (closure %d): its peer left, or sent a message over "
                         "max_message_bytes (%d), which ZeroMQ drops with the connection",
-                        endpoint, self.closed, self._max_bytes,
+                        endpoint,
+                        self.closed,
+                        self._max_bytes,
                     )
                 continue
             self.handshake_failures += 1
@@ -91,7 +93,8 @@ class ConnectionWatch:
                 logger.warning(
                     "a peer failed the CURVE handshake on %s (failure %d): it has a wrong server key or no CURVE; "
                     "give that machine this run's server.key and a client pair from `flare2 keys`",
-                    endpoint, self.handshake_failures,
+                    endpoint,
+                    self.handshake_failures,
                 )
 
     def close(self) -> None:
@@ -100,7 +103,12 @@ class ConnectionWatch:
 
 
 def connect_dealer(
-    ctx: zmq.Context, endpoint: str, *, identity: str, max_bytes: int = DEFAULT_MAX_BYTES, curve: CurveClient | None = None
+    ctx: zmq.Context,
+    endpoint: str,
+    *,
+    identity: str,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    curve: CurveClient | None = None,
 ) -> zmq.Socket:
     """A DEALER with routing id ``identity`` connected to ``endpoint``; CURVE with ``curve``."""
     sock = ctx.socket(zmq.DEALER)
@@ -190,8 +198,13 @@ class Requester:
         self._sock: zmq.Socket | None = None
         self._stream: StreamClient | None = None
         if endpoint.startswith(STREAM_SCHEME):
-            self._stream = StreamClient(endpoint, max_bytes=max_bytes, on_blocked=on_blocked, blocked_every_s=blocked_every_s,
-                                        busy_wait_s=busy_wait_s)
+            self._stream = StreamClient(
+                endpoint,
+                max_bytes=max_bytes,
+                on_blocked=on_blocked,
+                blocked_every_s=blocked_every_s,
+                busy_wait_s=busy_wait_s,
+            )
         else:
             self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes, curve=curve)
         self._seq = 0

@@ -129,7 +129,9 @@ class StreamServer:
     """A listening Unix socket and its connections behind one epoll fd, which a ``zmq.Poller`` waits on with the
     ZeroMQ sockets (``fileno``); ``drain`` then accepts, reads and writes whatever is ready without blocking."""
 
-    def __init__(self, path: str, *, max_bytes: int, receive: Receive, on_drop: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, path: str, *, max_bytes: int, receive: Receive, on_drop: Callable[[], None] = lambda: None
+    ) -> None:
         """``on_drop`` counts each connection closed for a message above the limit, a peer of another user, or
         replies it never read."""
         self.endpoint = SCHEME + path
@@ -142,7 +144,9 @@ class StreamServer:
             self._listener.bind(path)
         except OSError as exc:
             self._listener.close()
-            raise ConfigError(f"cannot bind {self.endpoint} ({exc}): the directory must exist and be writable") from None
+            raise ConfigError(
+                f"cannot bind {self.endpoint} ({exc}): the directory must exist and be writable"
+            ) from None
         self._listener.listen(128)
         self._listener.setblocking(False)
         self._epoll = select.epoll()
@@ -210,7 +214,9 @@ class StreamServer:
             self._connections[connection.fd] = connection
             self._epoll.register(connection.fd, select.EPOLLIN)
             try:
-                _, uid, _ = _PEER_CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size))
+                _, uid, _ = _PEER_CREDENTIALS.unpack(
+                    sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
+                )
             except OSError as exc:
                 self._drop(connection, f"its credentials cannot be read ({exc})")
                 continue
@@ -319,7 +325,7 @@ class StreamClient:
             rest = memoryview(b"".join(chunks))[sent:]
             while rest:
                 try:
-                    rest = rest[self._sock.send(rest):]
+                    rest = rest[self._sock.send(rest) :]
                 except BlockingIOError:
                     self._wait_writable()
         except (BrokenPipeError, ConnectionResetError):

@@ -67,5 +67,6 @@ class A2C(Algorithm):
 
 def build(env: gym.Env, config: A2CConfig, settings: ActorCriticSettings) -> A2C:
     """A2C with the zoo's MLP actor-critic for ``env``, as ``flare2 train --algo a2c`` builds it."""
-    return A2C(MLPActorCritic(env.observation_space, env.action_space, hidden=settings.hidden, frames=settings.frames),
-               config)
+    return A2C(
+        MLPActorCritic(env.observation_space, env.action_space, hidden=settings.hidden, frames=settings.frames), config
+    )

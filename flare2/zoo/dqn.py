@@ -27,6 +27,7 @@ from flare2.zoo.returns import n_step_returns
 
 class DQN(Algorithm):
     model: QNetwork
+
     def __init__(self, model: QNetwork, config: DQNConfig = DQNConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config
@@ -82,16 +83,25 @@ class DQN(Algorithm):
             next_value = next_q.gather(-1, self.model(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
         else:
             next_value = next_q.max(-1).values
-        returns = n_step_returns(experience.rewards["reward"][index], next_value, experience.terminated[index],
-                                 experience.truncated[index], self.config.gamma)
+        returns = n_step_returns(
+            experience.rewards["reward"][index],
+            next_value,
+            experience.terminated[index],
+            experience.truncated[index],
+            self.config.gamma,
+        )
         return returns[:, 0]
 
     def _refresh_target(self) -> None:
         polyak_update(self.target, self.model, self.config.target_tau)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "target": self.target.state_dict(),
-                "predicted": self.predicted, "gradient_steps": self.gradient_steps}
+        return {
+            **super().state_dict(),
+            "target": self.target.state_dict(),
+            "predicted": self.predicted,
+            "gradient_steps": self.gradient_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

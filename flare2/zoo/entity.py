@@ -52,8 +52,10 @@ def _entities(tensors: Mapping[str, torch.Tensor | RaggedTensor], key: str) -> R
     """The entities of type ``key`` (or an action per entity): a ragged spec's entry, which comes as a RaggedTensor."""
     value: object = tensors[key]
     if not isinstance(value, RaggedTensor):
-        raise SpecError(f"{key!r} must be a RaggedTensor (a Sequence space, one row of items per observation), "
-                        f"got {type(value).__name__}")
+        raise SpecError(
+            f"{key!r} must be a RaggedTensor (a Sequence space, one row of items per observation), "
+            f"got {type(value).__name__}"
+        )
     return value
 
 
@@ -95,23 +97,28 @@ class EntityActorCritic(Model):
         for key in actors:
             space = action_space[key]
             if not isinstance(space, gym.spaces.Sequence) or not isinstance(space.feature_space, gym.spaces.Discrete):
-                raise ConfigError(f"EntityActorCritic actor action {key!r} must be Sequence(Discrete(n)), one choice per "
-                                  f"entity, got {space}")
+                raise ConfigError(
+                    f"EntityActorCritic actor action {key!r} must be Sequence(Discrete(n)), one choice per "
+                    f"entity, got {space}"
+                )
             choices[key] = int(space.feature_space.n)
         for key in selects:
             if not isinstance(action_space[key], gym.spaces.Discrete):
-                raise ConfigError(f"EntityActorCritic select action {key!r} must be Discrete (the index of an entity), "
-                                  f"got {action_space[key]}")
+                raise ConfigError(
+                    f"EntityActorCritic select action {key!r} must be Discrete (the index of an entity), "
+                    f"got {action_space[key]}"
+                )
         self.actors, self.selects = dict(actors), dict(selects)
         self.actor_choices = choices
         """The choices of each actor action (the outputs of its head)."""
-        self.embed = nn.ModuleDict({
-            key: nn.Linear(math.prod(self._inputs[key].item_shape), width) for key in self.entity_types
-        })
+        self.embed = nn.ModuleDict(
+            {key: nn.Linear(math.prod(self._inputs[key].item_shape), width) for key in self.entity_types}
+        )
         context_size = sum(math.prod(self._inputs[key].fixed_shape) for key in self.context_keys)
         self.context = nn.Linear(max(context_size, 1), width)
-        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.trunk = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(width)
         actor_heads = {key: nn.Linear(width, choices[key]) for key in self.actors}
@@ -138,22 +145,33 @@ class EntityActorCritic(Model):
         else:
             context = entities[0].values.new_zeros((rows, 1))
         # The item size is spelled out rather than -1, which cannot be inferred when a batch has no such entity.
-        tokens = [entity.with_values(self.embed[key](
-                      entity.values.reshape(len(entity.values), math.prod(self._inputs[key].item_shape)).float()))
-                  for key, entity in zip(self.entity_types, entities)]
+        tokens = [
+            entity.with_values(
+                self.embed[key](
+                    entity.values.reshape(len(entity.values), math.prod(self._inputs[key].item_shape)).float()
+                )
+            )
+            for key, entity in zip(self.entity_types, entities)
+        ]
         padded, mask, where = pad_rows([token.flat() for token in tokens], first=self.context(context))
         out = self.norm(self.trunk(padded, src_key_padding_mask=~mask))
-        per_type = {key: entity.flat().with_values(out[row, position])
-                    for key, entity, (row, position) in zip(self.entity_types, entities, where)}
+        per_type = {
+            key: entity.flat().with_values(out[row, position])
+            for key, entity, (row, position) in zip(self.entity_types, entities, where)
+        }
         return out[:, 0], per_type
 
     def policy(self, inputs: Tensors) -> EntityPolicy:
         _, per_type = self._encode(inputs)
         return EntityPolicy(
-            actor_logits={key: per_type[entity].with_values(self.actor_heads[key](per_type[entity].values))
-                          for key, entity in self.actors.items()},
-            select_scores={key: per_type[entity].with_values(self.select_heads[key](per_type[entity].values).squeeze(-1))
-                           for key, entity in self.selects.items()},
+            actor_logits={
+                key: per_type[entity].with_values(self.actor_heads[key](per_type[entity].values))
+                for key, entity in self.actors.items()
+            },
+            select_scores={
+                key: per_type[entity].with_values(self.select_heads[key](per_type[entity].values).squeeze(-1))
+                for key, entity in self.selects.items()
+            },
         )
 
     def value(self, inputs: Tensors) -> torch.Tensor:
@@ -168,7 +186,9 @@ class EntityActorCritic(Model):
         return self._choose(policy, lambda logits: logits.argmax(-1))
 
     @staticmethod
-    def _choose(policy: EntityPolicy, pick: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor | RaggedTensor]:
+    def _choose(
+        policy: EntityPolicy, pick: Callable[[torch.Tensor], torch.Tensor]
+    ) -> dict[str, torch.Tensor | RaggedTensor]:
         """Each actor entity's choice and each select-entity choice, by ``pick`` over the last dim of logits."""
         actions: dict[str, torch.Tensor | RaggedTensor] = {
             key: logits.with_values(pick(logits.values)) for key, logits in policy.actor_logits.items()
@@ -221,10 +241,16 @@ class UniformEntityPolicy(Algorithm):
         model = self.model
         entities = {key: _entities(inputs, key) for key in model.entity_types}
         return EntityPolicy(
-            actor_logits={key: entities[entity].with_values(entities[entity].values.new_zeros(
-                (len(entities[entity].values), model.actor_choices[key]))) for key, entity in model.actors.items()},
-            select_scores={key: entities[entity].with_values(entities[entity].values.new_zeros(len(entities[entity].values)))
-                           for key, entity in model.selects.items()},
+            actor_logits={
+                key: entities[entity].with_values(
+                    entities[entity].values.new_zeros((len(entities[entity].values), model.actor_choices[key]))
+                )
+                for key, entity in model.actors.items()
+            },
+            select_scores={
+                key: entities[entity].with_values(entities[entity].values.new_zeros(len(entities[entity].values)))
+                for key, entity in model.selects.items()
+            },
         )
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:

@@ -50,15 +50,19 @@ class Minefield(gym.Env):
 
     def __init__(self) -> None:
         position = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
-        self.observation_space = gym.spaces.Dict({
-            "robot": gym.spaces.Sequence(position),
-            "mine": gym.spaces.Sequence(position),
-            "cannon": gym.spaces.Box(0.0, 1.0, (1,), np.float32),
-        })
-        self.action_space = gym.spaces.Dict({
-            "move": gym.spaces.Sequence(gym.spaces.Discrete(len(MOVES))),
-            "fire": gym.spaces.Discrete(MAX_MINES),
-        })
+        self.observation_space = gym.spaces.Dict(
+            {
+                "robot": gym.spaces.Sequence(position),
+                "mine": gym.spaces.Sequence(position),
+                "cannon": gym.spaces.Box(0.0, 1.0, (1,), np.float32),
+            }
+        )
+        self.action_space = gym.spaces.Dict(
+            {
+                "move": gym.spaces.Sequence(gym.spaces.Discrete(len(MOVES))),
+                "fire": gym.spaces.Discrete(MAX_MINES),
+            }
+        )
         self.robots = np.zeros((0, 2), np.int64)
         self.mines = np.zeros((0, 2), np.int64)
         self.placed = 1
@@ -81,7 +85,9 @@ class Minefield(gym.Env):
         steps = np.zeros_like(self.robots)
         steps[: len(moves)] = MOVES[np.clip(moves, 0, len(MOVES) - 1)]
         self.robots = np.clip(self.robots + steps, 0, SIZE - 1)
-        cleared = self._clear(np.array([any((robot == mine).all() for robot in self.robots) for mine in self.mines], bool))
+        cleared = self._clear(
+            np.array([any((robot == mine).all() for robot in self.robots) for mine in self.mines], bool)
+        )
         target = int(action["fire"])
         if self.steps % CANNON_PERIOD == CANNON_PERIOD - 1 and target < len(self.mines):
             spotted = np.abs(self.robots - self.mines[target]).max(axis=1).min() <= 1

@@ -17,8 +17,9 @@ from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError
 
 
-def mlp(sizes: Sequence[int], *, out_gain: float = 1.0, activation: type[nn.Module] = nn.Tanh,
-        bias: bool = True) -> nn.Sequential:
+def mlp(
+    sizes: Sequence[int], *, out_gain: float = 1.0, activation: type[nn.Module] = nn.Tanh, bias: bool = True
+) -> nn.Sequential:
     """MLP with orthogonal init; tanh hidden layers by default (the usual choice for on-policy control)."""
     if any(size < 1 for size in sizes):
         raise ConfigError(f"layer sizes must be >= 1, got {list(sizes)}: check the hidden sizes (--hidden)")

@@ -104,8 +104,9 @@ class PPO(ClippedObjective):
         self.config = config
 
     @classmethod
-    def for_env(cls, env: gym.Env, config: PPOConfig = PPOConfig(), *, frames: int = 1,
-                hidden: tuple[int, ...] = (64, 64)) -> PPO:
+    def for_env(
+        cls, env: gym.Env, config: PPOConfig = PPOConfig(), *, frames: int = 1, hidden: tuple[int, ...] = (64, 64)
+    ) -> PPO:
         """PPO with the zoo's MLP actor-critic for ``env`` (over its last ``frames`` observations)."""
         return cls(PPOActorCritic(env.observation_space, env.action_space, frames=frames, hidden=hidden), config)
 
@@ -125,8 +126,13 @@ class PPO(ClippedObjective):
         config, model = self.config, self.model
         with torch.no_grad():
             advantages, targets = gae(
-                experience.rewards["reward"], model.value(experience.inputs), model.value(experience.next_inputs),
-                experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
+                experience.rewards["reward"],
+                model.value(experience.inputs),
+                model.value(experience.next_inputs),
+                experience.terminated,
+                experience.truncated,
+                config.gamma,
+                config.gae_lambda,
             )
         samples = advantages.numel()
         self.count_steps(samples, config)
@@ -142,10 +148,18 @@ class PPO(ClippedObjective):
                 minibatch = take_rows(inputs, index)
                 taken = _unnamed(take_rows(actions, index))
                 log_prob, entropy = model.log_prob_and_entropy(model.policy(minibatch), taken)
-                self.optimize(clipped_loss(
-                    config, totals, log_prob, old_log_prob[index], flat_advantages[index], entropy,
-                    model.value(minibatch), flat_targets[index],
-                ))
+                self.optimize(
+                    clipped_loss(
+                        config,
+                        totals,
+                        log_prob,
+                        old_log_prob[index],
+                        flat_advantages[index],
+                        entropy,
+                        model.value(minibatch),
+                        flat_targets[index],
+                    )
+                )
                 updates += 1
         return {key: value / updates for key, value in totals.items()}
 

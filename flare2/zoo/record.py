@@ -99,11 +99,15 @@ class ReplaySettings:
     def helper_kwargs(self, num_agents: int) -> dict[str, Any]:
         """The stock GymAgent's keyword arguments for its helper: each of ``num_agents`` keeps its share."""
         agents = max(num_agents, 1)
-        return {"replay": {
-            "capacity": max(self.buffer // agents, self.batch_size),
-            "warmup": max(self.warmup // agents, self.n_step),
-            "sample_interval": self.sample_interval, "batch_size": self.batch_size, "sequence_length": self.n_step,
-        }}
+        return {
+            "replay": {
+                "capacity": max(self.buffer // agents, self.batch_size),
+                "warmup": max(self.warmup // agents, self.n_step),
+                "sample_interval": self.sample_interval,
+                "batch_size": self.batch_size,
+                "sequence_length": self.n_step,
+            }
+        }
 
 
 @dataclass(frozen=True)
@@ -148,19 +152,25 @@ class AlgorithmRecord:
     def __post_init__(self) -> None:
         where = f"AlgorithmRecord {self.name!r}"
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9][\w.-]*", self.name):
-            raise ConfigError(f"AlgorithmRecord.name must be a word such as 'my-ppo' (what --algo takes), got "
-                              f"{self.name!r}")
+            raise ConfigError(
+                f"AlgorithmRecord.name must be a word such as 'my-ppo' (what --algo takes), got {self.name!r}"
+            )
         for kind_name in ("config_class", "settings_class"):
             value = getattr(self, kind_name)
             if not (isinstance(value, type) and dataclasses.is_dataclass(value)):
-                raise ConfigError(f"{where}: {kind_name} must be a dataclass (its fields become options), got "
-                                  f"{value!r}")
+                raise ConfigError(
+                    f"{where}: {kind_name} must be a dataclass (its fields become options), got {value!r}"
+                )
         if not issubclass(self.settings_class, (OnlineSettings, ReplaySettings)):
-            raise ConfigError(f"{where}: settings_class must be OnlineSettings or ReplaySettings (flare2.zoo.record) "
-                              f"or a subclass of one, got {self.settings_class.__name__}")
+            raise ConfigError(
+                f"{where}: settings_class must be OnlineSettings or ReplaySettings (flare2.zoo.record) "
+                f"or a subclass of one, got {self.settings_class.__name__}"
+            )
         if not isinstance(self.build, str) or not _IMPORT_PATH.match(self.build):
-            raise ConfigError(f"{where}: build must be the import path 'package.module:function' of the function that "
-                              f"builds the Algorithm (imported in the compute process only), got {self.build!r}")
+            raise ConfigError(
+                f"{where}: build must be the import path 'package.module:function' of the function that "
+                f"builds the Algorithm (imported in the compute process only), got {self.build!r}"
+            )
         _check_kinds(where, "observations", self.observations, OBSERVATION_KINDS)
         _check_kinds(where, "actions", self.actions, ACTION_KINDS)
         config_fields, settings_fields = field_names(self.config_class), field_names(self.settings_class)
@@ -168,16 +178,19 @@ class AlgorithmRecord:
         _check_names(f"{where}: derived", self.derived, config_fields)
         for env_id, preset in self.presets.items():
             if not set(preset) <= set(PRESET_GROUPS):
-                raise ConfigError(f"{where}: the preset of {env_id} must be a map of {', '.join(PRESET_GROUPS)}, "
-                                  f"got {sorted(preset)}")
+                raise ConfigError(
+                    f"{where}: the preset of {env_id} must be a map of {', '.join(PRESET_GROUPS)}, got {sorted(preset)}"
+                )
             _check_names(f"{where}: the preset of {env_id}: algorithm", preset.get("algorithm", {}), config_fields)
             _check_names(f"{where}: the preset of {env_id}: agent", preset.get("agent", {}), settings_fields)
         _check_names(f"{where}: search_space", self.search_space, config_fields | settings_fields)
         for name, space in self.search_space.items():
             _check_search(f"{where}: search_space[{name!r}]", space)
             if name in self.derived:
-                raise ConfigError(f"{where}: search_space[{name!r}] is derived from {self.derived[name]} and follows "
-                                  "the run that takes the preset: leave it out of the search space")
+                raise ConfigError(
+                    f"{where}: search_space[{name!r}] is derived from {self.derived[name]} and follows "
+                    "the run that takes the preset: leave it out of the search space"
+                )
 
     @property
     def takes(self) -> str:
@@ -194,10 +207,14 @@ class AlgorithmRecord:
 
     def _fits_observation(self, space: gym.Space) -> bool:
         if isinstance(space, gym.spaces.Dict):
-            return MASKED in self.observations and set(space.spaces) == {"obs", "action_mask"} and (
-                self._fits_observation(space["obs"]))
+            return (
+                MASKED in self.observations
+                and set(space.spaces) == {"obs", "action_mask"}
+                and (self._fits_observation(space["obs"]))
+            )
         return (BOX in self.observations and isinstance(space, gym.spaces.Box)) or (
-            DISCRETE in self.observations and isinstance(space, gym.spaces.Discrete))
+            DISCRETE in self.observations and isinstance(space, gym.spaces.Discrete)
+        )
 
     def preset(self, env_id: str) -> dict[str, dict[str, Any]]:
         """Its starting point on ``env_id``: its own, then the env's preset when it has one."""
@@ -232,8 +249,10 @@ class _Build:
             for part in attr.split("."):
                 function = getattr(function, part)
         except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"cannot import the build function {self.path!r} of the algorithm ({exc}): check the "
-                              "record's build path and that its package is installed") from None
+            raise ConfigError(
+                f"cannot import the build function {self.path!r} of the algorithm ({exc}): check the "
+                "record's build path and that its package is installed"
+            ) from None
         return function(make_gym_env(self.env_id, self.env_kwargs), self.config, self.settings)
 
 
@@ -270,8 +289,13 @@ def _check_search(where: str, space: Any) -> None:
         if not isinstance(bounds, tuple) or not bounds:
             raise ConfigError(f"{where}: a choice needs a non-empty tuple of values, got {bounds!r}")
         return
-    if not (isinstance(bounds, tuple) and len(bounds) == 2 and all(isinstance(b, (int, float)) for b in bounds)
-            and all(math.isfinite(b) for b in bounds) and bounds[0] < bounds[1]):
+    if not (
+        isinstance(bounds, tuple)
+        and len(bounds) == 2
+        and all(isinstance(b, (int, float)) for b in bounds)
+        and all(math.isfinite(b) for b in bounds)
+        and bounds[0] < bounds[1]
+    ):
         raise ConfigError(f"{where}: {kind} needs bounds (low, high) with low < high, got {bounds!r}")
     if kind == "log" and bounds[0] <= 0:
         raise ConfigError(f"{where}: log needs bounds above 0, got {bounds!r}")

@@ -257,7 +257,7 @@ class GRUActorCritic(Model):
         """Values ``[B, T]`` of ``next_obs [B, T, ...]`` seen from the hidden state after each step (one call)."""
         batch, steps = next_obs.shape[:2]
         flat_obs = next_obs.reshape(batch * steps, *next_obs.shape[2:])
-        critic = hidden_after.reshape(batch * steps, -1)[:, self.hidden_size:]
+        critic = hidden_after.reshape(batch * steps, -1)[:, self.hidden_size :]
         next_critic, _ = self.critic_gru(self.encode(flat_obs, 1).unsqueeze(1), critic.unsqueeze(0).contiguous())
         return self.value_head(next_critic[:, 0]).squeeze(-1).reshape(batch, steps)
 

@@ -35,8 +35,9 @@ class RecurrentPPO(ClippedObjective):
         self.config = config
 
     @classmethod
-    def for_env(cls, env: gym.Env, config: RecurrentPPOConfig = RecurrentPPOConfig(), *, hidden_size: int = 64
-                ) -> RecurrentPPO:
+    def for_env(
+        cls, env: gym.Env, config: RecurrentPPOConfig = RecurrentPPOConfig(), *, hidden_size: int = 64
+    ) -> RecurrentPPO:
         return cls(GRUActorCritic(env.observation_space, env.action_space, hidden_size=hidden_size), config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
@@ -61,8 +62,13 @@ class RecurrentPPO(ClippedObjective):
         with torch.no_grad():
             _, values, hidden_after = model.sequence(obs, first_hidden, ends)
             advantages, targets = gae(
-                experience.rewards["reward"], values, model.next_values(next_obs, hidden_after),
-                experience.terminated, experience.truncated, config.gamma, config.gae_lambda,
+                experience.rewards["reward"],
+                values,
+                model.next_values(next_obs, hidden_after),
+                experience.terminated,
+                experience.truncated,
+                config.gamma,
+                config.gae_lambda,
             )
         self.count_steps(advantages.numel(), config)
 
@@ -72,9 +78,18 @@ class RecurrentPPO(ClippedObjective):
             for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_sequences):
                 logits, new_values, _ = model.sequence(obs[index], first_hidden[index], ends[index])
                 log_prob, entropy = model.log_prob_and_entropy(logits, actions[index])
-                self.optimize(clipped_loss(
-                    config, totals, log_prob, old_log_prob[index], advantages[index], entropy, new_values, targets[index],
-                ))
+                self.optimize(
+                    clipped_loss(
+                        config,
+                        totals,
+                        log_prob,
+                        old_log_prob[index],
+                        advantages[index],
+                        entropy,
+                        new_values,
+                        targets[index],
+                    )
+                )
                 updates += 1
         return {key: value / updates for key, value in totals.items()}
 

@@ -50,8 +50,10 @@ def register(record: AlgorithmRecord) -> AlgorithmRecord:
     _load_zoo()
     known = _records.get(record.name)
     if known is not None and known != record:
-        raise ConfigError(f"an algorithm named {record.name!r} is registered already (built by {known.build}): "
-                          "give yours another name")
+        raise ConfigError(
+            f"an algorithm named {record.name!r} is registered already (built by {known.build}): "
+            "give yours another name"
+        )
     _records[record.name] = record
     return record
 
@@ -100,8 +102,11 @@ def check_spaces(record: AlgorithmRecord, env_id: str, observation_space: gym.Sp
     if record.fits(observation_space, action_space):
         return
     others = fitting(observation_space, action_space)
-    fix = (f"try --algo {' or '.join(others)}" if others
-           else "no zoo algorithm takes them: write your own Model and Algorithm (README: your own Model)")
+    fix = (
+        f"try --algo {' or '.join(others)}"
+        if others
+        else "no zoo algorithm takes them: write your own Model and Algorithm (README: your own Model)"
+    )
     raise ConfigError(
         f"--algo {record.name} takes {record.takes}, but {env_id} has observation space {observation_space} and "
         f"action space {action_space}: {fix}"
@@ -117,8 +122,10 @@ def _load_zoo() -> None:
         module = importlib.import_module(f"{_ZOO_RECORDS}.{module_info.name}")
         record = getattr(module, "RECORD", None)
         if not isinstance(record, AlgorithmRecord):
-            raise TypeError(f"{module.__name__} must define RECORD, an AlgorithmRecord: every module of "
-                            f"{_ZOO_RECORDS} is one algorithm")
+            raise TypeError(
+                f"{module.__name__} must define RECORD, an AlgorithmRecord: every module of "
+                f"{_ZOO_RECORDS} is one algorithm"
+            )
         _records.setdefault(record.name, record)
     _zoo_loaded = True
 
@@ -135,8 +142,9 @@ def _load_entry_point(entry_point: importlib.metadata.EntryPoint) -> AlgorithmRe
     try:
         record = entry_point.load()
     except Exception as exc:  # any error of the plugin's import: name it, not flare2
-        raise ConfigError(f"{where} does not load ({type(exc).__name__}: {exc}): fix or uninstall the package that "
-                          "declares it") from exc
+        raise ConfigError(
+            f"{where} does not load ({type(exc).__name__}: {exc}): fix or uninstall the package that declares it"
+        ) from exc
     if not isinstance(record, AlgorithmRecord):
         raise ConfigError(f"{where} is a {type(record).__name__}, not an AlgorithmRecord: point it at the record")
     if record.name != entry_point.name:

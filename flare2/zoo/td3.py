@@ -42,10 +42,14 @@ class ActorCritic(Model):
     action_scale: torch.Tensor
     action_bias: torch.Tensor
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)) -> None:
+    def __init__(
+        self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)
+    ) -> None:
         super().__init__()
         if not isinstance(observation_space, gym.spaces.Box) or not isinstance(action_space, gym.spaces.Box):
-            raise ConfigError(f"TD3 needs a Box observation and a Box action space, got {observation_space}, {action_space}")
+            raise ConfigError(
+                f"TD3 needs a Box observation and a Box action space, got {observation_space}, {action_space}"
+            )
         if len(action_space.shape) != 1 or not action_space.is_bounded("both"):
             raise ConfigError(f"TD3 needs a bounded 1-d Box action space, got {action_space}")
         self._obs_spec = observation_spec(observation_space)
@@ -82,6 +86,7 @@ class ActorCritic(Model):
 
 class TD3(Algorithm):
     model: ActorCritic
+
     def __init__(self, model: ActorCritic, config: TD3Config = TD3Config()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config
@@ -150,9 +155,14 @@ class TD3(Algorithm):
         return costs
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "target": self.target.state_dict(),
-                "actor_optimizer": self.actor_optimizer.state_dict(), "critic_optimizer": self.critic_optimizer.state_dict(),
-                "predicted": self.predicted, "gradient_steps": self.gradient_steps}
+        return {
+            "model": self.model.state_dict(),
+            "target": self.target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "predicted": self.predicted,
+            "gradient_steps": self.gradient_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])

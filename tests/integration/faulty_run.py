@@ -17,7 +17,6 @@ from flare2.zoo.a2c import A2C
 from flare2.zoo.models import MLPActorCritic
 
 
-
 class BrokenA2C(A2C):
     def __init__(self, model, fail_after: int, sleep_once_s: float) -> None:
         super().__init__(model)
@@ -47,12 +46,18 @@ def build(fail_after: int, sleep_once_s: float, build_after: str | None) -> Brok
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fail-learn-after", type=int, default=0, help="learn() raises after this many calls (0: never)")
+    parser.add_argument(
+        "--fail-learn-after", type=int, default=0, help="learn() raises after this many calls (0: never)"
+    )
     parser.add_argument("--sleep-learn-once", type=float, default=0.0, help="the third learn() sleeps this long")
     parser.add_argument("--build-after", help="building the Algorithm waits until this file exists")
     parser.add_argument("--agent", default="flare2.core.envs:GymAgent")
     add_run_options(parser, num_agents=4, max_steps=1_000_000)
     args = parser.parse_args()
-    ct = CTConfig(name="RL", build=partial(build, args.fail_learn_after, args.sleep_learn_once, args.build_after), batching=batching_from_args(args))
+    ct = CTConfig(
+        name="RL",
+        build=partial(build, args.fail_learn_after, args.sleep_learn_once, args.build_after),
+        batching=batching_from_args(args),
+    )
     config = run_config_from_args(parser, args, cts=[ct], agent_path=args.agent)
     sys.exit(Manager(config).run())

@@ -91,27 +91,61 @@ def test_an_installed_algorithm_of_ones_own_trains_with_flare2_train_and_plays_w
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(search_path)}
     run_dir = tmp_path / "run"
     train = subprocess.run(
-        [sys.executable, "-m", "flare2.cli", "train", "--algo", "reinforce", "--env", "CartPole-v1", "--max-steps",
-         "2000", "--lr", "0.001", "--device", "cpu", "--log-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=180, env=environment, check=False,
+        [
+            sys.executable,
+            "-m",
+            "flare2.cli",
+            "train",
+            "--algo",
+            "reinforce",
+            "--env",
+            "CartPole-v1",
+            "--max-steps",
+            "2000",
+            "--lr",
+            "0.001",
+            "--device",
+            "cpu",
+            "--log-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=environment,
+        check=False,
     )
     assert train.returncode == 0, train.stderr[-4000:]
     assert read_csv(run_dir / "progress.csv")[-1]["env_steps"] >= 2000
     assert (run_dir / "checkpoints" / "RL.pt").is_file()
     written = json.loads((run_dir / "train.json").read_text())
     assert (written["algo"], written["algorithm"], written["run"]["envs_per_agent"]) == (
-        "reinforce", {"lr": 0.001, "gamma": 0.99}, 4)
+        "reinforce",
+        {"lr": 0.001, "gamma": 0.99},
+        4,
+    )
     config = json.loads((run_dir / "config.json").read_text())
     assert config["cts"]["RL"]["algorithm"] == "reinforce_plugin.algorithm.Reinforce"
 
-    play = subprocess.run([sys.executable, "-m", "flare2.cli", "eval", str(run_dir), "--episodes", "2"],
-                          capture_output=True, text=True, timeout=120, env=environment, check=False)
+    play = subprocess.run(
+        [sys.executable, "-m", "flare2.cli", "eval", str(run_dir), "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+        check=False,
+    )
     assert play.returncode == 0, play.stderr[-4000:]
     assert play.stdout.startswith("reinforce on CartPole-v1, 2 greedy episodes: return ")
 
     # Without the package, the run's algorithm is named with how one is added.
-    elsewhere = subprocess.run([sys.executable, "-m", "flare2.cli", "eval", str(run_dir)],
-                               capture_output=True, text=True, timeout=120, check=False)
+    elsewhere = subprocess.run(
+        [sys.executable, "-m", "flare2.cli", "eval", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert elsewhere.returncode == 2
     assert "is a run of algo 'reinforce': invalid choice: 'reinforce'" in elsewhere.stderr
     assert "'flare2.algorithms' entry point" in elsewhere.stderr

@@ -15,11 +15,11 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from runs import CARTPOLE, RunProcess, agent_pids, read_csv
 
 from flare2.runtime import exit_codes
 from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, pack, unpack
 from flare2.wire.security import load_client, make_client_socket, make_keys
-from runs import CARTPOLE, RunProcess, agent_pids, read_csv
 
 HERE = Path(__file__).resolve().parent
 UP = r"compute process is up"
@@ -37,14 +37,31 @@ def attach(*args: str) -> RunProcess:
 
 
 def test_attached_agents_join_the_batches_and_detach_on_ctrl_c(tmp_path):
-    manager = RunProcess(CARTPOLE, "--num-agents", "2", "--max-steps", "10000000", "--progress-interval", "0.5",
-                         "--device", "cpu", log_dir=tmp_path)
+    manager = RunProcess(
+        CARTPOLE,
+        "--num-agents",
+        "2",
+        "--max-steps",
+        "10000000",
+        "--progress-interval",
+        "0.5",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     remote = None
     try:
         manager.wait_for_line(UP, timeout_s=120)
         endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
-        remote = attach(endpoint, "--agent", "flare2.core.envs:GymAgent", "--agent-kwargs", '{"env_id": "CartPole-v1"}',
-                        "--num-agents", "2")
+        remote = attach(
+            endpoint,
+            "--agent",
+            "flare2.core.envs:GymAgent",
+            "--agent-kwargs",
+            '{"env_id": "CartPole-v1"}',
+            "--num-agents",
+            "2",
+        )
         manager.wait_for_line(r"agents 2 local, 2 remote", timeout_s=60)
         remote.process.send_signal(signal.SIGINT)
         assert remote.wait(timeout_s=30) == 0
@@ -62,8 +79,22 @@ def test_attached_agents_join_the_batches_and_detach_on_ctrl_c(tmp_path):
 
 
 def test_attach_restarts_an_agent_that_was_killed_and_the_manager_takes_it_back(tmp_path):
-    manager = RunProcess(CARTPOLE, "--num-agents", "1", "--envs-per-agent", "1", "--max-steps", "10000000",
-                         "--progress-interval", "0.5", "--heartbeat-timeout", "2", "--device", "cpu", log_dir=tmp_path)
+    manager = RunProcess(
+        CARTPOLE,
+        "--num-agents",
+        "1",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        "10000000",
+        "--progress-interval",
+        "0.5",
+        "--heartbeat-timeout",
+        "2",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     remote = None
     try:
         manager.wait_for_line(UP, timeout_s=120)
@@ -93,12 +124,29 @@ def test_remote_agents_dropped_before_the_compute_process_is_up_are_taken_back_o
     # A budget that takes the agents a good while once they play (about 20 s): all four must be back before it is
     # reached (they were back 1.3 s after the CT was up when measured).
     built_after = tmp_path / "agents_dropped"
-    manager = RunProcess(HERE / "faulty_run.py", "--build-after", str(built_after), "--num-agents", "1",
-                         "--envs-per-agent", "1", "--max-steps", "20000", "--heartbeat-timeout", "3",
-                         "--progress-interval", "0.5", "--device", "cpu", log_dir=tmp_path)
+    manager = RunProcess(
+        HERE / "faulty_run.py",
+        "--build-after",
+        str(built_after),
+        "--num-agents",
+        "1",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        "20000",
+        "--heartbeat-timeout",
+        "3",
+        "--progress-interval",
+        "0.5",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     remote = None
     try:
-        endpoint = re.search(r"control endpoint (tcp://\S+),", manager.wait_for_line(r"control endpoint tcp://", 60)).group(1)
+        endpoint = re.search(
+            r"control endpoint (tcp://\S+),", manager.wait_for_line(r"control endpoint tcp://", 60)
+        ).group(1)
         remote = attach(endpoint, "--num-agents", "4")
         for _ in range(4):
             manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) attached", timeout_s=60)
@@ -126,8 +174,20 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
     keys, strangers = tmp_path / "keys", tmp_path / "strangers"
     make_keys(keys)
     make_keys(strangers)
-    manager = RunProcess(CARTPOLE, "--num-agents", "1", "--max-steps", "10000000", "--device", "cpu", "--keys", str(keys),
-                         "--max-message-bytes", "100000", log_dir=tmp_path / "run")
+    manager = RunProcess(
+        CARTPOLE,
+        "--num-agents",
+        "1",
+        "--max-steps",
+        "10000000",
+        "--device",
+        "cpu",
+        "--keys",
+        str(keys),
+        "--max-message-bytes",
+        "100000",
+        log_dir=tmp_path / "run",
+    )
     try:
         manager.wait_for_line(UP, timeout_s=120)
         info = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -149,7 +209,9 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
             return reply
 
         probe = pack(Message(HELLO, {"role": "probe"}, "r-peer", 1))
-        predict = pack(Message(PREDICT, {"inputs": {"obs": np.zeros((1, 4), np.float32)}, "states": {}}, "r-peer", 2, "RL"))
+        predict = pack(
+            Message(PREDICT, {"inputs": {"obs": np.zeros((1, 4), np.float32)}, "states": {}}, "r-peer", 2, "RL")
+        )
         for curve in (None, wrong_key):
             assert ask(curve, info["control_endpoint"], probe, 2000) is None
             assert ask(curve, info["cts"]["RL"]["predict_endpoint"], predict, 2000) is None
@@ -159,10 +221,16 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
         # A message over the limit, even with the allowed key, loses its connection, and the compute process says so.
         oversize = [*predict[:-1], b"\0" * 200_000]
         assert ask(allowed, info["cts"]["RL"]["predict_endpoint"], oversize, 2000) is None
-        manager.wait_for_line(re.escape(info["cts"]["RL"]["predict_endpoint"]) + r" closed \(closure \d+\): its peer left, "
-                              r"or sent a message over max_message_bytes \(100000\)", timeout_s=30)
+        manager.wait_for_line(
+            re.escape(info["cts"]["RL"]["predict_endpoint"]) + r" closed \(closure \d+\): its peer left, "
+            r"or sent a message over max_message_bytes \(100000\)",
+            timeout_s=30,
+        )
         # The same requests with the allowed key are served.
-        assert unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"] == PROTOCOL_VERSION
+        assert (
+            unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"]
+            == PROTOCOL_VERSION
+        )
         assert unpack(ask(allowed, info["cts"]["RL"]["predict_endpoint"], predict, 10_000)).kind == "prediction"
     finally:
         manager.stop()
@@ -174,8 +242,12 @@ def test_attaching_to_an_address_where_no_manager_listens_fails_fast_with_a_clea
         port = sock.bind_to_random_port("tcp://127.0.0.1")
         sock.close(linger=0)  # a port that was free a moment ago, and nobody listens on now
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "flare2.cli", "attach", f"tcp://127.0.0.1:{port}"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "flare2.cli", "attach", f"tcp://127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == exit_codes.UNREACHABLE
     assert time.monotonic() - started < 20
     assert f"no manager answered at tcp://127.0.0.1:{port}" in result.stderr

@@ -15,7 +15,16 @@ def run_example(*args: str) -> subprocess.CompletedProcess:
 def test_four_agents_share_batched_predictions_and_the_run_ends_cleanly(tmp_path):
     log_dir = tmp_path / "run"
     result = run_example(
-        "--num-agents", "4", "--max-steps", "600", "--log-dir", str(log_dir), "--progress-interval", "0.5", "--device", "cpu"
+        "--num-agents",
+        "4",
+        "--max-steps",
+        "600",
+        "--log-dir",
+        str(log_dir),
+        "--progress-interval",
+        "0.5",
+        "--device",
+        "cpu",
     )
     assert result.returncode == 0, result.stderr[-4000:]
 

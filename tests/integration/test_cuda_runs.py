@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from runs import read_csv
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
@@ -18,17 +17,32 @@ def flare2(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flare2.cli", *argv], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("algo, env, options", [
-    ("ppo", "CartPole-v1", ["--learner", "process", "--envs-per-agent", "4", "--epochs", "2"]),
-    ("a2c", "CartPole-v1", ["--learner", "thread"]),
-    ("a2c", "CartPole-v1", ["--learner", "inline", "--normalize-observations"]),
-    ("dqn", "CartPole-v1", ["--serial", "--warmup", "200"]),
-    ("td3", "Pendulum-v1", ["--serial", "--warmup", "200", "--batch-size", "32"]),
-    ("recurrent-ppo", "flare2.zoo.envs:flare2/CartPoleNoVelocity-v1", ["--serial", "--epochs", "1"]),
-])
+@pytest.mark.parametrize(
+    "algo, env, options",
+    [
+        ("ppo", "CartPole-v1", ["--learner", "process", "--envs-per-agent", "4", "--epochs", "2"]),
+        ("a2c", "CartPole-v1", ["--learner", "thread"]),
+        ("a2c", "CartPole-v1", ["--learner", "inline", "--normalize-observations"]),
+        ("dqn", "CartPole-v1", ["--serial", "--warmup", "200"]),
+        ("td3", "Pendulum-v1", ["--serial", "--warmup", "200", "--batch-size", "32"]),
+        ("recurrent-ppo", "flare2.zoo.envs:flare2/CartPoleNoVelocity-v1", ["--serial", "--epochs", "1"]),
+    ],
+)
 def test_a_run_on_the_gpu_trains_to_its_budget_and_plays_back_on_the_cpu(tmp_path, algo, env, options):
-    trained = flare2("train", "--env", env, "--algo", algo, "--device", "cuda", "--max-steps", "1500",
-                     "--log-dir", str(tmp_path), *options)
+    trained = flare2(
+        "train",
+        "--env",
+        env,
+        "--algo",
+        algo,
+        "--device",
+        "cuda",
+        "--max-steps",
+        "1500",
+        "--log-dir",
+        str(tmp_path),
+        *options,
+    )
 
     assert trained.returncode == 0, trained.stderr[-4000:]
     rows = read_csv(tmp_path / "progress.csv")

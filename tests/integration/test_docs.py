@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from runs import REPO
 
 DOCS = REPO / "docs"
@@ -55,13 +54,28 @@ def test_the_code_cites_sections_that_docs_architecture_has():
     assert wrong == [], f"sections that docs/architecture.md lacks: {wrong}"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
-                    reason='mkdocs and mkdocs-material are not installed: python -m pip install -e ".[docs]"')
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
+    reason='mkdocs and mkdocs-material are not installed: python -m pip install -e ".[docs]"',
+)
 def test_mkdocs_builds_the_site_with_no_warning(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
-         "--site-dir", str(tmp_path / "site")],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "architecture" / "index.html").is_file()
-

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from runs import CARTPOLE, RunProcess, agent_pids, compute_pid, finite, read_csv, wait_until_gone
 from process_token import processes_started_here
+from runs import CARTPOLE, RunProcess, agent_pids, compute_pid, finite, read_csv, wait_until_gone
 
 HERE = Path(__file__).resolve().parent
 UP = r"compute process is up"
@@ -32,8 +31,22 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
     kills = 4
     # One env per agent and a budget of many seconds at full speed (about 5k steps/s here): the fourth kill must come
     # before the budget is spent.
-    run = runs(CARTPOLE, "--num-agents", "4", "--envs-per-agent", "1", "--max-steps", "60000",
-               "--progress-interval", "0.5", "--max-restarts", "20", "--device", "cpu", log_dir=tmp_path)
+    run = runs(
+        CARTPOLE,
+        "--num-agents",
+        "4",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        "60000",
+        "--progress-interval",
+        "0.5",
+        "--max-restarts",
+        "20",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     rng = random.Random(0)
     killed = []
@@ -53,14 +66,30 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
     assert rows[-1]["restarts"] == kills
     assert rows[-1]["agents"] == 0 and max(row["agents"] for row in rows) == 4
     # For the record: the longest a prediction request waited in the CDP while agents were being killed.
-    print(f"\nmax_predict_wait_ms over the run: {max(row['max_predict_wait_ms'] for row in rows):.2f} "
-          f"(max_wait 0 ms); per row: {[row['max_predict_wait_ms'] for row in rows]}")
+    print(
+        f"\nmax_predict_wait_ms over the run: {max(row['max_predict_wait_ms'] for row in rows):.2f} "
+        f"(max_wait 0 ms); per row: {[row['max_predict_wait_ms'] for row in rows]}"
+    )
 
 
 def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restarted(tmp_path, runs):
     # The budget outlasts the heartbeat timeout at full speed (the two other agents play about 4k steps/s here).
-    run = runs(CARTPOLE, "--num-agents", "3", "--envs-per-agent", "1", "--max-steps", "30000",
-               "--progress-interval", "0.5", "--heartbeat-timeout", "2", "--device", "cpu", log_dir=tmp_path)
+    run = runs(
+        CARTPOLE,
+        "--num-agents",
+        "3",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        "30000",
+        "--progress-interval",
+        "0.5",
+        "--heartbeat-timeout",
+        "2",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     frozen = agent_pids(run.process.pid)[0]
     os.kill(frozen, signal.SIGSTOP)
@@ -72,18 +101,36 @@ def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restar
     assert max(row["max_predict_wait_ms"] for row in rows) < 1000
 
 
-@pytest.mark.parametrize("sleep_s", [
-    # Five heartbeat timeouts: what the default run checks.
-    15,
-    # Past the 60 s an agent used to wait before it took the compute process for dead.
-    pytest.param(65, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "sleep_s",
+    [
+        # Five heartbeat timeouts: what the default run checks.
+        15,
+        # Past the 60 s an agent used to wait before it took the compute process for dead.
+        pytest.param(65, marks=pytest.mark.slow),
+    ],
+)
 def test_a_learn_that_sleeps_past_any_fixed_reply_limit_is_waited_out_without_a_restart(tmp_path, runs, sleep_s):
     # Slow is not dead: agents wait on their predict and learn replies for as long as the manager vouches for
     # the compute process.
-    run = runs(HERE / "faulty_run.py", "--sleep-learn-once", str(sleep_s), "--num-agents", "2", "--envs-per-agent", "1",
-               "--max-steps", "3000", "--heartbeat-timeout", "3", "--progress-interval", "1", "--device", "cpu",
-               log_dir=tmp_path)
+    run = runs(
+        HERE / "faulty_run.py",
+        "--sleep-learn-once",
+        str(sleep_s),
+        "--num-agents",
+        "2",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        "3000",
+        "--heartbeat-timeout",
+        "3",
+        "--progress-interval",
+        "1",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     assert run.wait(timeout_s=300) == 0, run.text[-4000:]
     rows = read_csv(tmp_path / "progress.csv")
     assert rows[-1]["restarts"] == 0 and rows[-1]["env_steps"] >= 3000
@@ -96,15 +143,31 @@ def test_a_learn_that_sleeps_past_any_fixed_reply_limit_is_waited_out_without_a_
 @pytest.mark.parametrize("learner", ["inline", "process"])
 def test_a_compute_process_killed_with_sigkill_ends_the_run_saying_so(tmp_path, runs, learner):
     # With a learner process, it dies with the compute process (the fixture checks that no process is left).
-    run = runs(CARTPOLE, "--num-agents", "2", "--envs-per-agent", "1", "--max-steps", "10000000", "--device", "cpu",
-               "--heartbeat-timeout", "3", "--learner", learner, log_dir=tmp_path)
+    run = runs(
+        CARTPOLE,
+        "--num-agents",
+        "2",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        "10000000",
+        "--device",
+        "cpu",
+        "--heartbeat-timeout",
+        "3",
+        "--learner",
+        learner,
+        log_dir=tmp_path,
+    )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     socket_dirs = {path.parent for path in map(Path, _local_socket_paths(tmp_path))}
     assert len(socket_dirs) == 1 and all(directory.is_dir() for directory in socket_dirs)
     os.kill(compute_pid(run.process.pid), signal.SIGKILL)
     killed_at = time.monotonic()
     assert run.wait(timeout_s=30) == 1
-    assert time.monotonic() - killed_at < 3, "the run outlived its dead compute process by more than the heartbeat timeout"
+    assert time.monotonic() - killed_at < 3, (
+        "the run outlived its dead compute process by more than the heartbeat timeout"
+    )
     assert "the compute process died: it was killed by SIGKILL" in run.text
     # Its Unix sockets went with the run.
     assert not any(directory.exists() for directory in socket_dirs)
@@ -130,26 +193,58 @@ def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(
 
 
 def test_an_exception_in_agent_code_restarts_that_agent_and_counts_toward_the_limit(tmp_path, runs):
-    run = runs(HERE / "faulty_run.py", "--agent", f"{HERE / 'flaky_agent.py'}:FlakyAgent", "--num-agents", "2",
-               "--max-steps", "3000", "--max-restarts", "50", "--device", "cpu", log_dir=tmp_path)
+    run = runs(
+        HERE / "faulty_run.py",
+        "--agent",
+        f"{HERE / 'flaky_agent.py'}:FlakyAgent",
+        "--num-agents",
+        "2",
+        "--max-steps",
+        "3000",
+        "--max-restarts",
+        "50",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     assert run.wait(timeout_s=180) == 0, run.text[-4000:]
     rows = read_csv(tmp_path / "progress.csv")
     assert rows[-1]["restarts"] == 2 and rows[-1]["env_steps"] >= 3000
-    assert "raised KeyError(\"the user's agent broke on purpose\")" in run.text
+    assert 'raised KeyError("the user\'s agent broke on purpose")' in run.text
     assert 'raise KeyError("the user\'s agent broke on purpose")' in run.text  # the user's line, from the traceback
 
 
 def test_past_max_restarts_the_run_fails_with_a_message_that_says_so(tmp_path, runs):
-    run = runs(HERE / "faulty_run.py", "--agent", f"{HERE / 'flaky_agent.py'}:FlakyAgent", "--num-agents", "3",
-               "--max-restarts", "2", "--device", "cpu", log_dir=tmp_path)
+    run = runs(
+        HERE / "faulty_run.py",
+        "--agent",
+        f"{HERE / 'flaky_agent.py'}:FlakyAgent",
+        "--num-agents",
+        "3",
+        "--max-restarts",
+        "2",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     assert run.wait(timeout_s=180) == 1
     assert "more than max_restarts=2" in run.text and "--max-restarts" in run.text
 
 
 @pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(tmp_path, runs, signum, exit_code):
-    run = runs(CARTPOLE, "--num-agents", "4", "--max-steps", "10000000", "--progress-interval", "0.5",
-               "--device", "cpu", log_dir=tmp_path)
+    run = runs(
+        CARTPOLE,
+        "--num-agents",
+        "4",
+        "--max-steps",
+        "10000000",
+        "--progress-interval",
+        "0.5",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     children = processes_started_here()
     run.process.send_signal(signum)
@@ -161,8 +256,18 @@ def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(tmp_
 
 
 def test_killing_the_manager_takes_every_process_of_the_run_with_it(tmp_path, runs):
-    run = runs(CARTPOLE, "--num-agents", "4", "--max-steps", "10000000", "--device", "cpu", "--learner", "process",
-               log_dir=tmp_path)
+    run = runs(
+        CARTPOLE,
+        "--num-agents",
+        "4",
+        "--max-steps",
+        "10000000",
+        "--device",
+        "cpu",
+        "--learner",
+        "process",
+        log_dir=tmp_path,
+    )
     run.wait_for_line(UP, timeout_s=120)
     children = [pid for pid in processes_started_here() if pid != run.process.pid]
     assert len(children) >= 6  # the compute process, its learner process and four agents

@@ -16,11 +16,11 @@ import struct
 import msgpack
 import numpy as np
 import zmq
+from runs import CARTPOLE, RunProcess, read_csv
 
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import HELLO, LEARN, PREDICT, PROTOCOL_VERSION, STATS, Message, pack
 from flare2.wire.streams import stream_chunks
-from runs import CARTPOLE, RunProcess, read_csv
 
 MESSAGES = 10_000
 STREAM_MESSAGES = 3_000
@@ -35,9 +35,13 @@ def valid_frames(rng: random.Random, kind: str, identity: str) -> list[bytes]:
     elif kind == LEARN:
         lead = (1, 5)
         payload = {
-            "inputs": {"obs": np.zeros((*lead, 4), np.float32)}, "next_inputs": {"obs": np.zeros((*lead, 4), np.float32)},
-            "actions": {"action": np.zeros(lead, np.int64)}, "rewards": {"reward": np.ones(lead, np.float32)},
-            "states": {}, "terminated": np.zeros(lead, bool), "truncated": np.zeros(lead, bool),
+            "inputs": {"obs": np.zeros((*lead, 4), np.float32)},
+            "next_inputs": {"obs": np.zeros((*lead, 4), np.float32)},
+            "actions": {"action": np.zeros(lead, np.int64)},
+            "rewards": {"reward": np.ones(lead, np.float32)},
+            "states": {},
+            "terminated": np.zeros(lead, bool),
+            "truncated": np.zeros(lead, bool),
         }
     elif kind == STATS:
         payload = {"role": "agent", "steps": 1_000_000, "episodes": [[500.0, 500]] * 10}
@@ -103,8 +107,20 @@ def mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
 def test_ten_thousand_hostile_messages_neither_crash_nor_skew_a_run(tmp_path):
     rng = random.Random(SEED)
     # One env per agent keeps the steps played after the budget (while agents stop) well under the bound below.
-    run = RunProcess(CARTPOLE, "--num-agents", "4", "--envs-per-agent", "1", "--max-steps", str(BUDGET_STEPS),
-                     "--progress-interval", "0.5", "--device", "cpu", log_dir=tmp_path)
+    run = RunProcess(
+        CARTPOLE,
+        "--num-agents",
+        "4",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        str(BUDGET_STEPS),
+        "--progress-interval",
+        "0.5",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     ctx = zmq.Context()
     try:
         run.wait_for_line(r"compute process is up", timeout_s=120)
@@ -208,8 +224,20 @@ class StreamPeer:
 
 def test_hostile_bytes_on_the_local_streams_close_only_their_own_connections(tmp_path):
     rng = random.Random(SEED)
-    run = RunProcess(CARTPOLE, "--num-agents", "2", "--envs-per-agent", "1", "--max-steps", str(10**9),
-                     "--progress-interval", "0.5", "--device", "cpu", log_dir=tmp_path)
+    run = RunProcess(
+        CARTPOLE,
+        "--num-agents",
+        "2",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        str(10**9),
+        "--progress-interval",
+        "0.5",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
     try:
         run.wait_for_line(r"compute process is up", timeout_s=120)
         ct = json.loads((tmp_path / "run.json").read_text())["cts"]["RL"]
@@ -230,8 +258,10 @@ def test_hostile_bytes_on_the_local_streams_close_only_their_own_connections(tmp
         assert closed > 10, f"seed {SEED}: lying lengths closed no stream"
 
         # The run plays on: its agents' own streams were untouched.
-        steps = [int(re.search(r"steps (\d+)", run.wait_for_line(r"progress INFO: steps", timeout_s=30)).group(1))
-                 for _ in range(3)]
+        steps = [
+            int(re.search(r"steps (\d+)", run.wait_for_line(r"progress INFO: steps", timeout_s=30)).group(1))
+            for _ in range(3)
+        ]
         assert steps[2] > steps[1], f"seed {SEED}: the run stopped playing after the fuzz: {steps}"
         run.process.send_signal(signal.SIGINT)
         assert run.wait(timeout_s=60) == 130, f"seed {SEED}:\n{run.text[-4000:]}"

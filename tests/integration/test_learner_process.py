@@ -10,18 +10,16 @@ from multiprocessing import resource_tracker
 import numpy as np
 import pytest
 import torch
+from doubles import Scale, learn_payload
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.errors import ConfigError
-from flare2.errors import LearnerDiedError, UserCodeError
+from flare2.errors import ConfigError, LearnerDiedError, UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.compute_process import build_cts, choose_learner
-from flare2.runtime.config import BatchingConfig, CTConfig
 from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings
+from flare2.runtime.config import BatchingConfig, CTConfig
 from flare2.wire.protocol import LEARN, LEARNED, Message
-
-from doubles import Scale, learn_payload
 
 
 class AddsOneEachLearn(Algorithm):
@@ -82,9 +80,13 @@ def served():
     configs = (CTConfig(name="RL", build=build),)
     [ct] = build_cts(configs, device="cpu", seed=0, torch_threads=1)
     replies: list[Message] = []
-    cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: replies.append(message))
+    cdp = ComputationDataProcessor(
+        ct, config=BatchingConfig(), reply=lambda to, learn, message: replies.append(message)
+    )
     cdp.live = frozenset({"a"})
-    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid())
+    settings = LearnerSettings(
+        cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid()
+    )
     learner = LearnerProcess([ct], settings)
     try:
         yield ct, cdp, learner, replies
@@ -166,7 +168,9 @@ def test_the_learner_process_starts_from_the_compute_sides_weights():
         ct.algorithm.model.scale.fill_(5.0)  # as a resumed checkpoint or another random draw would leave it
     cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: None)
     cdp.live = frozenset({"a"})
-    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid())
+    settings = LearnerSettings(
+        cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid()
+    )
     learner = LearnerProcess([ct], settings)
     try:
         learn_once(cdp, learner, learn_message("a", 1))
@@ -180,7 +184,9 @@ def test_a_learner_process_that_cannot_build_ends_the_run_with_its_traceback():
     [ct] = build_cts(configs, device="cpu", seed=0, torch_threads=1)
     cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: None)
     cdp.live = frozenset({"a"})
-    settings = LearnerSettings(cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid())
+    settings = LearnerSettings(
+        cts=configs, device="cpu", seed=0, torch_threads=1, resume_dir=None, parent_pid=os.getpid()
+    )
     learner = LearnerProcess([ct], settings)
     try:
         with pytest.raises(LearnerDiedError, match="the learner process could not build the CTs") as caught:

@@ -61,15 +61,18 @@ def page_blocks(page: Path) -> list[tuple[int, str, str]]:
         end = next(i for i in range(index + 1, len(lines)) if lines[i].strip() == "```")
         skipped = index > 0 and _SKIP.fullmatch(lines[index - 1].strip())
         if not skipped:
-            blocks.append((index + 1, fence.group(1), "\n".join(line[indent:] for line in lines[index + 1:end])))
+            blocks.append((index + 1, fence.group(1), "\n".join(line[indent:] for line in lines[index + 1 : end])))
         index = end + 1
     return blocks
 
 
 def test_a_block_marked_not_run_is_left_out_and_the_others_keep_their_line_numbers(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("```bash\nflare2 train\n```\n<!-- not run: needs a second machine -->\n```bash\nflare2 attach\n```\n"
-                    "  ```python\n  print(1)\n  ```\n```\nplain text\n```\n", encoding="utf-8")
+    page.write_text(
+        "```bash\nflare2 train\n```\n<!-- not run: needs a second machine -->\n```bash\nflare2 attach\n```\n"
+        "  ```python\n  print(1)\n  ```\n```\nplain text\n```\n",
+        encoding="utf-8",
+    )
     assert page_blocks(page) == [(1, "bash", "flare2 train"), (8, "python", "print(1)")]
 
 
@@ -87,18 +90,23 @@ def small_budget(command: str) -> str:
 
 def commands(text: str) -> list[str]:
     """The commands of a bash block: one per line, a trailing backslash joining lines."""
-    return [line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
+    return [
+        line.strip() for line in text.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")
+    ]
 
 
 def test_the_budget_rewrite_shrinks_every_budget_and_drops_the_install():
     assert small_budget('python -m pip install -e ".[plot]" && flare2 train --env X --max-steps 100000 --trials=9') == (
-        "flare2 train --env X --max-steps 600 --trials 2 --serial")
+        "flare2 train --env X --max-steps 600 --trials 2 --serial"
+    )
     assert small_budget("flare2 train --env X") == "flare2 train --env X --max-steps 600 --serial"
     assert small_budget("flare2 eval runs/x --episodes 10") == "flare2 eval runs/x --episodes 1"
     assert small_budget("python tools/steps_to_threshold.py runs/a --threshold 475") == (
-        "python tools/steps_to_threshold.py runs/a --threshold 0")
+        "python tools/steps_to_threshold.py runs/a --threshold 0"
+    )
     assert small_budget("python examples/cartpole_a2c.py --max-steps 500000 --log-dir runs/a2c") == (
-        "python examples/cartpole_a2c.py --max-steps 600 --log-dir runs/a2c --serial")
+        "python examples/cartpole_a2c.py --max-steps 600 --log-dir runs/a2c --serial"
+    )
 
 
 def run_directories(command: str, seed: str) -> set[str]:
@@ -113,8 +121,13 @@ def dependencies(commands: list[str], seed: str) -> list[set[int]]:
 
 
 def test_commands_wait_for_every_earlier_command_on_their_run_directories():
-    commands = ["flare2 train --log-dir runs/a_s$SEED", "flare2 train --log-dir runs/b", "python -c 'print(1)'",
-                "flare2 eval runs/a_s0/checkpoints/RL.pt", "flare2 plot runs/a_s0 runs/b -o x.png"]
+    commands = [
+        "flare2 train --log-dir runs/a_s$SEED",
+        "flare2 train --log-dir runs/b",
+        "python -c 'print(1)'",
+        "flare2 eval runs/a_s0/checkpoints/RL.pt",
+        "flare2 plot runs/a_s0 runs/b -o x.png",
+    ]
     assert dependencies(commands, seed="0") == [set(), set(), set(), {0}, {0, 1, 3}]
 
 
@@ -152,9 +165,19 @@ def test_every_command_of_the_readme_and_the_docs_runs(tmp_path):
                 argvs.append([sys.executable, "-c", command] if language == "python" else ["bash", "-c", command])
     assert len(texts) >= 30, "the pages' blocks were not found"
     results = run_in_dependency_order(
-        argvs, dependencies(texts, seed), workers=os.cpu_count() or 1,
-        cwd=tmp_path, env={**os.environ, "SEED": seed}, capture_output=True, text=True, timeout=300)
-    failures = [f"{place}: {text!r} exited with {result.returncode}:\n{result.stderr[-3000:]}"
-                for place, text, result in zip(places, texts, results) if result and result.returncode != 0]
+        argvs,
+        dependencies(texts, seed),
+        workers=os.cpu_count() or 1,
+        cwd=tmp_path,
+        env={**os.environ, "SEED": seed},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    failures = [
+        f"{place}: {text!r} exited with {result.returncode}:\n{result.stderr[-3000:]}"
+        for place, text, result in zip(places, texts, results)
+        if result and result.returncode != 0
+    ]
     assert not failures, failures[0]
     assert None not in results, "a command did not start"

@@ -11,26 +11,48 @@ import sys
 import time
 
 import pytest
+from runs import read_csv
 
 from flare2.commands.train import resolve
 from flare2.commands.tune import Study
-from runs import read_csv
 
 
-@pytest.mark.parametrize("algo, env, options", [
-    # Real processes for one; the others in serial mode, which runs the same code in one process, faster.
-    ("ppo", "CartPole-v1", ["--envs-per-agent", "2", "--max-steps", "600", "--epochs", "1"]),
-    ("a2c", "CartPole-v1", ["--serial", "--max-steps", "300", "--tensorboard"]),
-    ("dqn", "CartPole-v1", ["--serial", "--max-steps", "600", "--warmup", "200"]),
-    ("sarsa", "CliffWalking-v1", ["--serial", "--max-steps", "300"]),
-    ("td3", "Pendulum-v1", ["--serial", "--max-steps", "400", "--warmup", "200", "--batch-size", "32"]),
-    ("recurrent-ppo", "flare2.zoo.envs:flare2/CartPoleNoVelocity-v1", ["--serial", "--max-steps", "600", "--epochs", "1"]),
-])
+@pytest.mark.parametrize(
+    "algo, env, options",
+    [
+        # Real processes for one; the others in serial mode, which runs the same code in one process, faster.
+        ("ppo", "CartPole-v1", ["--envs-per-agent", "2", "--max-steps", "600", "--epochs", "1"]),
+        ("a2c", "CartPole-v1", ["--serial", "--max-steps", "300", "--tensorboard"]),
+        ("dqn", "CartPole-v1", ["--serial", "--max-steps", "600", "--warmup", "200"]),
+        ("sarsa", "CliffWalking-v1", ["--serial", "--max-steps", "300"]),
+        ("td3", "Pendulum-v1", ["--serial", "--max-steps", "400", "--warmup", "200", "--batch-size", "32"]),
+        (
+            "recurrent-ppo",
+            "flare2.zoo.envs:flare2/CartPoleNoVelocity-v1",
+            ["--serial", "--max-steps", "600", "--epochs", "1"],
+        ),
+    ],
+)
 def test_each_algorithm_trains_its_preset_env_and_writes_its_settings_and_checkpoint(tmp_path, algo, env, options):
     result = subprocess.run(
-        [sys.executable, "-m", "flare2.cli", "train", "--env", env, "--algo", algo, *options, "--device", "cpu",
-         "--log-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "flare2.cli",
+            "train",
+            "--env",
+            env,
+            "--algo",
+            algo,
+            *options,
+            "--device",
+            "cpu",
+            "--log-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     budget = int(options[options.index("--max-steps") + 1])
@@ -45,13 +67,37 @@ def test_each_algorithm_trains_its_preset_env_and_writes_its_settings_and_checkp
 def test_wandb_gets_every_scalar_and_the_runs_settings_through_its_tensorboard_sync(tmp_path):
     pytest.importorskip("wandb")
     # Offline, W&B keeps its run on disk for a later `wandb sync`; its settings and caches stay in the test's folder.
-    wandb_environment = {"WANDB_MODE": "offline", "WANDB_CONFIG_DIR": str(tmp_path / "config"),
-                         "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_DATA_DIR": str(tmp_path / "data")}
+    wandb_environment = {
+        "WANDB_MODE": "offline",
+        "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+        "WANDB_DATA_DIR": str(tmp_path / "data"),
+    }
     log_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "flare2.cli", "train", "--env", "CartPole-v1", "--algo", "a2c", "--serial",
-         "--max-steps", "600", "--progress-interval", "0.2", "--wandb", "flare2-tests", "--log-dir", str(log_dir)],
-        capture_output=True, text=True, timeout=180, env={**os.environ, **wandb_environment},
+        [
+            sys.executable,
+            "-m",
+            "flare2.cli",
+            "train",
+            "--env",
+            "CartPole-v1",
+            "--algo",
+            "a2c",
+            "--serial",
+            "--max-steps",
+            "600",
+            "--progress-interval",
+            "0.2",
+            "--wandb",
+            "flare2-tests",
+            "--log-dir",
+            str(log_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **wandb_environment},
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "W&B did not start" not in result.stderr
@@ -71,8 +117,25 @@ def flare2(*argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
 def trained(tmp_path_factory):
     """A small flare2 train run with normalised observations and a frame stack: what eval must play back alike."""
     run_dir = tmp_path_factory.mktemp("trained")
-    result = flare2("train", "--env", "CartPole-v1", "--algo", "ppo", "--serial", "--max-steps", "1200", "--epochs", "1",
-                    "--frames", "3", "--normalize-observations", "--device", "cpu", "--log-dir", str(run_dir))
+    result = flare2(
+        "train",
+        "--env",
+        "CartPole-v1",
+        "--algo",
+        "ppo",
+        "--serial",
+        "--max-steps",
+        "1200",
+        "--epochs",
+        "1",
+        "--frames",
+        "3",
+        "--normalize-observations",
+        "--device",
+        "cpu",
+        "--log-dir",
+        str(run_dir),
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return run_dir
 
@@ -81,8 +144,15 @@ def test_eval_plays_a_trained_run_and_reports_its_return(trained, tmp_path):
     result = flare2("eval", str(trained), "--episodes", "3")
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.startswith("ppo on CartPole-v1, 3 greedy episodes: return ")
-    checkpoint = flare2("eval", str(trained / "checkpoints" / "RL.pt"), "--episodes", "1", "--stochastic",
-                        "--video", str(tmp_path / "episode.gif"))
+    checkpoint = flare2(
+        "eval",
+        str(trained / "checkpoints" / "RL.pt"),
+        "--episodes",
+        "1",
+        "--stochastic",
+        "--video",
+        str(tmp_path / "episode.gif"),
+    )
     assert checkpoint.returncode == 0, checkpoint.stderr[-4000:]
     assert "1 stochastic episode: " in checkpoint.stdout
     assert (tmp_path / "episode.gif").read_bytes()[:6] == b"GIF89a"
@@ -111,7 +181,11 @@ def test_a_loaded_policy_acts_with_the_runs_statistics_and_views(trained):
 
 def test_eval_of_a_directory_that_is_no_flare2_train_run_says_so(tmp_path):
     result = flare2("eval", str(tmp_path))
-    assert result.returncode == 2 and "is no run of flare2 train: " in result.stderr and "train.json is missing" in result.stderr
+    assert (
+        result.returncode == 2
+        and "is no run of flare2 train: " in result.stderr
+        and "train.json is missing" in result.stderr
+    )
 
 
 def trial_rows(log_dir) -> list[dict[str, str]]:
@@ -120,8 +194,22 @@ def trial_rows(log_dir) -> list[dict[str, str]]:
 
 
 def test_tune_runs_its_trials_and_writes_the_best_as_a_preset_flare2_train_takes(tmp_path):
-    result = flare2("tune", "--env", "CartPole-v1", "--algo", "a2c", "--trials", "2", "--trial-steps", "400",
-                    "--serial", "--device", "cpu", "--log-dir", str(tmp_path))
+    result = flare2(
+        "tune",
+        "--env",
+        "CartPole-v1",
+        "--algo",
+        "a2c",
+        "--trials",
+        "2",
+        "--trial-steps",
+        "400",
+        "--serial",
+        "--device",
+        "cpu",
+        "--log-dir",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     trials = trial_rows(tmp_path)
     assert [(row["trial"], row["state"]) for row in trials] == [("0", "complete"), ("1", "complete")]
@@ -137,8 +225,13 @@ def test_tune_runs_its_trials_and_writes_the_best_as_a_preset_flare2_train_takes
 def test_a_pruned_trial_is_stopped_early_and_ends_cleanly(tmp_path):
     optuna = pytest.importorskip("optuna")
     # A pruner that stops every trial at its first report: the run it stops must end at once, not at its budget.
-    study = Study("a2c", ["--algo", "a2c", "--env", "CartPole-v1", "--serial", "--device", "cpu",
-                          "--progress-interval", "0.5"], 10_000_000, tmp_path, 0.5)
+    study = Study(
+        "a2c",
+        ["--algo", "a2c", "--env", "CartPole-v1", "--serial", "--device", "cpu", "--progress-interval", "0.5"],
+        10_000_000,
+        tmp_path,
+        0.5,
+    )
     code = study.run(1, 0, {}, optuna.pruners.ThresholdPruner(lower=1e9))
     assert code == 1
     [trial] = trial_rows(tmp_path)
@@ -149,7 +242,11 @@ def test_a_pruned_trial_is_stopped_early_and_ends_cleanly(tmp_path):
 
 def test_a_tune_trial_is_interrupted_when_flare2_tune_dies_even_by_sigkill():
     # Stands in for flare2 tune: starts a child the way it starts a trial, and is then killed with SIGKILL.
-    parent = subprocess.Popen([sys.executable, "-c", """if True:
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            """if True:
         import os, subprocess, sys
         from flare2.runtime.processes import interrupt_at_parent_death
         subprocess.Popen([sys.executable, "-c", '''if True:
@@ -159,7 +256,10 @@ def test_a_tune_trial_is_interrupted_when_flare2_tune_dies_even_by_sigkill():
             signal.pause()'''], preexec_fn=interrupt_at_parent_death(os.getpid()))
         import signal
         signal.pause()
-    """], stdout=subprocess.PIPE)
+    """,
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert read_until_end(parent.stdout, b"playing\n", timeout_s=30) == b"playing\n"
         parent.kill()

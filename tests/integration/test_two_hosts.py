@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from runs import CARTPOLE, RunProcess, read_csv
 
 HEARTBEAT_S = 3
@@ -60,15 +59,48 @@ def test_agents_attached_from_another_host_join_leave_and_join_again(tmp_path, t
     subprocess.run([sys.executable, "-m", "flare2.cli", "keys", str(keys)], check=True, capture_output=True, timeout=60)
     log_dir = tmp_path / "run"
     manager = RunProcess(
-        CARTPOLE, "--num-agents", "2", "--max-steps", "10000000", "--progress-interval", "0.5", "--device", "cpu",
-        "--bind", ADDRESS_A, "--port", str(PORT), "--keys", str(keys), "--heartbeat-timeout", str(HEARTBEAT_S),
-        log_dir=log_dir, prefix=("ip", "netns", "exec", host_a),
+        CARTPOLE,
+        "--num-agents",
+        "2",
+        "--max-steps",
+        "10000000",
+        "--progress-interval",
+        "0.5",
+        "--device",
+        "cpu",
+        "--bind",
+        ADDRESS_A,
+        "--port",
+        str(PORT),
+        "--keys",
+        str(keys),
+        "--heartbeat-timeout",
+        str(HEARTBEAT_S),
+        log_dir=log_dir,
+        prefix=("ip", "netns", "exec", host_a),
     )
     attached = []
     try:
         manager.wait_for_line(r"compute process is up", timeout_s=120)
-        attached.append(RunProcess.command(["ip", "netns", "exec", host_b, sys.executable, "-m", "flare2.cli", "attach",
-                                            f"tcp://{ADDRESS_A}:{PORT}", "--keys", str(keys), "--num-agents", "4"]))
+        attached.append(
+            RunProcess.command(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    host_b,
+                    sys.executable,
+                    "-m",
+                    "flare2.cli",
+                    "attach",
+                    f"tcp://{ADDRESS_A}:{PORT}",
+                    "--keys",
+                    str(keys),
+                    "--num-agents",
+                    "4",
+                ]
+            )
+        )
         for _ in range(4):
             manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) attached", timeout_s=60)
         manager.wait_for_line(r"agents 2 local, 4 remote", timeout_s=60)
@@ -80,7 +112,9 @@ def test_agents_attached_from_another_host_join_leave_and_join_again(tmp_path, t
 
         ip("-n", host_b, "link", "set", veth_b, "down")
         for _ in range(4):
-            manager.wait_for_line(r"remote agent r-\S+ silent for 3s \(link lost\?\); dropped", timeout_s=3 * HEARTBEAT_S)
+            manager.wait_for_line(
+                r"remote agent r-\S+ silent for 3s \(link lost\?\); dropped", timeout_s=3 * HEARTBEAT_S
+            )
         before = read_csv(log_dir / "progress.csv")[-1]["env_steps"]
         manager.wait_for_line(r"agents 2 local, 0 remote", timeout_s=30)
         manager.wait_for_line(r"agents 2 local, 0 remote", timeout_s=30)
@@ -91,8 +125,25 @@ def test_agents_attached_from_another_host_join_leave_and_join_again(tmp_path, t
         assert attached[0].wait(timeout_s=6 * HEARTBEAT_S) == 3
 
         ip("-n", host_b, "link", "set", veth_b, "up")
-        attached.append(RunProcess.command(["ip", "netns", "exec", host_b, sys.executable, "-m", "flare2.cli", "attach",
-                                            f"tcp://{ADDRESS_A}:{PORT}", "--keys", str(keys), "--num-agents", "4"]))
+        attached.append(
+            RunProcess.command(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    host_b,
+                    sys.executable,
+                    "-m",
+                    "flare2.cli",
+                    "attach",
+                    f"tcp://{ADDRESS_A}:{PORT}",
+                    "--keys",
+                    str(keys),
+                    "--num-agents",
+                    "4",
+                ]
+            )
+        )
         manager.wait_for_line(r"agents 2 local, 4 remote", timeout_s=60)
 
         manager.process.send_signal(2)

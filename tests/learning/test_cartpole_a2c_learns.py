@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from runs import first_row_reaching, train
 
 pytestmark = [pytest.mark.learning, pytest.mark.slow]

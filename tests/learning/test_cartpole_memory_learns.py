@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from runs import finite, first_row_reaching, train
 
 pytestmark = [pytest.mark.learning, pytest.mark.slow]
@@ -13,7 +12,9 @@ BUDGET_STEPS = 150_000
 
 
 def run_memory_example(model: str, log_dir, *extra: str) -> list[dict[str, float]]:
-    return train("cartpole_memory.py", log_dir, "--model", model, "--max-steps", str(BUDGET_STEPS), "--seed", "0", *extra)
+    return train(
+        "cartpole_memory.py", log_dir, "--model", model, "--max-steps", str(BUDGET_STEPS), "--seed", "0", *extra
+    )
 
 
 def test_recurrent_ppo_reaches_200_on_cartpole_without_velocities_within_150k_steps(tmp_path, no_leftover_processes):

@@ -13,7 +13,9 @@ import flare2
 pytestmark = pytest.mark.learning
 
 
-def test_flare2_train_from_python_reaches_475_on_cartpole_and_returns_a_playable_policy(tmp_path, no_leftover_processes):
+def test_flare2_train_from_python_reaches_475_on_cartpole_and_returns_a_playable_policy(
+    tmp_path, no_leftover_processes
+):
     run = flare2.train("CartPole-v1", algo="ppo", max_steps=200_000, stop_return=475, seed=1, log_dir=str(tmp_path))
 
     assert run.exit_code == 0 and run.log_dir == tmp_path

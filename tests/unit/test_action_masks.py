@@ -46,7 +46,9 @@ def test_ppo_on_a_masked_space_declares_the_mask_and_acts_legally_through_the_co
     mask = rng.random((64, ACTIONS)) < 0.3
     mask[:, 4] = True
     for greedy in (False, True):
-        actions, _ = ct.predict({"obs": rng.standard_normal((64, 3)).astype(np.float32), "action_mask": mask}, {}, greedy=greedy)
+        actions, _ = ct.predict(
+            {"obs": rng.standard_normal((64, 3)).astype(np.float32), "action_mask": mask}, {}, greedy=greedy
+        )
         assert mask[np.arange(64), actions["action"]].all()
         assert np.isfinite(actions["log_prob"]).all()
 
@@ -55,8 +57,10 @@ def test_a_mask_that_does_not_fit_the_actions_is_refused_naming_both():
     with pytest.raises(ConfigError, match="needs Discrete actions with one entry per action"):
         MLPActorCritic(MASKED_SPACE, gym.spaces.Discrete(ACTIONS + 1))
     with pytest.raises(ConfigError, match=r"holds 'obs' and optionally 'action_mask', got \['mines', 'obs'\]"):
-        MLPActorCritic(gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,)), "mines": gym.spaces.Box(-1, 1, (3,))}),
-                       gym.spaces.Discrete(2))
+        MLPActorCritic(
+            gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,)), "mines": gym.spaces.Box(-1, 1, (3,))}),
+            gym.spaces.Discrete(2),
+        )
 
 
 class _MaskedEnv:

@@ -62,8 +62,9 @@ class Agents:
         self.replies: dict[str, Message] = {}
         self._seq = 0
 
-    def send_predict(self, name: str, x: np.ndarray, *, header_id: str | None = None,
-                     evaluation: np.ndarray | None = None) -> None:
+    def send_predict(
+        self, name: str, x: np.ndarray, *, header_id: str | None = None, evaluation: np.ndarray | None = None
+    ) -> None:
         self._seq += 1
         payload = {"inputs": {"x": x}, "states": {}, **({"evaluation": evaluation} if evaluation is not None else {})}
         self.predict[name].send_multipart(pack(Message(PREDICT, payload, header_id or name, self._seq, "RL")))
@@ -130,7 +131,9 @@ def test_local_agents_reach_the_cdp_through_its_unix_streams_and_share_batches_w
         front.cdp.live = frozenset({"local", "remote"})
         agents = Agents(ctx, front, ["remote"])
         local = StreamClient(front.local_predict_endpoint, max_bytes=DEFAULT_MAX_BYTES)
-        local.send(pack(Message(PREDICT, {"inputs": {"x": np.ones((1, 2), np.float32)}, "states": {}}, "local", 1, "RL")))
+        local.send(
+            pack(Message(PREDICT, {"inputs": {"x": np.ones((1, 2), np.float32)}, "states": {}}, "local", 1, "RL"))
+        )
         agents.send_predict("remote", np.full((1, 2), 3, np.float32))
 
         def both_answered() -> bool:

@@ -36,11 +36,21 @@ def test_flare2_figures_come_from_the_first_crossing_row_and_the_first_to_last_r
     with open(path, "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["wall_time", "env_steps", "episodes", "return_mean", "steps_per_s"])
-        writer.writerows([[5.0, 4000, 10, "nan", 800], [10.0, 9000, 90, "474.9", 1000],
-                          [15.0, 14000, 120, "475.0", 1000], [16.0, 15000, 125, "480", 1000]])
+        writer.writerows(
+            [
+                [5.0, 4000, 10, "nan", 800],
+                [10.0, 9000, 90, "474.9", 1000],
+                [15.0, 14000, 120, "475.0", 1000],
+                [16.0, 15000, 125, "480", 1000],
+            ]
+        )
     figures = bench.progress_figures(path, 475)
-    assert figures == {"steps_to_threshold": 14000, "steps_trained": 15000,
-                       "steps_per_s": pytest.approx((15000 - 4000) / (16.0 - 5.0)), "train_s": 16.0}
+    assert figures == {
+        "steps_to_threshold": 14000,
+        "steps_trained": 15000,
+        "steps_per_s": pytest.approx((15000 - 4000) / (16.0 - 5.0)),
+        "train_s": 16.0,
+    }
     assert bench.progress_figures(path, 500)["steps_to_threshold"] is None
 
 
@@ -114,8 +124,7 @@ def test_run_measured_kills_the_whole_tree_past_its_timeout(proctree, tmp_path):
 def test_run_measured_kills_a_child_left_behind_by_the_command(proctree, tmp_path):
     pid_file = tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    parent = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); "
-              f"time.sleep(0.2)")
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(0.2)"
     measured = proctree.run_measured([sys.executable, "-c", parent], timeout_s=30, exit_grace_s=0.1)
     child_pid = int(pid_file.read_text())
     assert measured.leftover_pids == (child_pid,)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from doubles import Scale, learn_payload
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
@@ -11,8 +12,6 @@ from flare2.errors import UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
-
-from doubles import Scale, learn_payload
 
 
 class Scaler(Algorithm):
@@ -35,7 +34,9 @@ class Served:
         self.ct = ComputationTask("RL", Scaler(Scale()), device="cpu")
         self.replies: list[tuple[str, bool, Message]] = []
         self.cdp = ComputationDataProcessor(
-            self.ct, config=BatchingConfig(**batching), reply=lambda to, learn, message: self.replies.append((to, learn, message))
+            self.ct,
+            config=BatchingConfig(**batching),
+            reply=lambda to, learn, message: self.replies.append((to, learn, message)),
         )
         self.seq = 0
 
@@ -103,7 +104,9 @@ def test_a_predict_that_returns_the_wrong_shape_is_named_with_the_spec():
     served = Served(max_batch=8, max_wait_ms=0)
     served.cdp.live = frozenset({"a"})
     served.predict("a", [[7, 7]])
-    with pytest.raises(UserCodeError, match=r"Scaler.predict returned actions\['y'\] with shape \(1, 1\).*shape \(1, 2\)"):
+    with pytest.raises(
+        UserCodeError, match=r"Scaler.predict returned actions\['y'\] with shape \(1, 1\).*shape \(1, 2\)"
+    ):
         served.cdp.serve_predictions(0.0)
 
 

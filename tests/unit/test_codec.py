@@ -108,7 +108,15 @@ def test_a_big_endian_array_comes_back_equal_in_native_byte_order(dtype):
 
 @pytest.mark.parametrize(
     "scalar",
-    [np.bool_(True), np.int8(-3), np.int64(2**40), np.uint16(65535), np.float16(1.5), np.float32(0.25), np.float64(-2.5)],
+    [
+        np.bool_(True),
+        np.int8(-3),
+        np.int64(2**40),
+        np.uint16(65535),
+        np.float16(1.5),
+        np.float32(0.25),
+        np.float64(-2.5),
+    ],
     ids=lambda s: type(s).__name__,
 )
 def test_a_numpy_scalar_keeps_its_value_and_dtype(scalar):
@@ -121,7 +129,23 @@ def test_a_numpy_scalar_keeps_its_value_and_dtype(scalar):
 
 @pytest.mark.parametrize(
     "value",
-    [0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 1.5, float("inf"), -0.0, True, False, None, "", "héllo ✓", b"", b"\x00\xff"],
+    [
+        0,
+        -1,
+        2**63 - 1,
+        -(2**63),
+        2**64 - 1,
+        1.5,
+        float("inf"),
+        -0.0,
+        True,
+        False,
+        None,
+        "",
+        "héllo ✓",
+        b"",
+        b"\x00\xff",
+    ],
     ids=repr,
 )
 def test_a_python_scalar_comes_back_with_its_type_and_value(value):
@@ -232,7 +256,9 @@ def test_decode_errors_are_transport_errors():
     assert issubclass(DecodeError, TransportError)
 
 
-@pytest.mark.parametrize("data", [b"\xc1", b"", b"\xff\xff\xff" + b"garbage"], ids=["reserved-byte", "empty", "garbage"])
+@pytest.mark.parametrize(
+    "data", [b"\xc1", b"", b"\xff\xff\xff" + b"garbage"], ids=["reserved-byte", "empty", "garbage"]
+)
 def test_garbage_bytes_raise_decode_error(data):
     with pytest.raises(DecodeError, match="not a valid msgpack message"):
         decode(data)

@@ -302,11 +302,14 @@ def test_parameters_are_counted_once_for_a_network_two_attributes_share():
     assert count_parameters(algorithm) == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("gpu, parameters, expected", [
-    (True, AUTO_CUDA_MIN_PARAMETERS - 1, "cpu"),
-    (True, AUTO_CUDA_MIN_PARAMETERS, "cuda"),
-    (False, 10 * AUTO_CUDA_MIN_PARAMETERS, "cpu"),
-])
+@pytest.mark.parametrize(
+    "gpu, parameters, expected",
+    [
+        (True, AUTO_CUDA_MIN_PARAMETERS - 1, "cpu"),
+        (True, AUTO_CUDA_MIN_PARAMETERS, "cuda"),
+        (False, 10 * AUTO_CUDA_MIN_PARAMETERS, "cpu"),
+    ],
+)
 def test_auto_takes_the_gpu_only_for_networks_large_enough_to_pay(monkeypatch, gpu, parameters, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     assert resolve_device("auto", parameters).type == expected
@@ -395,8 +398,9 @@ class NormalizedDropoutModel(Model):
 
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.5),
-                                       torch.nn.Linear(16, 2))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2)
+        )
 
     def input_specs(self):
         return {"obs": Spec((4,), "float32")}
@@ -427,10 +431,16 @@ def test_predict_runs_in_eval_mode_and_learn_in_train_mode(beside_learning):
     if beside_learning:
         ct.act_beside_learning()
     obs = {"obs": np.ones((1, 4), np.float32)}
-    batch = {"inputs": {"obs": np.random.default_rng(0).normal(size=(4, 2, 4)).astype(np.float32)},
-             "next_inputs": {"obs": np.zeros((4, 2, 4), np.float32)}, "actions": {"logits": np.zeros((4, 2, 2), np.float32)},
-             "rewards": {}, "states": {}, "terminated": np.zeros((4, 2), bool), "truncated": np.zeros((4, 2), bool),
-             "policy_version": np.zeros((4, 2), np.int64)}
+    batch = {
+        "inputs": {"obs": np.random.default_rng(0).normal(size=(4, 2, 4)).astype(np.float32)},
+        "next_inputs": {"obs": np.zeros((4, 2, 4), np.float32)},
+        "actions": {"logits": np.zeros((4, 2, 2), np.float32)},
+        "rewards": {},
+        "states": {},
+        "terminated": np.zeros((4, 2), bool),
+        "truncated": np.zeros((4, 2), bool),
+        "policy_version": np.zeros((4, 2), np.int64),
+    }
     for _ in range(2):
         # A batch of one passes BatchNorm, and dropout is off: the same input gives the same action.
         first, _ = ct.predict(obs, {})
@@ -455,6 +465,9 @@ def test_resuming_from_a_checkpoint_of_another_algorithm_or_other_specs_is_refus
         ComputationTask("RL", A2C(wider), device="cpu").load(path)
     # Same specs, other layers: torch's own complaint, inside flare2's message.
     other_layers = MLPActorCritic(OBS_SPACE, ACTION_SPACE, hidden=(8, 8))
-    with pytest.raises(ConfigError, match=r"does not fit this run's A2C \(Error\(s\) in loading state_dict for "
-                                          r"MLPActorCritic: .*\): it was written with other network settings"):
+    with pytest.raises(
+        ConfigError,
+        match=r"does not fit this run's A2C \(Error\(s\) in loading state_dict for "
+        r"MLPActorCritic: .*\): it was written with other network settings",
+    ):
         ComputationTask("RL", A2C(other_layers), device="cpu").load(path)

@@ -40,7 +40,9 @@ def test_a_run_needs_a_budget():
         run_config(max_steps=None)
 
 
-@pytest.mark.parametrize(("text", "expected"), [("300s", (300.0, None)), ("50000", (None, 50000)), ("20steps", (None, 20))])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("300s", (300.0, None)), ("50000", (None, 50000)), ("20steps", (None, 20))]
+)
 def test_checkpoint_every_takes_seconds_or_steps(text, expected):
     assert parse_checkpoint_every(text) == expected
 
@@ -76,8 +78,10 @@ def test_stopping_on_the_evaluation_return_needs_evaluation_episodes():
         (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: must be > 0, got 0"),
         (["--busy-wait-us", "-5"], "argument --busy-wait-us: must be >= 0, got -5"),
         (["--busy-wait-us", "2000000"], "busy_wait_us must be between 0 (sleep at once) and 1000000, got 2000000"),
-        (["--serial", "--bind", "10.1.2.3", "--insecure"], "--serial runs the whole run in this process, so nothing "
-                                                          "listens on --bind 10.1.2.3"),
+        (
+            ["--serial", "--bind", "10.1.2.3", "--insecure"],
+            "--serial runs the whole run in this process, so nothing listens on --bind 10.1.2.3",
+        ),
     ],
 )
 def test_option_mistakes_are_usage_errors_that_name_the_option(capsys, options, message):
@@ -92,12 +96,21 @@ def test_option_mistakes_are_usage_errors_that_name_the_option(capsys, options, 
 
 def test_local_agents_get_the_cts_unix_sockets_and_remote_ones_the_advertised_tcp_address():
     manager = Manager(run_config(bind="0.0.0.0", keys_dir="keys", advertise="10.1.2.3"))
-    served = {"specs": {}, "learn_ahead": 1, "predict_endpoint": "tcp://0.0.0.0:5001", "learn_endpoint": "tcp://0.0.0.0:5002",
-              "local_predict_endpoint": "unix:///tmp/flare2-x/ct0-predict", "local_learn_endpoint": "unix:///tmp/flare2-x/ct0-learn",
-              "busy_wait_us": 200}
+    served = {
+        "specs": {},
+        "learn_ahead": 1,
+        "predict_endpoint": "tcp://0.0.0.0:5001",
+        "learn_endpoint": "tcp://0.0.0.0:5002",
+        "local_predict_endpoint": "unix:///tmp/flare2-x/ct0-predict",
+        "local_learn_endpoint": "unix:///tmp/flare2-x/ct0-learn",
+        "busy_wait_us": 200,
+    }
     local = manager.schedule.desk._endpoints_for(served, local=True)
     remote = manager.schedule.desk._endpoints_for(served, local=False)
-    assert (local["predict_endpoint"], local["learn_endpoint"]) == (served["local_predict_endpoint"], served["local_learn_endpoint"])
+    assert (local["predict_endpoint"], local["learn_endpoint"]) == (
+        served["local_predict_endpoint"],
+        served["local_learn_endpoint"],
+    )
     assert (remote["predict_endpoint"], remote["learn_endpoint"]) == ("tcp://10.1.2.3:5001", "tcp://10.1.2.3:5002")
     assert "local_predict_endpoint" not in remote and local["learn_ahead"] == remote["learn_ahead"] == 1
     # Agents of other machines talk ZeroMQ, where no busy wait is done.
@@ -118,10 +131,14 @@ def test_every_setting_of_a_run_has_one_option_and_the_option_defaults_are_the_c
 
     parser = argparse.ArgumentParser(prog="run")
     add_run_options(parser)
-    config = run_config_from_args(parser, parser.parse_args([]), cts=[CTConfig("RL", build)],
-                                  agent_path="flare2.core.envs:GymAgent")
+    config = run_config_from_args(
+        parser, parser.parse_args([]), cts=[CTConfig("RL", build)], agent_path="flare2.core.envs:GymAgent"
+    )
     assert config.max_steps == COMMAND_LINE_DEFAULTS["max_steps"]
-    assert (config.agents.num_agents, config.agents.envs_per_agent) == (AgentConfig.num_agents, AgentConfig.envs_per_agent)
+    assert (config.agents.num_agents, config.agents.envs_per_agent) == (
+        AgentConfig.num_agents,
+        AgentConfig.envs_per_agent,
+    )
     for name in ("heartbeat_timeout_s", "learner", "torch_threads", "restart_backoff_s", "stop_timeout_s", "device"):
         assert getattr(config, name) == getattr(RunConfig, name)
     assert batching_from_args(parser.parse_args([])) == BatchingConfig()
@@ -138,9 +155,15 @@ def test_tensorboard_and_wandb_without_their_packages_name_the_extra_to_install(
     with pytest.raises(ConfigError, match="--wandb needs a W&B project name"):
         run_config(wandb_project=" ")
     installed = importlib.util.find_spec
-    for missing, option, extra in (("wandb", {"wandb_project": "p"}, "wandb"), ("tensorboard", {"wandb_project": "p"},
-                                   "tensorboard"), ("tensorboard", {"tensorboard": True}, "tensorboard")):
-        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest, gone=missing: (
-            None if name == gone else installed(name, *rest)))
+    for missing, option, extra in (
+        ("wandb", {"wandb_project": "p"}, "wandb"),
+        ("tensorboard", {"wandb_project": "p"}, "tensorboard"),
+        ("tensorboard", {"tensorboard": True}, "tensorboard"),
+    ):
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *rest, gone=missing: None if name == gone else installed(name, *rest),
+        )
         with pytest.raises(ConfigError, match=rf"not installed: python -m pip install -e \"\.\[{extra}\]\""):
             run_config(**option)

@@ -53,11 +53,14 @@ def test_a_script_default_and_a_derived_default_apply_unless_the_option_is_given
     assert given.anneal_steps == 7
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gamma", "2"], "A2CConfig.gamma must be in [0, 1], got 2.0"),
-    (["--lr", "fast"], "argument --lr: expected a number, got 'fast'"),
-    (["--optimizer", "sgd"], "A2CConfig.optimizer must be 'rmsprop' or 'adam', got 'sgd'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gamma", "2"], "A2CConfig.gamma must be in [0, 1], got 2.0"),
+        (["--lr", "fast"], "argument --lr: expected a number, got 'fast'"),
+        (["--optimizer", "sgd"], "A2CConfig.optimizer must be 'rmsprop' or 'adam', got 'sgd'"),
+    ],
+)
 def test_a_value_the_config_refuses_is_a_usage_error_that_names_the_field(capsys, argv, message):
     parser = parser_for(A2CConfig)
     with pytest.raises(SystemExit) as exited:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_computation_task import assert_same_state, learn_batch, make_model
+from test_entity_model import model as entity_model
 
 from flare2.core.computation_task import ComputationTask
 from flare2.wire.ragged import Ragged
 from flare2.zoo.a2c import A2C
 from flare2.zoo.ppo import PPO
-
-from test_computation_task import assert_same_state, learn_batch, make_model
-from test_entity_model import model as entity_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 
@@ -69,8 +68,9 @@ def test_a_checkpoint_written_on_the_gpu_loads_on_the_cpu_and_back(tmp_path):
     cpu = make_ct("cpu", seed=1)
     assert cpu.load(tmp_path / "RL.pt")["env_steps"] == 10
     assert all(p.device.type == "cpu" for p in cpu.algorithm.model.parameters())
-    assert_same_state({k: v.cpu() for k, v in gpu.algorithm.model.state_dict().items()},
-                      cpu.algorithm.model.state_dict())
+    assert_same_state(
+        {k: v.cpu() for k, v in gpu.algorithm.model.state_dict().items()}, cpu.algorithm.model.state_dict()
+    )
 
     cpu.save(tmp_path / "back.pt", {"env_steps": 10})
     again = make_ct("cuda", seed=2)

@@ -98,20 +98,24 @@ def test_sequences_give_n_step_targets_that_stop_at_an_episode_end():
     obs = torch.tensor([[[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]] * 3)
     next_obs = torch.tensor([[[0.2, 0.2], [0.3, 0.3], [0.4, 0.4]]] * 3)
     experience = Experience(
-        inputs={"obs": obs}, next_inputs={"obs": next_obs},
+        inputs={"obs": obs},
+        next_inputs={"obs": next_obs},
         actions={"action": torch.zeros(3, 3, dtype=torch.int64)},
-        rewards={"reward": torch.tensor([[1.0, 2.0, 4.0]] * 3)}, states={},
+        rewards={"reward": torch.tensor([[1.0, 2.0, 4.0]] * 3)},
+        states={},
         # Row 0 runs on; row 1 terminates after its second step; row 2 is truncated there.
         terminated=torch.tensor([[False, False, False], [False, True, False], [False, False, False]]),
         truncated=torch.tensor([[False, False, False], [False, False, False], [False, True, False]]),
     )
     value = algorithm.target(next_obs[0]).max(-1).values.tolist()  # the value after each step of a row
     targets = algorithm.targets(experience, torch.arange(3))
-    expected = torch.tensor([
-        1.0 + 0.5 * 2.0 + 0.25 * 4.0 + 0.125 * value[2],
-        1.0 + 0.5 * 2.0,
-        1.0 + 0.5 * 2.0 + 0.25 * value[1],
-    ])
+    expected = torch.tensor(
+        [
+            1.0 + 0.5 * 2.0 + 0.25 * 4.0 + 0.125 * value[2],
+            1.0 + 0.5 * 2.0,
+            1.0 + 0.5 * 2.0 + 0.25 * value[1],
+        ]
+    )
     torch.testing.assert_close(targets, expected)
 
 

@@ -18,8 +18,15 @@ from flare2.zoo.minefield import Minefield
 def model() -> EntityActorCritic:
     torch.manual_seed(0)
     env = Minefield()
-    return EntityActorCritic(env.observation_space, env.action_space, actors={"move": "robot"}, selects={"fire": "mine"},
-                             width=16, heads=2, layers=2)
+    return EntityActorCritic(
+        env.observation_space,
+        env.action_space,
+        actors={"move": "robot"},
+        selects={"fire": "mine"},
+        width=16,
+        heads=2,
+        layers=2,
+    )
 
 
 def batch(robots: list[int], mines: list[int], seed: int = 0) -> dict:
@@ -28,8 +35,11 @@ def batch(robots: list[int], mines: list[int], seed: int = 0) -> dict:
     def entities(counts: list[int]) -> RaggedTensor:
         return RaggedTensor.from_ragged(Ragged.from_items([rng.random((n, 2)) for n in counts], (2,), "float32"))
 
-    return {"robot": entities(robots), "mine": entities(mines),
-            "cannon": torch.from_numpy(rng.random((len(robots), 1)).astype(np.float32))}
+    return {
+        "robot": entities(robots),
+        "mine": entities(mines),
+        "cannon": torch.from_numpy(rng.random((len(robots), 1)).astype(np.float32)),
+    }
 
 
 def test_an_observation_attends_only_to_its_own_entities():
@@ -37,10 +47,12 @@ def test_an_observation_attends_only_to_its_own_entities():
     inputs = batch([1, 2, 3], [2, 0, 4])
     other = batch([1, 2, 3], [2, 0, 4])
     # Observation 1 changes completely (other entities, other count); 0 and 2 keep theirs.
-    other["robot"] = RaggedTensor(torch.cat([inputs["robot"].values[:1], torch.rand(3, 2), inputs["robot"].values[3:]]),
-                                  torch.tensor([1, 3, 3]))
-    other["mine"] = RaggedTensor(torch.cat([inputs["mine"].values[:2], torch.rand(5, 2), inputs["mine"].values[2:]]),
-                                 torch.tensor([2, 5, 4]))
+    other["robot"] = RaggedTensor(
+        torch.cat([inputs["robot"].values[:1], torch.rand(3, 2), inputs["robot"].values[3:]]), torch.tensor([1, 3, 3])
+    )
+    other["mine"] = RaggedTensor(
+        torch.cat([inputs["mine"].values[:2], torch.rand(5, 2), inputs["mine"].values[2:]]), torch.tensor([2, 5, 4])
+    )
     other["cannon"] = inputs["cannon"]
     with torch.no_grad():
         before, after = net.policy(inputs), net.policy(other)
@@ -90,9 +102,11 @@ def test_the_joint_log_probability_sums_its_parts_and_a_missing_choice_counts_no
 def test_values_follow_the_leading_dims_of_a_learn_batch():
     net = model()
     flat = batch([1, 2, 3, 1, 2, 1], [0, 1, 2, 5, 0, 1])
-    sequences = {"robot": RaggedTensor(flat["robot"].values, flat["robot"].lengths.reshape(2, 3)),
-                 "mine": RaggedTensor(flat["mine"].values, flat["mine"].lengths.reshape(2, 3)),
-                 "cannon": flat["cannon"].reshape(2, 3, 1)}
+    sequences = {
+        "robot": RaggedTensor(flat["robot"].values, flat["robot"].lengths.reshape(2, 3)),
+        "mine": RaggedTensor(flat["mine"].values, flat["mine"].lengths.reshape(2, 3)),
+        "cannon": flat["cannon"].reshape(2, 3, 1),
+    }
     with torch.no_grad():
         assert torch.allclose(net.value(sequences), net.value(flat).reshape(2, 3), atol=1e-6)
 
@@ -102,15 +116,23 @@ def test_actions_on_the_wrong_kind_of_space_are_refused_naming_the_action():
     with pytest.raises(ConfigError, match=r"actor action 'fire' must be Sequence\(Discrete\(n\)\)"):
         EntityActorCritic(env.observation_space, env.action_space, actors={"fire": "mine"}, selects={"move": "robot"})
     with pytest.raises(ConfigError, match="needs at least one entity type"):
-        EntityActorCritic(gym.spaces.Dict({"cannon": env.observation_space["cannon"]}), env.action_space,
-                          actors={}, selects={})
+        EntityActorCritic(
+            gym.spaces.Dict({"cannon": env.observation_space["cannon"]}), env.action_space, actors={}, selects={}
+        )
 
 
 def test_a_select_only_model_over_observations_with_nothing_to_select_gives_zero_tensors_per_row():
     torch.manual_seed(0)
     env = Minefield()
-    net = EntityActorCritic(env.observation_space, gym.spaces.Dict({"fire": env.action_space["fire"]}),
-                            actors={}, selects={"fire": "mine"}, width=16, heads=2, layers=1).eval()
+    net = EntityActorCritic(
+        env.observation_space,
+        gym.spaces.Dict({"fire": env.action_space["fire"]}),
+        actors={},
+        selects={"fire": "mine"},
+        width=16,
+        heads=2,
+        layers=1,
+    ).eval()
     inputs = batch([1, 2], [0, 0])
     with torch.no_grad():
         policy = net.policy(inputs)

@@ -43,8 +43,12 @@ class _RecordingHelper:
         self.steps.append(step)
 
 
-SPECS = CTSpecs(inputs={"obs": Spec((1,), "float32")}, actions={"action": Spec((), "int64")}, states={},
-                rewards={"reward": Spec((), "float32")})
+SPECS = CTSpecs(
+    inputs={"obs": Spec((1,), "float32")},
+    actions={"action": Spec((), "int64")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+)
 
 
 def episode_kinds(eval_every: int, episodes: int) -> list[bool]:
@@ -77,15 +81,23 @@ def test_evaluation_episodes_are_counted_apart_from_training_episodes():
 def test_an_evaluating_agent_asks_for_greedy_actions_and_stores_nothing():
     agent, port, helper = Agent(), _RecordingPort(), _RecordingHelper()
     agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers={"RL": helper})
-    step = {"inputs": {"obs": np.zeros(1)}, "actions": {"action": 0}, "rewards": {"reward": 1.0},
-            "next_inputs": {"obs": np.zeros(1)}, "terminated": False, "truncated": False}
+    step = {
+        "inputs": {"obs": np.zeros(1)},
+        "actions": {"action": 0},
+        "rewards": {"reward": 1.0},
+        "next_inputs": {"obs": np.zeros(1)},
+        "terminated": False,
+        "truncated": False,
+    }
     agent.predict("RL", {"obs": np.zeros(1, np.float32)})
     agent.store("RL", **step)
     agent.evaluating = True
     agent.predict("RL", {"obs": np.zeros(1, np.float32)})
     agent.store("RL", **step)
     assert [payload["evaluation"].tolist() if "evaluation" in payload else [False] for payload in port.payloads] == [
-        [False], [True]]
+        [False],
+        [True],
+    ]
     assert len(helper.steps) == 1
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from doubles import AnsweringPort, KeepingHelper
 
 from flare2.core.envs import GymAgent
 from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import CTSpecs, Spec
-from flare2.wire.ragged import Ragged
 from flare2.runtime.agents.agent_process import StopRequested, make_envs
+from flare2.wire.ragged import Ragged
 
-from doubles import AnsweringPort, KeepingHelper
-
-SPECS = CTSpecs(inputs={"obs": Spec((3,), "float32")}, actions={"action": Spec((2,), "float32")}, states={},
-                rewards={"reward": Spec((), "float32")})
+SPECS = CTSpecs(
+    inputs={"obs": Spec((3,), "float32")},
+    actions={"action": Spec((2,), "float32")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+)
 
 
 class Reacher(gym.Env):
@@ -57,7 +60,9 @@ def test_observations_and_rewards_take_the_spec_dtypes_and_actions_are_clipped_f
         assert [action.tolist() for action in env.actions] == [[1.0, 0.0]] * 3
     first = helper.steps[0]
     assert first["inputs"]["obs"].dtype == np.float32 and first["next_inputs"]["obs"].dtype == np.float32
-    assert first["rewards"]["reward"].dtype == np.float32 and first["rewards"]["reward"].tolist() == pytest.approx([0.1] * 2)
+    assert first["rewards"]["reward"].dtype == np.float32 and first["rewards"]["reward"].tolist() == pytest.approx(
+        [0.1] * 2
+    )
     # What is learned from is the action the CT chose, not the clipped one.
     assert first["actions"]["action"].tolist() == [[5.0, -5.0]] * 2
 
@@ -68,10 +73,15 @@ class Crates(gym.Env):
     It records each action it gets: one push (0-2) per crate it showed, and which crate to pick.
     """
 
-    observation_space = gym.spaces.Dict({
-        "crates": gym.spaces.Sequence(gym.spaces.Box(-100.0, 100.0, (2,))), "me": gym.spaces.Box(-1.0, 1.0, (1,)),
-    })
-    action_space = gym.spaces.Dict({"push": gym.spaces.Sequence(gym.spaces.Discrete(3)), "pick": gym.spaces.Discrete(4)})
+    observation_space = gym.spaces.Dict(
+        {
+            "crates": gym.spaces.Sequence(gym.spaces.Box(-100.0, 100.0, (2,))),
+            "me": gym.spaces.Box(-1.0, 1.0, (1,)),
+        }
+    )
+    action_space = gym.spaces.Dict(
+        {"push": gym.spaces.Sequence(gym.spaces.Discrete(3)), "pick": gym.spaces.Discrete(4)}
+    )
 
     def __init__(self, index: int) -> None:
         self.index, self.t, self.actions = index, 0, []
@@ -106,10 +116,14 @@ def test_dict_and_sequence_spaces_go_as_ragged_rows_and_each_env_gets_its_own_en
     make_envs(agent, 0)
     specs = CTSpecs(
         inputs={"crates": Spec((None, 2), "float32"), "me": Spec((1,), "float32")},
-        actions={"push": Spec((None,), "int64"), "pick": Spec((), "int64")}, states={}, rewards={"reward": Spec((), "float32")},
+        actions={"push": Spec((None,), "int64"), "pick": Spec((), "int64")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
     )
-    assert {"inputs": input_specs(agent.envs[0].observation_space), "actions": action_specs(agent.envs[0].action_space)} \
-        == {"inputs": specs.inputs, "actions": specs.actions}
+    assert {
+        "inputs": input_specs(agent.envs[0].observation_space),
+        "actions": action_specs(agent.envs[0].action_space),
+    } == {"inputs": specs.inputs, "actions": specs.actions}
     port, helper = AnsweringPort(4, push_each_crate), KeepingHelper()
     agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
     agent.check_specs({"RL": specs})
@@ -176,7 +190,9 @@ def test_an_info_entry_that_is_no_extra_spec_or_does_not_fit_one_is_named():
 
     with pytest.raises(ConfigError, match=r"infos \['hits'\] are not among the extra specs"):
         run_informative(["hits"], {})
-    with pytest.raises(SpecError, match=r"info\['hits'\] of env 'CartPole-v1' is a int64 of shape \(\), which does not fit"):
+    with pytest.raises(
+        SpecError, match=r"info\['hits'\] of env 'CartPole-v1' is a int64 of shape \(\), which does not fit"
+    ):
         run_informative(["hits"], {"hits": Spec((2,), "int64")})
     with pytest.raises(SpecError, match=r"info\['hits'\].*does not fit extra spec Spec\(shape=\(\), dtype='bool'\)"):
         run_informative(["hits"], {"hits": Spec((), "bool")})

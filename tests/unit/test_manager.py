@@ -28,8 +28,13 @@ def control():
 
 def manager(tmp_path) -> ParallelSchedule:
     """The manager's side of the control socket: its parallel schedule."""
-    config = RunConfig(cts=(CTConfig("RL", build),), agents=AgentConfig("flare2.core.envs:GymAgent", num_agents=0),
-                       max_steps=10, log_dir=str(tmp_path), heartbeat_timeout_s=1.0)
+    config = RunConfig(
+        cts=(CTConfig("RL", build),),
+        agents=AgentConfig("flare2.core.envs:GymAgent", num_agents=0),
+        max_steps=10,
+        log_dir=str(tmp_path),
+        heartbeat_timeout_s=1.0,
+    )
     schedule = Manager(config).schedule
     assert isinstance(schedule, ParallelSchedule)
     return schedule
@@ -39,7 +44,9 @@ def remote_hello(agent_id: str) -> Message:
     return Message(HELLO, {"role": "agent", "remote": True, "cts": ["RL"], "pid": 1, "host": "elsewhere"}, agent_id, 1)
 
 
-def test_a_remote_agent_dropped_while_the_compute_process_is_still_starting_leaves_the_manager_running(tmp_path, control):
+def test_a_remote_agent_dropped_while_the_compute_process_is_still_starting_leaves_the_manager_running(
+    tmp_path, control
+):
     run = manager(tmp_path)
     run.desk.on_message(control, b"r-late", remote_hello("r-late"))
     assert "r-late" in run.agents.remotes

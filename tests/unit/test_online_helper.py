@@ -144,7 +144,9 @@ def test_complete_episodes_go_whole_one_after_another_in_one_sequence_once_enoug
             np.testing.assert_allclose(returns, [2 * (1 - 0.5 ** (ends[env] - k)) for k in range(ends[env])])
             sent.append((env, int(times[0])))
     # Every episode that ended in time went, exactly once.
-    expected = {(env, first) for env, length in enumerate(ends) for first in range(0, 30, length) if first + length <= 30}
+    expected = {
+        (env, first) for env, length in enumerate(ends) for first in range(0, 30, length) if first + length <= 30
+    }
     pending = {(env, first) for env, first in expected if (env, first) not in sent}
     assert len(sent) == len(set(sent)) and set(sent) <= expected
     # What is left is less than one request's worth of ended episodes.

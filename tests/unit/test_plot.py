@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from flare2.errors import ConfigError
 from flare2.commands.plot import group_key, main, plot, read_curves
+from flare2.errors import ConfigError
 
 HEADER = "wall_time,env_steps,episodes,return_mean,eval_return_mean\n"
 
@@ -23,8 +23,9 @@ def write_run(path, rows, train=None):
 def test_seeds_of_one_configuration_make_one_curve_with_their_mean_and_spread(tmp_path, capsys):
     train = {"algo": "ppo", "env": "CartPole-v1", "algorithm": {"lr": 0.001}, "agent": {}, "run": {"seed": 0}}
     runs = [
-        write_run(tmp_path / f"ppo_s{seed}", [(0, 10, "nan"), (1000, 100 + 100 * seed, 200)],
-                  {**train, "run": {"seed": seed}})
+        write_run(
+            tmp_path / f"ppo_s{seed}", [(0, 10, "nan"), (1000, 100 + 100 * seed, 200)], {**train, "run": {"seed": seed}}
+        )
         for seed in range(3)
     ]
     other = write_run(tmp_path / "other_s0", [(0, 5, "nan"), (500, 50, "nan")])
@@ -55,9 +56,20 @@ def test_a_directory_without_progress_is_named(tmp_path):
 def test_a_run_with_episodes_is_drawn_one_point_per_episode_between_its_progress_rows(tmp_path):
     run = write_run(tmp_path / "run", [(100, 15.0, "nan"), (400, 30.0, "nan")])
     # Two episodes reported with the row at 100 steps, three with the row at 400; one evaluation episode.
-    (run / "episodes.csv").write_text("wall_time,env_steps,return,length,eval\n" + "".join(
-        f"0,{steps},{ret},10,{evaluation}\n"
-        for steps, ret, evaluation in [(100, 10, 0), (100, 20, 0), (400, 30, 0), (400, 40, 0), (400, 50, 0), (400, 7, 1)]))
+    (run / "episodes.csv").write_text(
+        "wall_time,env_steps,return,length,eval\n"
+        + "".join(
+            f"0,{steps},{ret},10,{evaluation}\n"
+            for steps, ret, evaluation in [
+                (100, 10, 0),
+                (100, 20, 0),
+                (400, 30, 0),
+                (400, 40, 0),
+                (400, 50, 0),
+                (400, 7, 1),
+            ]
+        )
+    )
     curves = read_curves(run)
     steps, means = curves["return_mean"]
     assert steps.tolist() == [50, 100, 200, 300, 400]

@@ -21,8 +21,9 @@ from flare2.runtime.manager.progress import (
 
 
 def budget(max_steps=None, max_episodes=None, stop_return=None, stop_eval_return=None):
-    return SimpleNamespace(max_steps=max_steps, max_episodes=max_episodes, stop_return=stop_return,
-                           stop_eval_return=stop_eval_return)
+    return SimpleNamespace(
+        max_steps=max_steps, max_episodes=max_episodes, stop_return=stop_return, stop_eval_return=stop_eval_return
+    )
 
 
 def read(path) -> list[dict[str, str]]:
@@ -96,31 +97,74 @@ def test_a_report_writes_a_progress_row_the_costs_the_episodes_and_the_batching_
     totals = RunTotals()
     totals.add_agent_stats(400, [(20.0, 20), (30.0, 30)])
     totals.add_eval_stats(15, [(15.0, 15)])
-    totals.add_compute_stats({"RL": {
-        "predict_rows": 400, "predict_batches": 100, "learn_requests": 10, "learn_calls": 5, "rejected": 1,
-        "max_predict_wait_ms": 2.5, "policy_lag_sum": 30, "policy_lag_steps": 100, "costs": {"loss": 0.5},
-    }})
+    totals.add_compute_stats(
+        {
+            "RL": {
+                "predict_rows": 400,
+                "predict_batches": 100,
+                "learn_requests": 10,
+                "learn_calls": 5,
+                "rejected": 1,
+                "max_predict_wait_ms": 2.5,
+                "policy_lag_sum": 30,
+                "policy_lag_steps": 100,
+                "costs": {"loss": 0.5},
+            }
+        }
+    )
     totals.round_trips.add(0.0004)
     row = log.report(totals, agents=2, remote_agents=1, envs=16)
     log.close()
 
     [progress] = read(tmp_path / "progress.csv")
     assert list(progress) == list(PROGRESS_COLUMNS)
-    assert {key: progress[key] for key in ("env_steps", "episodes", "return_mean", "batch_size_mean", "learn_steps",
-                                           "agents", "remote_agents", "envs", "rejected_requests", "eval_episodes",
-                                           "eval_return_mean", "policy_lag_mean", "max_predict_wait_ms")} == {
-        "env_steps": "400", "episodes": "2", "return_mean": "25.0", "batch_size_mean": "4.0", "learn_steps": "5",
-        "agents": "2", "remote_agents": "1", "envs": "16", "rejected_requests": "1", "eval_episodes": "1",
-        "eval_return_mean": "15.0", "policy_lag_mean": "0.3", "max_predict_wait_ms": "2.5",
+    assert {
+        key: progress[key]
+        for key in (
+            "env_steps",
+            "episodes",
+            "return_mean",
+            "batch_size_mean",
+            "learn_steps",
+            "agents",
+            "remote_agents",
+            "envs",
+            "rejected_requests",
+            "eval_episodes",
+            "eval_return_mean",
+            "policy_lag_mean",
+            "max_predict_wait_ms",
+        )
+    } == {
+        "env_steps": "400",
+        "episodes": "2",
+        "return_mean": "25.0",
+        "batch_size_mean": "4.0",
+        "learn_steps": "5",
+        "agents": "2",
+        "remote_agents": "1",
+        "envs": "16",
+        "rejected_requests": "1",
+        "eval_episodes": "1",
+        "eval_return_mean": "15.0",
+        "policy_lag_mean": "0.3",
+        "max_predict_wait_ms": "2.5",
     }
     assert float(progress["predict_rtt_p50_ms"]) == pytest.approx(0.4, rel=0.2)
     assert row["env_steps"] == 400
     assert [(r["ct"], r["cost"], r["value"]) for r in read(tmp_path / "learn.csv")] == [("RL", "loss", "0.5")]
     assert [(r["return"], r["length"], r["eval"]) for r in read(tmp_path / "episodes.csv")] == [
-        ("20.0", "20", "0"), ("30.0", "30", "0"), ("15.0", "15", "1")]
+        ("20.0", "20", "0"),
+        ("30.0", "30", "0"),
+        ("15.0", "15", "1"),
+    ]
     [ct_row] = read(tmp_path / "cts.csv")
-    assert (ct_row["predict_batches"], ct_row["predict_batch_mean"], ct_row["learn_calls"], ct_row["learn_batch_mean"]) == (
-        "100", "4.0", "5", "2.0")
+    assert (
+        ct_row["predict_batches"],
+        ct_row["predict_batch_mean"],
+        ct_row["learn_calls"],
+        ct_row["learn_batch_mean"],
+    ) == ("100", "4.0", "5", "2.0")
     # The per-row figures are reset for the next row.
     assert totals.max_predict_wait_ms == 0.0 and math.isnan(totals.round_trips.quantile(0.5))
 
@@ -128,12 +172,19 @@ def test_a_report_writes_a_progress_row_the_costs_the_episodes_and_the_batching_
 def test_a_second_report_counts_only_what_happened_since_the_first(tmp_path):
     log = ProgressLog(tmp_path)
     totals = RunTotals()
-    report = {"predict_rows": 400, "predict_batches": 100, "learn_requests": 10, "learn_calls": 5,
-              "policy_lag_sum": 30, "policy_lag_steps": 100}
+    report = {
+        "predict_rows": 400,
+        "predict_batches": 100,
+        "learn_requests": 10,
+        "learn_calls": 5,
+        "policy_lag_sum": 30,
+        "policy_lag_steps": 100,
+    }
     totals.add_compute_stats({"RL": report})
     log.report(totals, agents=1)
-    totals.add_compute_stats({"RL": {**report, "predict_rows": 1000, "predict_batches": 200, "policy_lag_sum": 130,
-                                     "policy_lag_steps": 200}})
+    totals.add_compute_stats(
+        {"RL": {**report, "predict_rows": 1000, "predict_batches": 200, "policy_lag_sum": 130, "policy_lag_steps": 200}}
+    )
     second = log.report(totals, agents=1)
     log.close()
     assert second["batch_size_mean"] == 6.0 and second["policy_lag_mean"] == 1.0
@@ -172,7 +223,13 @@ def test_the_progress_line_tells_the_share_of_the_step_budget_and_the_time_left(
     assert "steps 2000 of 5000 (40%) |" in caplog.text
     # 1000 steps in 10 s since the start; 3000 left take 30 s.
     assert "steps 2000 of 5000 (40%, ETA 30s) |" in caplog.text
-    assert [duration_text(s) for s in (0.4, 59, 61, 3599, 3600 * 3 + 7 * 60 + 20)] == ["0s", "59s", "1m01s", "59m59s", "3h07m"]
+    assert [duration_text(s) for s in (0.4, 59, 61, 3599, 3600 * 3 + 7 * 60 + 20)] == [
+        "0s",
+        "59s",
+        "1m01s",
+        "59m59s",
+        "3h07m",
+    ]
 
 
 def test_the_summary_names_the_best_and_last_mean_return_and_where_the_files_are(tmp_path):
@@ -223,8 +280,12 @@ def test_tensorboard_gets_every_progress_and_learn_scalar_and_a_resume_continues
     scalars = _board_scalars(tmp_path)
     # Steps 300 of the first run are hidden by the resumed run's: one curve, each step once.
     assert scalars["progress/return_mean"] == [(100, 10.0), (200, 15.0), (300, pytest.approx(23.333)), (400, 30.0)]
-    assert scalars["learn/RL/loss"] == [(100, pytest.approx(0.9)), (200, pytest.approx(0.8)), (300, pytest.approx(0.6)),
-                                        (400, pytest.approx(0.5))]
+    assert scalars["learn/RL/loss"] == [
+        (100, pytest.approx(0.9)),
+        (200, pytest.approx(0.8)),
+        (300, pytest.approx(0.6)),
+        (400, pytest.approx(0.5)),
+    ]
     numeric = {c for c in PROGRESS_COLUMNS if c not in ("wall_time", "env_steps")}
     assert {tag.removeprefix("progress/") for tag in scalars if tag.startswith("progress/")} <= numeric
     assert "progress/steps_per_s" in scalars and "progress/episodes" in scalars

@@ -109,7 +109,9 @@ def test_a_header_that_is_not_a_list_of_five_is_rejected(frame):
         unpack([frame, EMPTY_PAYLOAD])
 
 
-@pytest.mark.parametrize("frame", [b"\xc1", b"", header(PROTOCOL_VERSION)[:-1] + b"\x95"], ids=["reserved", "empty", "cut"])
+@pytest.mark.parametrize(
+    "frame", [b"\xc1", b"", header(PROTOCOL_VERSION)[:-1] + b"\x95"], ids=["reserved", "empty", "cut"]
+)
 def test_a_header_that_is_not_msgpack_is_rejected(frame):
     with pytest.raises(DecodeError, match="header is not valid msgpack"):
         unpack([frame, EMPTY_PAYLOAD])
@@ -127,7 +129,9 @@ def test_a_bad_seq_is_rejected(seq):
         unpack(frames_with_header(PROTOCOL_VERSION, PREDICT, "", seq, ""))
 
 
-@pytest.mark.parametrize("value", ["x" * (MAX_NAME_CHARS + 1), 5, None, b"agent"], ids=["too-long", "int", "none", "bytes"])
+@pytest.mark.parametrize(
+    "value", ["x" * (MAX_NAME_CHARS + 1), 5, None, b"agent"], ids=["too-long", "int", "none", "bytes"]
+)
 @pytest.mark.parametrize("field", ["agent_id", "ct"])
 def test_a_bad_agent_id_or_ct_is_rejected_naming_the_field(field, value):
     fields = {"agent_id": "", "ct": ""} | {field: value}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from doubles import KeepingHelper
 
 from flare2.core.agent import Agent
 from flare2.core.algorithm import Algorithm
@@ -19,8 +20,6 @@ from flare2.runtime.config import BatchingConfig
 from flare2.wire.codec import decode, encode
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
 from flare2.wire.ragged import Ragged, concat_rows, rows_in_order, stack_time
-
-from doubles import KeepingHelper
 
 MINE = (2,)
 
@@ -66,8 +65,10 @@ def test_rows_put_back_in_order_after_a_split_by_a_mask():
     parts = [(np.flatnonzero(~greedy), r[~greedy]), (np.flatnonzero(greedy), r[greedy])]
     assert as_lists(rows_in_order(parts, 4)) == as_lists(r)
     dense = np.arange(8).reshape(4, 2)
-    assert rows_in_order([(np.flatnonzero(~greedy), dense[~greedy]), (np.flatnonzero(greedy), dense[greedy])], 4).tolist() \
+    assert (
+        rows_in_order([(np.flatnonzero(~greedy), dense[~greedy]), (np.flatnonzero(greedy), dense[greedy])], 4).tolist()
         == dense.tolist()
+    )
 
 
 def test_a_ragged_input_crosses_the_wire_and_is_checked_back_into_a_ragged():
@@ -83,20 +84,48 @@ def wire_mines(lengths, values) -> dict:
     return {"mines": {"values": values, "lengths": lengths}, "robot": np.zeros((len(lengths), 3), np.float32)}
 
 
-@pytest.mark.parametrize(("arrays", "message"), [
-    (wire_mines(np.array([2, 2], np.int64), np.zeros((3, 2), np.float32)), "lengths add up to 4 items, but values holds 3"),
-    (wire_mines(np.array([-1, 4], np.int64), np.zeros((3, 2), np.float32)), "lengths must be between 0 and the 3 items"),
-    (wire_mines(np.array([1, 2], np.int32), np.zeros((3, 2), np.float32)), "lengths must be an int64 array of 1 dim"),
-    (wire_mines(np.array([[1, 2]], np.int64), np.zeros((3, 2), np.float32)), "lengths must be an int64 array of 1 dim"),
-    (wire_mines(np.array([1, 2], np.int64), np.zeros((3, 3), np.float32)), r"values must be a float32 array of shape \(items,\) \+ \(2,\)"),
-    (wire_mines(np.array([1, 2], np.int64), np.zeros((3, 2), np.float64)), "values must be a float32 array"),
-    (wire_mines(np.array([1, 2], np.int64), [1, 2]), "values must be a float32 array"),
-    ({"mines": np.zeros((2, 3, 2), np.float32), "robot": np.zeros((2, 3), np.float32)}, "must be a flare2.Ragged"),
-    ({"mines": {"values": np.zeros((0, 2), np.float32), "lengths": np.zeros(2, np.int64), "x": 1},
-      "robot": np.zeros((2, 3), np.float32)}, "must be a flare2.Ragged"),
-    ({"mines": {"values": np.zeros((3, 2), np.float32), "lengths": np.array([1, 2, 0], np.int64)},
-      "robot": np.zeros((2, 3), np.float32)}, r"expected leading dims \(2,\) like the other arrays, got \(3,\)"),
-])
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        (
+            wire_mines(np.array([2, 2], np.int64), np.zeros((3, 2), np.float32)),
+            "lengths add up to 4 items, but values holds 3",
+        ),
+        (
+            wire_mines(np.array([-1, 4], np.int64), np.zeros((3, 2), np.float32)),
+            "lengths must be between 0 and the 3 items",
+        ),
+        (
+            wire_mines(np.array([1, 2], np.int32), np.zeros((3, 2), np.float32)),
+            "lengths must be an int64 array of 1 dim",
+        ),
+        (
+            wire_mines(np.array([[1, 2]], np.int64), np.zeros((3, 2), np.float32)),
+            "lengths must be an int64 array of 1 dim",
+        ),
+        (
+            wire_mines(np.array([1, 2], np.int64), np.zeros((3, 3), np.float32)),
+            r"values must be a float32 array of shape \(items,\) \+ \(2,\)",
+        ),
+        (wire_mines(np.array([1, 2], np.int64), np.zeros((3, 2), np.float64)), "values must be a float32 array"),
+        (wire_mines(np.array([1, 2], np.int64), [1, 2]), "values must be a float32 array"),
+        ({"mines": np.zeros((2, 3, 2), np.float32), "robot": np.zeros((2, 3), np.float32)}, "must be a flare2.Ragged"),
+        (
+            {
+                "mines": {"values": np.zeros((0, 2), np.float32), "lengths": np.zeros(2, np.int64), "x": 1},
+                "robot": np.zeros((2, 3), np.float32),
+            },
+            "must be a flare2.Ragged",
+        ),
+        (
+            {
+                "mines": {"values": np.zeros((3, 2), np.float32), "lengths": np.array([1, 2, 0], np.int64)},
+                "robot": np.zeros((2, 3), np.float32),
+            },
+            r"expected leading dims \(2,\) like the other arrays, got \(3,\)",
+        ),
+    ],
+)
 def test_malformed_ragged_arrays_are_refused_naming_the_key_and_what_is_wrong(arrays, message):
     specs = {"robot": Spec((3,), "float32"), "mines": Spec((None, 2), "float32")}
     with pytest.raises(SpecError, match=message) as caught:
@@ -164,7 +193,9 @@ class PerMine(Algorithm):
 def served_cdp(**batching):
     ct = ComputationTask("RL", PerMine(EntityCounter()), device="cpu")
     replies: list[tuple[str, Message]] = []
-    cdp = ComputationDataProcessor(ct, config=BatchingConfig(**batching), reply=lambda to, _, m: replies.append((to, m)))
+    cdp = ComputationDataProcessor(
+        ct, config=BatchingConfig(**batching), reply=lambda to, _, m: replies.append((to, m))
+    )
     return ct, cdp, replies
 
 
@@ -185,22 +216,28 @@ def test_requests_of_different_lengths_batch_into_one_ragged_input_and_outputs_g
         actions = decode(encode(reply.payload))["actions"]
         check_arrays("actions", ct.specs.actions, actions)
         # The score of each mine is its own first feature, in its env's row.
-        assert [row.tolist() for row in actions["score"].items()] == [row[:, 0].tolist() for row in requests[agent].items()]
+        assert [row.tolist() for row in actions["score"].items()] == [
+            row[:, 0].tolist() for row in requests[agent].items()
+        ]
         assert actions["count"].tolist() == requests[agent].lengths.tolist()
 
 
 def test_greedy_and_exploring_rows_of_one_batch_keep_their_ragged_outputs_in_row_order():
     ct, _, _ = served_cdp()
     obs = mines(1, 2, 0, 3)
-    actions, _ = ct.predict({"mines": obs, "robot": np.zeros((4, 3), np.float32)}, {},
-                            greedy=np.array([False, True, True, False]))
+    actions, _ = ct.predict(
+        {"mines": obs, "robot": np.zeros((4, 3), np.float32)}, {}, greedy=np.array([False, True, True, False])
+    )
     expected = [row[:, 0] * sign for row, sign in zip(obs.items(), (1, -1, -1, 1))]
     assert [row.tolist() for row in actions["score"].items()] == [row.tolist() for row in expected]
 
 
 def test_a_ragged_output_that_is_not_a_ragged_tensor_is_an_error_naming_it():
     ct, _, _ = served_cdp()
-    ct.algorithm.predict = lambda inputs, states: ({"score": inputs["mines"].values[:, 0], "count": inputs["mines"].lengths}, {})
+    ct.algorithm.predict = lambda inputs, states: (
+        {"score": inputs["mines"].values[:, 0], "count": inputs["mines"].lengths},
+        {},
+    )
     with pytest.raises(SpecError, match=r"returned actions\['score'\] as a Tensor; its spec \(None,\) is ragged"):
         ct.predict({"mines": mines(1, 2), "robot": np.zeros((2, 3), np.float32)}, {})
 
@@ -211,13 +248,18 @@ def test_stored_steps_of_several_envs_become_ragged_sequences_that_learn_receive
     steps = []
     for t in range(3):
         obs, nxt = mines(t, 1, start=100 * t), mines(1, t, start=100 * t + 50)
-        steps.append({
-            "inputs": {"mines": obs, "robot": np.zeros((2, 3), np.float32)},
-            "next_inputs": {"mines": nxt, "robot": np.zeros((2, 3), np.float32)},
-            "actions": {"score": Ragged(obs.values[:, 0], obs.lengths), "count": obs.lengths.copy()},
-            "rewards": {"reward": np.zeros(2, np.float32)}, "states": {},
-            "terminated": np.zeros(2, bool), "truncated": np.zeros(2, bool), "policy_version": np.zeros(2, np.int64),
-        })
+        steps.append(
+            {
+                "inputs": {"mines": obs, "robot": np.zeros((2, 3), np.float32)},
+                "next_inputs": {"mines": nxt, "robot": np.zeros((2, 3), np.float32)},
+                "actions": {"score": Ragged(obs.values[:, 0], obs.lengths), "count": obs.lengths.copy()},
+                "rewards": {"reward": np.zeros(2, np.float32)},
+                "states": {},
+                "terminated": np.zeros(2, bool),
+                "truncated": np.zeros(2, bool),
+                "policy_version": np.zeros(2, np.int64),
+            }
+        )
     payload = stack_steps(steps, ct.specs)
     assert payload["inputs"]["mines"].lengths.tolist() == [[0, 1, 2], [1, 1, 1]]
     cdp.accept(Message(LEARN, decode(encode(payload)), "a", 1, "RL"), "a", 0.0, learn=True)
@@ -238,8 +280,14 @@ class EchoCountPort:
 
     def send_predict(self, payload):
         mines_in = payload["inputs"]["mines"]
-        self.reply = {"actions": {"score": Ragged(mines_in.values[:, 0].copy(), mines_in.lengths.copy()),
-                                  "count": mines_in.lengths.copy()}, "states": {}, "version": 3}
+        self.reply = {
+            "actions": {
+                "score": Ragged(mines_in.values[:, 0].copy(), mines_in.lengths.copy()),
+                "count": mines_in.lengths.copy(),
+            },
+            "states": {},
+            "version": 3,
+        }
         return 0
 
     def wait_predict(self, ticket):
@@ -256,9 +304,15 @@ def test_a_one_env_agent_sends_its_entities_as_one_ragged_row_and_stores_them_so
     no_mines = np.zeros((0, 2))
     actions, _ = agent.predict("RL", {"mines": no_mines, "robot": np.zeros(3, np.float32)})
     assert actions["score"].tolist() == [] and actions["count"] == 0
-    agent.store("RL", inputs={"mines": three_mines, "robot": np.zeros(3)}, next_inputs={"mines": no_mines, "robot": np.zeros(3)},
-                actions={"score": np.array([4.0, 5.0, 6.0]), "count": 3}, rewards={"reward": 1.0},
-                terminated=True, truncated=False)
+    agent.store(
+        "RL",
+        inputs={"mines": three_mines, "robot": np.zeros(3)},
+        next_inputs={"mines": no_mines, "robot": np.zeros(3)},
+        actions={"score": np.array([4.0, 5.0, 6.0]), "count": 3},
+        rewards={"reward": 1.0},
+        terminated=True,
+        truncated=False,
+    )
     [step] = helper.steps
     assert step["inputs"]["mines"].lengths.tolist() == [3] and step["inputs"]["mines"].dtype == np.float32
     assert step["next_inputs"]["mines"].lengths.tolist() == [0] and step["actions"]["score"].lengths.tolist() == [3]
@@ -266,8 +320,11 @@ def test_a_one_env_agent_sends_its_entities_as_one_ragged_row_and_stores_them_so
 
 def test_the_replay_helper_refuses_ragged_specs_with_the_helper_that_takes_them():
     specs = ComputationTask("RL", PerMine(EntityCounter()), device="cpu").specs
-    with pytest.raises(ConfigError, match=r"ExpReplayHelper keeps fixed-size arrays, but CT 'RL' has ragged "
-                                          r"inputs\['mines'\], next_inputs\['mines'\], actions\['score'\]: learn from them with OnlineHelper"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ExpReplayHelper keeps fixed-size arrays, but CT 'RL' has ragged "
+        r"inputs\['mines'\], next_inputs\['mines'\], actions\['score'\]: learn from them with OnlineHelper",
+    ):
         ExpReplayHelper(capacity=100, warmup=10).attach("RL", specs, port=None, num_envs=2)
 
 

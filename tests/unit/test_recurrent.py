@@ -85,8 +85,9 @@ def test_the_unroll_resets_named_states_to_a_given_initial_state():
         return total, {"total": total}
 
     x = torch.ones(1, 4, 1)
-    features, after = unroll(step, x, {"total": torch.zeros(1, 1)}, flags([(0, 1)], 1, 4),
-                             initial_state={"total": torch.full((1, 1), 10.0)})
+    features, after = unroll(
+        step, x, {"total": torch.zeros(1, 1)}, flags([(0, 1)], 1, 4), initial_state={"total": torch.full((1, 1), 10.0)}
+    )
     assert features[0, :, 0].tolist() == [1.0, 2.0, 11.0, 12.0]
     assert after["total"][0, :, 0].tolist() == [1.0, 2.0, 11.0, 12.0]
 
@@ -104,7 +105,7 @@ def test_unroll_segments_matches_the_step_by_step_unroll_for_the_gru_model():
 
 def test_the_gru_model_declares_its_memory_and_one_step_returns_a_next_state_of_that_shape():
     model = GRUActorCritic(OBS_SPACE, ACTION_SPACE, hidden_size=H)
-    (name, spec), = model.state_specs().items()
+    ((name, spec),) = model.state_specs().items()
     assert name == "hidden" and spec.shape == (2 * H,) and spec.dtype == "float32"
     assert set(model.action_specs()) == {"action", "log_prob"}
     logits, value, next_hidden = model.step(torch.randn(4, 2), torch.zeros(4, 2 * H))
@@ -118,8 +119,10 @@ def test_the_gru_model_refuses_continuous_actions():
 
 def make_algorithm(**config) -> RecurrentPPO:
     torch.manual_seed(0)
-    return RecurrentPPO(GRUActorCritic(OBS_SPACE, ACTION_SPACE, hidden_size=H),
-                        RecurrentPPOConfig(epochs=2, minibatch_sequences=2, **config))
+    return RecurrentPPO(
+        GRUActorCritic(OBS_SPACE, ACTION_SPACE, hidden_size=H),
+        RecurrentPPOConfig(epochs=2, minibatch_sequences=2, **config),
+    )
 
 
 @pytest.mark.parametrize("greedy", [False, True])
@@ -151,10 +154,13 @@ def hand_made_experience(algorithm: RecurrentPPO, batch: int = 4, steps: int = 6
     states = torch.cat([torch.zeros(batch, 1, 2 * H), hidden_after[:, :-1]], dim=1)
     states[terminated | truncated] = 0  # wrong on purpose for the step after an end: learn() must not read it
     return Experience(
-        inputs={"obs": obs[:, :-1]}, next_inputs={"obs": obs[:, 1:]},
+        inputs={"obs": obs[:, :-1]},
+        next_inputs={"obs": obs[:, 1:]},
         actions={"action": torch.randint(0, 2, (batch, steps)), "log_prob": torch.full((batch, steps), -math.log(2))},
-        rewards={"reward": torch.ones(batch, steps)}, states={"hidden": states},
-        terminated=terminated, truncated=truncated,
+        rewards={"reward": torch.ones(batch, steps)},
+        states={"hidden": states},
+        terminated=terminated,
+        truncated=truncated,
     )
 
 
@@ -217,8 +223,12 @@ def test_sequences_replayed_from_a_buffer_unroll_to_the_states_the_agent_carried
     torch.manual_seed(0)
     space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
     model = GRUActorCritic(space, gym.spaces.Discrete(2), hidden_size=4, head=())
-    specs = CTSpecs(inputs=model.input_specs(), actions=model.action_specs(), states=model.state_specs(),
-                    rewards=model.reward_specs())
+    specs = CTSpecs(
+        inputs=model.input_specs(),
+        actions=model.action_specs(),
+        states=model.state_specs(),
+        rewards=model.reward_specs(),
+    )
 
     class Port:
         def learn(self, payload):
@@ -233,13 +243,18 @@ def test_sequences_replayed_from_a_buffer_unroll_to_the_states_the_agent_carried
             obs = rng.uniform(-1, 1, (2, 3)).astype(np.float32)
             _, _, next_hidden = model.step(torch.from_numpy(obs), torch.from_numpy(hidden))
             ended = np.array([t % 7 == 6, t % 11 == 10])
-            replay.store({
-                "inputs": {"obs": obs}, "next_inputs": {"obs": obs},
-                "actions": {"action": np.zeros(2, np.int64), "log_prob": np.zeros(2, np.float32)},
-                "rewards": {"reward": np.zeros(2, np.float32)}, "states": {"hidden": hidden},
-                "terminated": ended & (np.arange(2) == 0), "truncated": ended & (np.arange(2) == 1),
-                "policy_version": np.zeros(2, np.int64),
-            })
+            replay.store(
+                {
+                    "inputs": {"obs": obs},
+                    "next_inputs": {"obs": obs},
+                    "actions": {"action": np.zeros(2, np.int64), "log_prob": np.zeros(2, np.float32)},
+                    "rewards": {"reward": np.zeros(2, np.float32)},
+                    "states": {"hidden": hidden},
+                    "terminated": ended & (np.arange(2) == 0),
+                    "truncated": ended & (np.arange(2) == 1),
+                    "policy_version": np.zeros(2, np.int64),
+                }
+            )
             hidden = np.where(ended[:, None], 0.0, next_hidden.numpy()).astype(np.float32)
 
         sample = replay.sample(32)

@@ -32,10 +32,18 @@ class SmallConfig:
 
 
 def small_record(**changes) -> AlgorithmRecord:
-    fields = {"name": "small", "config_class": SmallConfig, "settings_class": ActorCriticSettings,
-              "build": "flare2.zoo.a2c:build", "observations": (BOX, DISCRETE), "actions": (DISCRETE,),
-              "run": {"num_agents": 1, "max_steps": 3000}, "agent": {"sample_interval": 16},
-              "presets": {"CartPole-v1": {"algorithm": {"gamma": 0.95}}}, "search_space": {"lr": ("log", (1e-4, 1e-1))}}
+    fields = {
+        "name": "small",
+        "config_class": SmallConfig,
+        "settings_class": ActorCriticSettings,
+        "build": "flare2.zoo.a2c:build",
+        "observations": (BOX, DISCRETE),
+        "actions": (DISCRETE,),
+        "run": {"num_agents": 1, "max_steps": 3000},
+        "agent": {"sample_interval": 16},
+        "presets": {"CartPole-v1": {"algorithm": {"gamma": 0.95}}},
+        "search_space": {"lr": ("log", (1e-4, 1e-1))},
+    }
     return AlgorithmRecord(**{**fields, **changes})
 
 
@@ -79,23 +87,35 @@ def test_an_algorithm_without_a_search_space_cannot_be_tuned():
         search_space("small")
 
 
-@pytest.mark.parametrize("changes, says", [
-    ({"name": "two words"}, "AlgorithmRecord.name must be a word"),
-    ({"build": "flare2.zoo.a2c.build"}, "build must be the import path 'package.module:function'"),
-    ({"config_class": dict}, "config_class must be a dataclass"),
-    ({"settings_class": SmallConfig}, "settings_class must be OnlineSettings or ReplaySettings"),
-    ({"observations": ("Image",)}, "observations must be a non-empty tuple of ('Box', 'Discrete', '{obs, action_mask"),
-    ({"actions": ()}, "actions must be a non-empty tuple of ('Discrete', '1-d Box')"),
-    ({"agent": {"samples": 3}}, "agent names ['samples'], which are not among the fields"),
-    ({"presets": {"CartPole-v1": {"algorithm": {"alpha": 1}}}}, "the preset of CartPole-v1: algorithm names ['alpha']"),
-    ({"presets": {"CartPole-v1": {"network": {}}}}, "the preset of CartPole-v1 must be a map of algorithm, agent, run"),
-    ({"search_space": {"beta": ("log", (0.1, 1))}}, "search_space names ['beta']"),
-    ({"search_space": {"lr": ("uniform", (0.1, 1))}}, "must be (kind, bounds) with kind one of"),
-    ({"search_space": {"lr": ("log", (0.0, 1.0))}}, "log needs bounds above 0"),
-    ({"search_space": {"lr": ("float", (1.0, 0.1))}}, "needs bounds (low, high) with low < high"),
-    ({"search_space": {"lr": ("choice", ())}}, "a choice needs a non-empty tuple of values"),
-    ({"derived": {"lr": "max_steps"}}, "search_space['lr'] is derived from max_steps"),
-])
+@pytest.mark.parametrize(
+    "changes, says",
+    [
+        ({"name": "two words"}, "AlgorithmRecord.name must be a word"),
+        ({"build": "flare2.zoo.a2c.build"}, "build must be the import path 'package.module:function'"),
+        ({"config_class": dict}, "config_class must be a dataclass"),
+        ({"settings_class": SmallConfig}, "settings_class must be OnlineSettings or ReplaySettings"),
+        (
+            {"observations": ("Image",)},
+            "observations must be a non-empty tuple of ('Box', 'Discrete', '{obs, action_mask",
+        ),
+        ({"actions": ()}, "actions must be a non-empty tuple of ('Discrete', '1-d Box')"),
+        ({"agent": {"samples": 3}}, "agent names ['samples'], which are not among the fields"),
+        (
+            {"presets": {"CartPole-v1": {"algorithm": {"alpha": 1}}}},
+            "the preset of CartPole-v1: algorithm names ['alpha']",
+        ),
+        (
+            {"presets": {"CartPole-v1": {"network": {}}}},
+            "the preset of CartPole-v1 must be a map of algorithm, agent, run",
+        ),
+        ({"search_space": {"beta": ("log", (0.1, 1))}}, "search_space names ['beta']"),
+        ({"search_space": {"lr": ("uniform", (0.1, 1))}}, "must be (kind, bounds) with kind one of"),
+        ({"search_space": {"lr": ("log", (0.0, 1.0))}}, "log needs bounds above 0"),
+        ({"search_space": {"lr": ("float", (1.0, 0.1))}}, "needs bounds (low, high) with low < high"),
+        ({"search_space": {"lr": ("choice", ())}}, "a choice needs a non-empty tuple of values"),
+        ({"derived": {"lr": "max_steps"}}, "search_space['lr'] is derived from max_steps"),
+    ],
+)
 def test_a_record_that_does_not_hold_together_is_refused_naming_the_field(changes, says):
     with pytest.raises(ConfigError) as error:
         small_record(**changes)
@@ -106,7 +126,8 @@ def test_an_entry_point_of_an_installed_package_is_found_by_its_name(tmp_path, m
     package = tmp_path / "small_algorithms"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "records.py").write_text(textwrap.dedent("""
+    (package / "records.py").write_text(
+        textwrap.dedent("""
         from flare2.zoo.record import BOX, DISCRETE, ActorCriticSettings, AlgorithmRecord
         from flare2.zoo.records.a2c import A2CConfig
 
@@ -115,7 +136,8 @@ def test_an_entry_point_of_an_installed_package_is_found_by_its_name(tmp_path, m
         WRONG_NAME = AlgorithmRecord(name="other", config_class=A2CConfig, settings_class=ActorCriticSettings,
                                      build="flare2.zoo.a2c:build", observations=(BOX,), actions=(DISCRETE,))
         NOT_A_RECORD = 3
-    """))
+    """)
+    )
     metadata = tmp_path / "small_algorithms-1.0.dist-info"
     metadata.mkdir()
     (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: small-algorithms\nVersion: 1.0\n")
@@ -124,7 +146,8 @@ def test_an_entry_point_of_an_installed_package_is_found_by_its_name(tmp_path, m
         "plugged = small_algorithms.records:RECORD\n"
         "misnamed = small_algorithms.records:WRONG_NAME\n"
         "number = small_algorithms.records:NOT_A_RECORD\n"
-        "broken = small_algorithms.missing:RECORD\n")
+        "broken = small_algorithms.missing:RECORD\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
 
     assert {"plugged", "misnamed", "number", "broken"} <= set(registry.names())
@@ -141,7 +164,13 @@ def test_an_entry_point_of_an_installed_package_is_found_by_its_name(tmp_path, m
 
     env = gym.make("CartPole-v1")
     assert registry.fitting(env.observation_space, env.action_space) == [
-        "a2c", "dqn", "plugged", "ppo", "recurrent-ppo", "sarsa"]
+        "a2c",
+        "dqn",
+        "plugged",
+        "ppo",
+        "recurrent-ppo",
+        "sarsa",
+    ]
 
 
 def test_the_docs_table_has_a_row_per_algorithm_with_its_spaces_and_preset_envs(capsys):
@@ -166,4 +195,5 @@ def test_a_record_that_derives_a_setting_from_no_option_is_refused_by_flare2_tra
     with pytest.raises(SystemExit):
         resolve(["--env", "CartPole-v1", "--algo", "small", "--log-dir", str(tmp_path)])
     assert "the record of small derives settings from ['max_step'], which are neither run options" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )

@@ -45,7 +45,9 @@ def step(t: int, terminated: bool = False, truncated: bool = False) -> dict:
 
 def helper(**options) -> tuple[ExpReplayHelper, RecordingPort]:
     port = RecordingPort()
-    replay = ExpReplayHelper(**{"capacity": 10, "warmup": 4, "sample_interval": 100, "batch_size": 64, "seed": 0, **options})
+    replay = ExpReplayHelper(
+        **{"capacity": 10, "warmup": 4, "sample_interval": 100, "batch_size": 64, "seed": 0, **options}
+    )
     replay.attach("RL", SPECS, port)
     return replay, port
 
@@ -92,7 +94,9 @@ def test_memory_is_preallocated_and_stated():
     assert replay.nbytes == 1000 * per_step
 
 
-@pytest.mark.parametrize("options", [{"capacity": 0}, {"warmup": 20, "capacity": 10}, {"sequence_length": 8, "warmup": 4}])
+@pytest.mark.parametrize(
+    "options", [{"capacity": 0}, {"warmup": 20, "capacity": 10}, {"sequence_length": 8, "warmup": 4}]
+)
 def test_impossible_settings_are_refused(options):
     with pytest.raises(ConfigError):
         ExpReplayHelper(**{"capacity": 10, "warmup": 4, **options})
@@ -105,11 +109,14 @@ def test_sequences_of_several_envs_are_consecutive_steps_of_one_env():
     for t in range(12):
         # Env e at time t carries the value 100 * e + t in every array.
         rows = [step(100 * env + t) for env in range(3)]
-        replay.store({
-            group: {key: np.concatenate([row[group][key] for row in rows]) for key in rows[0][group]}
-            if isinstance(rows[0][group], dict) else np.concatenate([row[group] for row in rows])
-            for group in rows[0]
-        })
+        replay.store(
+            {
+                group: {key: np.concatenate([row[group][key] for row in rows]) for key in rows[0][group]}
+                if isinstance(rows[0][group], dict)
+                else np.concatenate([row[group] for row in rows])
+                for group in rows[0]
+            }
+        )
     # 3 env steps per store and one request per 3 steps, once 6 are stored and each env holds a sequence.
     assert len(port.learned) == 10 and port.learned[0]["actions"]["action"].shape == (4, 3)
     actions = replay.sample(300)["actions"]["action"]

@@ -34,7 +34,9 @@ def build():
 
 
 def run_config(**overrides) -> RunConfig:
-    return RunConfig(cts=(CTConfig("RL", build),), agents=AgentConfig("flare2.core.envs:GymAgent"), max_steps=10, **overrides)
+    return RunConfig(
+        cts=(CTConfig("RL", build),), agents=AgentConfig("flare2.core.envs:GymAgent"), max_steps=10, **overrides
+    )
 
 
 def test_an_agent_failing_again_and_again_waits_twice_as_long_each_time_up_to_a_cap():

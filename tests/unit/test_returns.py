@@ -114,13 +114,17 @@ def test_the_inputs_are_left_unchanged():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_returns_have_the_dtype_of_the_rewards(dtype):
     result = n_step_returns(
-        torch.ones(2, 3, dtype=dtype), torch.ones(2, 3, dtype=dtype), torch.zeros(2, 3, dtype=torch.bool),
-        torch.zeros(2, 3, dtype=torch.bool), GAMMA,
+        torch.ones(2, 3, dtype=dtype),
+        torch.ones(2, 3, dtype=dtype),
+        torch.zeros(2, 3, dtype=torch.bool),
+        torch.zeros(2, 3, dtype=torch.bool),
+        GAMMA,
     )
     assert result.dtype == dtype
 
 
 # ---- GAE: gamma 0.5, lambda 0.5, values [0.2, 0.4, 0.6], next values [0.4, 0.6, 0.8], rewards 1 ----
+
 
 def gae_case(terminated_at: int | None = None, truncated_at: int | None = None):
     flags = [torch.zeros(1, 3, dtype=torch.bool), torch.zeros(1, 3, dtype=torch.bool)]

@@ -15,13 +15,21 @@ def build(hidden: int):  # named in the record, never called
 
 
 def config(**overrides) -> RunConfig:
-    settings = {"cts": (CTConfig("RL", functools.partial(build, 64)),), "agents": AgentConfig("flare2.core.envs:GymAgent"),
-                "max_steps": 1000}
+    settings = {
+        "cts": (CTConfig("RL", functools.partial(build, 64)),),
+        "agents": AgentConfig("flare2.core.envs:GymAgent"),
+        "max_steps": 1000,
+    }
     return RunConfig(**{**settings, **overrides})
 
 
-SERVED = {"RL": {"algorithm": "flare2.zoo.a2c.A2C", "specs": {"inputs": {"obs": {"shape": [4], "dtype": "float32"}}},
-                  "predict_endpoint": "tcp://127.0.0.1:1"}}
+SERVED = {
+    "RL": {
+        "algorithm": "flare2.zoo.a2c.A2C",
+        "specs": {"inputs": {"obs": {"shape": [4], "dtype": "float32"}}},
+        "predict_endpoint": "tcp://127.0.0.1:1",
+    }
+}
 
 
 def test_the_record_holds_every_setting_the_build_function_and_each_cts_algorithm_and_specs(tmp_path):
@@ -36,7 +44,9 @@ def test_a_resumed_run_logs_each_setting_it_changes(tmp_path, caplog):
     first = tmp_path / "first"
     first.mkdir()
     record_run(config(log_dir=str(first)), SERVED)
-    changed = run_record(config(log_dir=str(tmp_path / "second"), max_steps=5000, seed=3, resume_dir=str(first)), SERVED)
+    changed = run_record(
+        config(log_dir=str(tmp_path / "second"), max_steps=5000, seed=3, resume_dir=str(first)), SERVED
+    )
     with caplog.at_level(logging.INFO):
         log_resumed_changes(str(first / "checkpoints"), changed)
     lines = [record.getMessage() for record in caplog.records]

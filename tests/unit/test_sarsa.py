@@ -56,9 +56,12 @@ def test_targets_use_the_next_action_taken_and_the_expected_value_where_the_sequ
     # Steps: 0 -> 1 (next action 1, same episode); 1 -> 2 terminated; 0 -> 2 truncated
     # (the next step starts a new episode); 2 -> 1, then 1 -> 0 as the sequence's last step.
     experience = one_sequence(
-        obs=[0, 1, 0, 2, 1], next_obs=[1, 2, 2, 1, 0], actions=[0, 1, 1, 0, 1],
+        obs=[0, 1, 0, 2, 1],
+        next_obs=[1, 2, 2, 1, 0],
+        actions=[0, 1, 1, 0, 1],
         rewards=[1.0, 2.0, 3.0, 4.0, 5.0],
-        terminated=[False, True, False, False, False], truncated=[False, False, True, False, False],
+        terminated=[False, True, False, False, False],
+        truncated=[False, False, True, False, False],
     )
     targets = tabular_sarsa().targets(experience)
     hand = [
@@ -76,9 +79,13 @@ def test_a_table_moves_each_visited_entry_by_lr_times_its_own_td_error_and_no_ot
     # Two sequences: state 2 action 0 terminates with reward 10 (TD error 10 - (-4) = 14); state 0 action 1 terminates
     # with reward 0 (TD error -2). However many samples share the batch, each entry moves by its own error alone.
     experience = Experience(
-        inputs={"obs": torch.tensor([[2], [0]])}, next_inputs={"obs": torch.tensor([[2], [0]])},
-        actions={"action": torch.tensor([[0], [1]])}, rewards={"reward": torch.tensor([[10.0], [0.0]])}, states={},
-        terminated=torch.tensor([[True], [True]]), truncated=torch.tensor([[False], [False]]),
+        inputs={"obs": torch.tensor([[2], [0]])},
+        next_inputs={"obs": torch.tensor([[2], [0]])},
+        actions={"action": torch.tensor([[0], [1]])},
+        rewards={"reward": torch.tensor([[10.0], [0.0]])},
+        states={},
+        terminated=torch.tensor([[True], [True]]),
+        truncated=torch.tensor([[False], [False]]),
     )
     algorithm.learn(experience)
     change = algorithm.model(torch.tensor([0, 1, 2])).detach() - TABLE
@@ -91,8 +98,16 @@ def test_sarsa_learns_a_two_step_chain_to_its_discounted_values():
     algorithm = SARSA.for_env(Env(), SARSAConfig(lr=0.05, gamma=0.9, epsilon=0.0))
     for _ in range(600):
         actions = torch.randint(0, 2, (2,)).tolist()
-        algorithm.learn(one_sequence(obs=[0, 1], next_obs=[1, 2], actions=actions, rewards=[0.0, 1.0],
-                                     terminated=[False, True], truncated=[False, False]))
+        algorithm.learn(
+            one_sequence(
+                obs=[0, 1],
+                next_obs=[1, 2],
+                actions=actions,
+                rewards=[0.0, 1.0],
+                terminated=[False, True],
+                truncated=[False, False],
+            )
+        )
     q = algorithm.model(torch.tensor([0, 1])).detach()
     torch.testing.assert_close(q, torch.tensor([[0.9, 0.9], [1.0, 1.0]]), atol=0.05, rtol=0)
 

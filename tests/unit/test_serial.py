@@ -46,7 +46,11 @@ def serial_config(tmp_path, **agents) -> RunConfig:
     return RunConfig(
         cts=(CTConfig(name="RL", build=build_hooked),),
         agents=AgentConfig(**{"path": "flare2.core.envs:GymAgent", "num_agents": 2, "envs_per_agent": 3, **agents}),
-        log_dir=str(tmp_path), max_steps=600, device="cpu", serial=True, progress_interval_s=0.2,
+        log_dir=str(tmp_path),
+        max_steps=600,
+        device="cpu",
+        serial=True,
+        progress_interval_s=0.2,
     )
 
 
@@ -97,8 +101,13 @@ def build_interrupted() -> InterruptedA2C:
 
 def test_ctrl_c_stops_a_serial_run_as_it_stops_a_parallel_one_with_a_final_checkpoint(tmp_path, caplog):
     InterruptedA2C.calls = 0
-    config = RunConfig(**{**serial_config(tmp_path).__dict__, "cts": (CTConfig(name="RL", build=build_interrupted),),
-                          "max_steps": 10**9})
+    config = RunConfig(
+        **{
+            **serial_config(tmp_path).__dict__,
+            "cts": (CTConfig(name="RL", build=build_interrupted),),
+            "max_steps": 10**9,
+        }
+    )
     assert Manager(config).run() == exit_codes.SIGINT
     assert "stopping on SIGINT" in caplog.text and "stopped by Ctrl+C" in caplog.text
     assert (tmp_path / "checkpoints" / "RL.pt").is_file()

@@ -10,7 +10,17 @@ import pytest
 import zmq
 
 from flare2.errors import ConfigError, ReplyTimeoutError, SpecError
-from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, VersionMismatchError, error_payload, pack, unpack
+from flare2.wire.protocol import (
+    ERROR,
+    HELLO,
+    PREDICT,
+    PROTOCOL_VERSION,
+    Message,
+    VersionMismatchError,
+    error_payload,
+    pack,
+    unpack,
+)
 from flare2.wire.sockets import ConnectionWatch, Requester, bind_router
 
 
@@ -33,7 +43,9 @@ def test_a_reply_in_another_protocol_version_raises_an_error_naming_both(server)
     requester = Requester(ctx, endpoint, identity="a")
     seq = requester.send(HELLO, {})
     answer(sock, lambda request: [msgpack.packb([7, "welcome", "", request.seq, ""]), msgpack.packb({})])
-    with pytest.raises(VersionMismatchError, match=f"peer speaks flare2 protocol 7, this side speaks {PROTOCOL_VERSION}"):
+    with pytest.raises(
+        VersionMismatchError, match=f"peer speaks flare2 protocol 7, this side speaks {PROTOCOL_VERSION}"
+    ):
         requester.wait_reply(seq, timeout_s=5, what="hello")
 
 
@@ -46,7 +58,9 @@ def test_an_error_reply_becomes_the_matching_exception_and_stale_replies_are_ski
     identity, *frames = sock.recv_multipart()
     # A late answer to an older request comes first; it must not be taken for this one.
     sock.send_multipart([identity, *pack(Message(ERROR, error_payload("old", code="spec"), seq=seq - 1))])
-    sock.send_multipart([identity, *pack(Message(ERROR, error_payload("inputs['obs'] is wrong", code="spec"), seq=seq))])
+    sock.send_multipart(
+        [identity, *pack(Message(ERROR, error_payload("inputs['obs'] is wrong", code="spec"), seq=seq))]
+    )
     with pytest.raises(SpecError, match=r"inputs\['obs'\] is wrong"):
         requester.wait_reply(seq, timeout_s=5, what="predict")
 
@@ -80,8 +94,11 @@ def test_a_message_over_the_size_limit_is_refused_before_it_goes_out_naming_the_
     ctx, sock, endpoint = server
     requester = Requester(ctx, endpoint, identity="a", max_bytes=2048)
     big = {"inputs": {"obs": np.zeros(1024, np.float32)}}
-    with pytest.raises(ConfigError, match=r"a predict message to .* holds \d+ bytes, more than the run's "
-                                          r"max_message_bytes \(2048\).*raise --max-message-bytes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"a predict message to .* holds \d+ bytes, more than the run's "
+        r"max_message_bytes \(2048\).*raise --max-message-bytes",
+    ):
         requester.send(PREDICT, big)
     # Nothing went out, and the next message keeps the sequence numbers in order.
     assert not sock.poll(100)

@@ -141,7 +141,9 @@ def test_a_missing_key_is_named():
 
 def test_an_unexpected_key_is_named():
     with pytest.raises(SpecError, match=r"unexpected \['extra'\]"):
-        check_arrays("inputs", {"obs": Spec((4,), "float32")}, {"obs": np.zeros((3, 4), np.float32), "extra": np.zeros(3)})
+        check_arrays(
+            "inputs", {"obs": Spec((4,), "float32")}, {"obs": np.zeros((3, 4), np.float32), "extra": np.zeros(3)}
+        )
 
 
 @pytest.mark.parametrize("value", [[[0.0] * 4] * 3, None, 1.0], ids=["list", "none", "float"])
@@ -159,7 +161,9 @@ def test_a_group_that_is_not_a_map_is_rejected(arrays):
 def test_arrays_with_different_leading_dims_are_rejected():
     specs = {"obs": Spec((4,), "float32"), "mask": Spec((2,), "bool")}
     arrays = {"obs": np.zeros((3, 4), np.float32), "mask": np.ones((2, 2), bool)}
-    with pytest.raises(SpecError, match=r"inputs\['mask'\]: expected leading dims \(3,\) like the other arrays, got \(2,\)"):
+    with pytest.raises(
+        SpecError, match=r"inputs\['mask'\]: expected leading dims \(3,\) like the other arrays, got \(2,\)"
+    ):
         check_arrays("inputs", specs, arrays)
 
 
@@ -213,8 +217,11 @@ def test_a_predict_request_to_a_ct_without_inputs_is_a_spec_error_not_a_crash():
 
 def test_a_learn_request_to_a_ct_without_arrays_is_counted_by_its_step_flags():
     specs = CTSpecs(inputs={}, actions={}, states={}, rewards={})
-    flags = {"terminated": np.zeros((2, 3), bool), "truncated": np.zeros((2, 3), bool),
-             "policy_version": np.zeros((2, 3), np.int64)}
+    flags = {
+        "terminated": np.zeros((2, 3), bool),
+        "truncated": np.zeros((2, 3), bool),
+        "policy_version": np.zeros((2, 3), np.int64),
+    }
     assert specs.check_learn({"inputs": {}, "next_inputs": {}, "actions": {}, "rewards": {}, **flags}) == (2, 3)
 
 
@@ -226,7 +233,12 @@ def test_check_learn_returns_the_sequence_and_step_counts():
 @pytest.mark.parametrize(
     "group, key, bad, expected",
     [
-        ("next_inputs", "obs", np.zeros((1, 4, 4), np.float32), r"next_inputs\['obs'\]: expected leading dims \(1, 5\)"),
+        (
+            "next_inputs",
+            "obs",
+            np.zeros((1, 4, 4), np.float32),
+            r"next_inputs\['obs'\]: expected leading dims \(1, 5\)",
+        ),
         ("actions", "action", np.zeros((1, 5), np.int32), r"actions\['action'\]: expected dtype int64, got int32"),
         ("rewards", "reward", np.zeros((1, 5, 2), np.float32), r"rewards\['reward'\]: expected shape \(N, T\) \+ \(\)"),
         ("states", "h", np.zeros((1, 6, 8), np.float32), r"states\['h'\]: expected leading dims \(1, 5\)"),
@@ -284,11 +296,22 @@ def test_ct_specs_with_empty_groups_survive_the_wire():
         ({**CT_SPECS.to_wire(), "inputs": {"obs": {"shape": [-4], "dtype": "float32"}}}, "non-negative ints"),
         ({**CT_SPECS.to_wire(), "inputs": {"obs": {"shape": ["4"], "dtype": "float32"}}}, "non-negative ints"),
         ({**CT_SPECS.to_wire(), "inputs": {"obs": {"shape": [4], "dtype": "complex64"}}}, "Spec dtype must be one of"),
-        ({**CT_SPECS.to_wire(), "inputs": {"obs": {"shape": [4], "dtype": 7}}}, "a spec is a map with .shape. and .dtype."),
+        (
+            {**CT_SPECS.to_wire(), "inputs": {"obs": {"shape": [4], "dtype": 7}}},
+            "a spec is a map with .shape. and .dtype.",
+        ),
     ],
     ids=[
-        "none", "list", "missing-group", "group-list", "spec-list", "shape-int",
-        "negative-dim", "str-dim", "bad-dtype", "int-dtype",
+        "none",
+        "list",
+        "missing-group",
+        "group-list",
+        "spec-list",
+        "shape-int",
+        "negative-dim",
+        "str-dim",
+        "bad-dtype",
+        "int-dtype",
     ],
 )
 def test_malformed_wire_specs_raise_spec_error(value, expected):

@@ -64,7 +64,7 @@ def test_the_decoder_reassembles_messages_cut_anywhere_and_several_in_one_chunk(
         decoder = StreamDecoder(LIMIT)
         assert decoder.feed(stream[:cut]) + decoder.feed(stream[cut:]) == messages
     byte_by_byte = StreamDecoder(LIMIT)
-    assert [m for i in range(len(stream)) for m in byte_by_byte.feed(stream[i:i + 1])] == messages
+    assert [m for i in range(len(stream)) for m in byte_by_byte.feed(stream[i : i + 1])] == messages
 
 
 def test_the_decoder_refuses_a_message_announced_above_the_limit_before_buffering_it():

@@ -34,7 +34,9 @@ def experience(count: int = 32, *, terminated: bool = False, truncated: bool = F
     return Experience(
         inputs={"obs": torch.randn(count, 1, 3, generator=generator)},
         next_inputs={"obs": torch.randn(count, 1, 3, generator=generator)},
-        actions={"action": torch.rand(count, 1, 2, generator=generator) * torch.tensor([4.0, 1.0]) - torch.tensor([2.0, 0.0])},
+        actions={
+            "action": torch.rand(count, 1, 2, generator=generator) * torch.tensor([4.0, 1.0]) - torch.tensor([2.0, 0.0])
+        },
         rewards={"reward": -torch.rand(count, 1, generator=generator)},
         states={},
         terminated=torch.full((count, 1), terminated),
@@ -122,16 +124,34 @@ def test_a_checkpoint_restores_the_networks_the_targets_the_optimizers_and_the_c
     restored = td3()
     restored.load_state_dict(algorithm.state_dict())
     assert (restored.predicted, restored.gradient_steps) == (5, 4)
-    for a, b in zip([*algorithm.model.parameters(), *algorithm.target.parameters()],
-                    [*restored.model.parameters(), *restored.target.parameters()]):
+    for a, b in zip(
+        [*algorithm.model.parameters(), *algorithm.target.parameters()],
+        [*restored.model.parameters(), *restored.target.parameters()],
+    ):
         assert torch.equal(a, b)
-    assert restored.critic_optimizer.state_dict()["state"][0]["step"] == algorithm.critic_optimizer.state_dict()["state"][0]["step"]
-    assert restored.actor_optimizer.state_dict()["state"].keys() == algorithm.actor_optimizer.state_dict()["state"].keys()
+    assert (
+        restored.critic_optimizer.state_dict()["state"][0]["step"]
+        == algorithm.critic_optimizer.state_dict()["state"][0]["step"]
+    )
+    assert (
+        restored.actor_optimizer.state_dict()["state"].keys() == algorithm.actor_optimizer.state_dict()["state"].keys()
+    )
 
 
-@pytest.mark.parametrize("field, value", [("actor_lr", 0.0), ("gamma", 1.5), ("tau", 0.0), ("minibatch_size", 0),
-                                          ("policy_delay", 0), ("random_steps", -1), ("hidden", ()),
-                                          ("exploration_noise", -0.1), ("max_grad_norm", 0.0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("actor_lr", 0.0),
+        ("gamma", 1.5),
+        ("tau", 0.0),
+        ("minibatch_size", 0),
+        ("policy_delay", 0),
+        ("random_steps", -1),
+        ("hidden", ()),
+        ("exploration_noise", -0.1),
+        ("max_grad_norm", 0.0),
+    ],
+)
 def test_a_bad_config_value_is_a_config_error_that_names_it(field, value):
     with pytest.raises(ConfigError, match=field):
         TD3Config(**{field: value})

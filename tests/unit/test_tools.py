@@ -38,8 +38,10 @@ def progress(run: Path, rows: list[tuple[float, int, str, str]]) -> Path:
 
 def test_steps_to_threshold_finds_the_first_row_at_or_past_the_threshold_and_skips_nan(tmp_path):
     tool = load_tool("steps_to_threshold")
-    path = progress(tmp_path / "run", [(5.0, 0, "nan", "nan"), (10.0, 1000, "300", "474.9"),
-                                       (15.0, 2000, "475", "480"), (20.0, 3000, "500", "nan")])
+    path = progress(
+        tmp_path / "run",
+        [(5.0, 0, "nan", "nan"), (10.0, 1000, "300", "474.9"), (15.0, 2000, "475", "480"), (20.0, 3000, "500", "nan")],
+    )
     assert tool.first_crossing(path, 475) == {"wall_time": 15.0, "env_steps": 2000.0, "return_mean": 475.0}
     assert tool.first_crossing(path, 476, "eval_return_mean")["env_steps"] == 2000
     assert tool.first_crossing(path, 501) is None
@@ -59,8 +61,10 @@ def test_steps_to_threshold_exits_1_when_a_run_missed_or_has_no_log(tmp_path, ca
 
 def test_compare_curves_shows_the_last_value_at_or_before_each_mark(tmp_path):
     tool = load_tool("compare_curves")
-    curve = tool.read_curve(progress(tmp_path / "a", [(1.0, 500, "nan", "nan"), (2.0, 1500, "10", "nan"),
-                                                      (3.0, 2500, "30", "nan")]), "return_mean")
+    curve = tool.read_curve(
+        progress(tmp_path / "a", [(1.0, 500, "nan", "nan"), (2.0, 1500, "10", "nan"), (3.0, 2500, "30", "nan")]),
+        "return_mean",
+    )
     assert math.isnan(tool.value_at(curve, 1000))
     assert tool.value_at(curve, 2000) == 10.0
     assert tool.value_at(curve, 3000) is None  # the run ended before the mark
@@ -81,8 +85,11 @@ def test_compare_curves_names_a_missing_column(tmp_path):
 def test_ct_report_weights_batch_means_by_count_and_compares_first_and_last_fifth_of_costs(tmp_path):
     tool = load_tool("ct_report")
     header = ["wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean"]
-    write_csv(tmp_path / "cts.csv", header, [[1, "RL", 10, 2.0, 0, "nan"], [2, "RL", 30, 6.0, 4, 8.0],
-                                              [2, "aux", 0, "nan", 2, 3.0]])
+    write_csv(
+        tmp_path / "cts.csv",
+        header,
+        [[1, "RL", 10, 2.0, 0, "nan"], [2, "RL", 30, 6.0, 4, 8.0], [2, "aux", 0, "nan", 2, 3.0]],
+    )
     costs = [[i, "RL", i, "loss", value] for i, value in enumerate([10, 9, 8, 7, 6, 5, 4, 3, 2, 1])]
     write_csv(tmp_path / "learn.csv", ["wall_time", "ct", "learn_steps", "cost", "value"], costs)
     lines = tool.report(tmp_path)
@@ -98,9 +105,17 @@ def test_the_ragged_bench_feeds_both_layouts_the_same_entities_and_the_same_netw
     for key in bench.ENTITY_TYPES:
         # The padded layout holds exactly the ragged items, in order, behind its mask.
         assert padded[key][padded[f"{key}_mask"]].tolist() == arrays[key].values.tolist()
-    network = bench.EntityActorCritic(bench.Minefield().observation_space, bench.Minefield().action_space,
-                                      actors={"move": "robot"}, selects={"fire": "mine"}, width=16, layers=1)
-    unpadded = bench.PaddedEntities(network).ragged_inputs({key: torch.from_numpy(value) for key, value in padded.items()})
+    network = bench.EntityActorCritic(
+        bench.Minefield().observation_space,
+        bench.Minefield().action_space,
+        actors={"move": "robot"},
+        selects={"fire": "mine"},
+        width=16,
+        layers=1,
+    )
+    unpadded = bench.PaddedEntities(network).ragged_inputs(
+        {key: torch.from_numpy(value) for key, value in padded.items()}
+    )
     for key in bench.ENTITY_TYPES:
         assert unpadded[key].lengths.tolist() == arrays[key].lengths.tolist()
     assert bench.main(["--rows", "8", "--requests", "2", "--seconds", "0"]) == 0
@@ -118,8 +133,17 @@ def test_bench_takes_its_grid_and_device_from_the_command_line_and_refuses_bad_c
 
 def test_bench_rollout_figures_hold_forward_passes_and_say_why_there_is_no_gpu_load():
     bench = load_tool("bench")
-    rows = [{"wall_time": t, "env_steps": 1000.0 * t, "batch_size_mean": 50.0, "predict_rtt_p50_ms": 0.2,
-             "predict_rtt_p99_ms": 0.5, "return_mean": 20.0} for t in range(5)]
+    rows = [
+        {
+            "wall_time": t,
+            "env_steps": 1000.0 * t,
+            "batch_size_mean": 50.0,
+            "predict_rtt_p50_ms": 0.2,
+            "predict_rtt_p99_ms": 0.5,
+            "return_mean": 20.0,
+        }
+        for t in range(5)
+    ]
     figures = bench.steady_state(rows, 1, 4)
     assert figures["steps_per_s"] == pytest.approx(1000.0)
     assert figures["forwards_per_s"] == pytest.approx(20.0)

@@ -25,8 +25,22 @@ def test_settings_come_from_the_algorithm_then_the_envs_preset_then_a_preset_fil
     assert plan.settings.n_step == 3 and plan.config.anneal_steps == plan.options["max_steps"] == 100_000
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps({"algorithm": {"lr": 0.01}, "agent": {"n_step": 2}, "run": {"eval_every": 3}}))
-    plan = resolve(["--env", "CartPole-v1", "--algo", "dqn", "--preset", str(preset), "--eval-every", "5",
-                    "--max-steps", "7000", "--log-dir", str(tmp_path)])
+    plan = resolve(
+        [
+            "--env",
+            "CartPole-v1",
+            "--algo",
+            "dqn",
+            "--preset",
+            str(preset),
+            "--eval-every",
+            "5",
+            "--max-steps",
+            "7000",
+            "--log-dir",
+            str(tmp_path),
+        ]
+    )
     assert (plan.config.lr, plan.settings.n_step, plan.options["eval_every"]) == (0.01, 2, 5)
     assert plan.config.anneal_steps == 7000
     assert plan.run.agents.kwargs["replay"]["sequence_length"] == 2
@@ -38,21 +52,48 @@ def test_every_algorithm_has_a_preset_env_it_takes(tmp_path):
     presets = [(algo, env_id) for algo in names() for env_id in lookup(algo).presets]
     assert {algo for algo, _ in presets} == set(names())
     for algo, env_id in presets:
-        assert resolve(["--env", f"flare2.zoo.envs:{env_id}" if env_id.startswith("flare2/") else env_id,
-                        "--algo", algo, "--log-dir", str(tmp_path)]).algo == algo
+        assert (
+            resolve(
+                [
+                    "--env",
+                    f"flare2.zoo.envs:{env_id}" if env_id.startswith("flare2/") else env_id,
+                    "--algo",
+                    algo,
+                    "--log-dir",
+                    str(tmp_path),
+                ]
+            ).algo
+            == algo
+        )
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--env", "CartPol-v1", "--algo", "ppo"], "'CartPol-v1' is no registered Gymnasium environment: did you mean CartPole-v1"),
-    (["--env", "Pendulum-v1", "--algo", "dqn"], ("--algo dqn takes Box or Discrete observations and Discrete actions, "
-                                                 "but Pendulum-v1 has observation space Box")),
-    (["--env", "Pendulum-v1", "--algo", "dqn"], "try --algo a2c or ppo or td3"),
-    (["--env", "CartPole-v1", "--algo", "td3"],
-     "action space Discrete(2): try --algo a2c or dqn or ppo or recurrent-ppo or sarsa\n"),
-    (["--env", "CartPole-v1"], "give --env ENV_ID and --algo ALGO"),
-    (["--env", "CartPole-v1", "--algo", "reinforce"], "argument --algo: invalid choice: 'reinforce'"),
-    (["--env", "CartPole-v1", "--algo", "ppo", "--sample-interval", "zero"], "--sample-interval: expected an integer"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["--env", "CartPol-v1", "--algo", "ppo"],
+            "'CartPol-v1' is no registered Gymnasium environment: did you mean CartPole-v1",
+        ),
+        (
+            ["--env", "Pendulum-v1", "--algo", "dqn"],
+            (
+                "--algo dqn takes Box or Discrete observations and Discrete actions, "
+                "but Pendulum-v1 has observation space Box"
+            ),
+        ),
+        (["--env", "Pendulum-v1", "--algo", "dqn"], "try --algo a2c or ppo or td3"),
+        (
+            ["--env", "CartPole-v1", "--algo", "td3"],
+            "action space Discrete(2): try --algo a2c or dqn or ppo or recurrent-ppo or sarsa\n",
+        ),
+        (["--env", "CartPole-v1"], "give --env ENV_ID and --algo ALGO"),
+        (["--env", "CartPole-v1", "--algo", "reinforce"], "argument --algo: invalid choice: 'reinforce'"),
+        (
+            ["--env", "CartPole-v1", "--algo", "ppo", "--sample-interval", "zero"],
+            "--sample-interval: expected an integer",
+        ),
+    ],
+)
 def test_a_wrong_command_line_ends_in_one_message_naming_the_fix(capsys, argv, says):
     assert says in usage_error(capsys, argv)
 
@@ -61,7 +102,8 @@ def test_a_preset_file_that_names_no_option_or_is_no_json_is_refused(tmp_path, c
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps({"algo": "ppo", "env": "CartPole-v1", "algorithm": {"learning_rate": 0.1}}))
     assert "algorithm must be a map of option names, and ['learning_rate'] is not one of" in usage_error(
-        capsys, ["--preset", str(preset)])
+        capsys, ["--preset", str(preset)]
+    )
     preset.write_text("{algo: ppo")
     assert f"--preset {preset} is not a JSON file" in usage_error(capsys, ["--preset", str(preset)])
     assert "no such file" in usage_error(capsys, ["--preset", str(tmp_path / "missing.json")])

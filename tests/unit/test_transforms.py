@@ -6,6 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from doubles import AnsweringPort, KeepingHelper, Scale
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
@@ -18,8 +19,6 @@ from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
-
-from doubles import AnsweringPort, KeepingHelper, Scale
 
 
 class Scaler(Algorithm):
@@ -95,13 +94,16 @@ def test_the_statistics_of_two_agents_are_merged_through_the_ct_and_each_normali
     assert ct.statistics["x"].count == 80
     np.testing.assert_allclose(ct.statistics["x"].mean, everything.mean(axis=0), rtol=1e-6)
     np.testing.assert_allclose(ct.statistics["x"].variance, everything.var(axis=0), rtol=1e-5)
+
     # Each agent normalises with the rows the other had traded when it last heard back (a trade's answer is read at
     # the next trade), and with all of its own.
     def rows(name, batches):
         return np.concatenate(seen[name][:batches]).astype(np.float64)
 
-    for transform, known in ((first, np.concatenate([rows("a", 8), rows("b", 4)])),
-                             (second, np.concatenate([rows("a", 6), rows("b", 8)]))):
+    for transform, known in (
+        (first, np.concatenate([rows("a", 8), rows("b", 4)])),
+        (second, np.concatenate([rows("a", 6), rows("b", 8)])),
+    ):
         moments = transform.moments["x"]
         assert moments.count == len(known)
         np.testing.assert_allclose(moments.mean, known.mean(axis=0), rtol=1e-6)
@@ -129,17 +131,20 @@ def test_the_statistics_survive_a_checkpoint_and_an_agent_of_the_resumed_run_sta
     np.testing.assert_allclose(row, [[1.0, 0.0]], atol=1e-6)
 
 
-@pytest.mark.parametrize("moments, named", [
-    ({"z": {"count": 1, "mean": np.zeros(2), "m2": np.zeros(2)}}, "no fixed-shape input of that name"),
-    ({"x": {"count": 1, "mean": np.zeros(3), "m2": np.zeros(3)}}, "float64 array of shape (2,)"),
-    ({"x": {"count": 1, "mean": np.zeros(2, np.float32), "m2": np.zeros(2)}}, "float64 array of shape (2,)"),
-    ({"x": {"count": 1, "mean": np.array([np.nan, 0.0]), "m2": np.zeros(2)}}, "NaN or infinity"),
-    ({"x": {"count": -1, "mean": np.zeros(2), "m2": np.zeros(2)}}, "count must be an int"),
-    ({"x": {"count": 2, "mean": np.zeros(2), "m2": np.array([-1.0, 0.0])}}, "m2 must be >= 0"),
-    ({"x": {"count": 2, "mean": np.zeros(2)}}, "must be a map of count, mean, m2"),
-    ({}, "carries 'moments'"),
-    ({"x": {"count": 2, "mean": np.full(2, 1e200), "m2": np.full(2, 1e300)}}, "overflow to infinity"),
-])
+@pytest.mark.parametrize(
+    "moments, named",
+    [
+        ({"z": {"count": 1, "mean": np.zeros(2), "m2": np.zeros(2)}}, "no fixed-shape input of that name"),
+        ({"x": {"count": 1, "mean": np.zeros(3), "m2": np.zeros(3)}}, "float64 array of shape (2,)"),
+        ({"x": {"count": 1, "mean": np.zeros(2, np.float32), "m2": np.zeros(2)}}, "float64 array of shape (2,)"),
+        ({"x": {"count": 1, "mean": np.array([np.nan, 0.0]), "m2": np.zeros(2)}}, "NaN or infinity"),
+        ({"x": {"count": -1, "mean": np.zeros(2), "m2": np.zeros(2)}}, "count must be an int"),
+        ({"x": {"count": 2, "mean": np.zeros(2), "m2": np.array([-1.0, 0.0])}}, "m2 must be >= 0"),
+        ({"x": {"count": 2, "mean": np.zeros(2)}}, "must be a map of count, mean, m2"),
+        ({}, "carries 'moments'"),
+        ({"x": {"count": 2, "mean": np.full(2, 1e200), "m2": np.full(2, 1e300)}}, "overflow to infinity"),
+    ],
+)
 def test_malformed_statistics_are_refused_naming_what_is_wrong_and_leave_the_merged_ones_as_they_were(moments, named):
     ct, cdp = served_ct("a")
     port = CDPPort(cdp, "a")
@@ -202,10 +207,19 @@ class StatisticsPort(AnsweringPort):
 
 
 def test_a_gym_agent_acts_on_and_stores_the_transformed_observations_and_rewards():
-    specs = CTSpecs(inputs={"obs": Spec((2,), "float32")}, actions={"action": Spec((2,), "float32")}, states={},
-                    rewards={"reward": Spec((), "float32")})
-    agent = GymAgent(transforms=[["normalize_observations", {"sync_every": 4, "clip": 1.5}],
-                                 ["scale_rewards", {"factor": 0.5}], ["clip_rewards", {"low": -1.0, "high": 1.0}]])
+    specs = CTSpecs(
+        inputs={"obs": Spec((2,), "float32")},
+        actions={"action": Spec((2,), "float32")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+    )
+    agent = GymAgent(
+        transforms=[
+            ["normalize_observations", {"sync_every": 4, "clip": 1.5}],
+            ["scale_rewards", {"factor": 0.5}],
+            ["clip_rewards", {"low": -1.0, "high": 1.0}],
+        ]
+    )
     agent.num_envs = 2
     agent.make_env = Drifting
     make_envs(agent, 0)

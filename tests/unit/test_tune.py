@@ -35,8 +35,24 @@ def test_the_first_trial_plays_the_packages_settings_where_they_lie_in_the_space
 
 def test_the_best_trial_becomes_a_preset_without_the_trials_budget_that_flare2_train_takes(tmp_path):
     trial = tmp_path / "trial_3"
-    trial_plan = resolve(["--env", "CartPole-v1", "--algo", "ppo", "--lr", "0.0005", "--max-steps", "8000",
-                          "--seed", "4", "--num-agents", "2", "--log-dir", str(trial)])
+    trial_plan = resolve(
+        [
+            "--env",
+            "CartPole-v1",
+            "--algo",
+            "ppo",
+            "--lr",
+            "0.0005",
+            "--max-steps",
+            "8000",
+            "--seed",
+            "4",
+            "--num-agents",
+            "2",
+            "--log-dir",
+            str(trial),
+        ]
+    )
     _write_train_file(trial_plan)
     preset = best_preset(trial, "ppo")
     assert preset["algorithm"]["lr"] == 0.0005 and "anneal_steps" not in preset["algorithm"]

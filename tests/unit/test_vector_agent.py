@@ -14,8 +14,12 @@ from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 from flare2.runtime.agents.agent_process import StopRequested, check_envs_per_agent, make_envs
 
-SPECS = CTSpecs(inputs={"obs": Spec((1,), "float32")}, actions={"action": Spec((), "int64")}, states={},
-                rewards={"reward": Spec((), "float32")})
+SPECS = CTSpecs(
+    inputs={"obs": Spec((1,), "float32")},
+    actions={"action": Spec((), "int64")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+)
 
 
 class Countdown(gym.Env):

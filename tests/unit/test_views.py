@@ -6,6 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from doubles import AnsweringPort, KeepingHelper
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
@@ -15,8 +16,6 @@ from flare2.core.model import Model
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.errors import ConfigError, SpecError
 from flare2.runtime.agents.agent_process import StopRequested, make_envs
-
-from doubles import AnsweringPort, KeepingHelper
 
 EPISODE = 3
 
@@ -50,8 +49,11 @@ class ViewModel(Model):
         return {"action": Spec((), "int64")}
 
     def view_specs(self):
-        return {"stack": View.last_observations(3), "last_action": View.previous_actions(1),
-                "last_rewards": View.previous_rewards(2)}
+        return {
+            "stack": View.last_observations(3),
+            "last_action": View.previous_actions(1),
+            "last_rewards": View.previous_rewards(2),
+        }
 
 
 def view_specs() -> CTSpecs:
@@ -137,8 +139,9 @@ def test_stored_steps_hold_no_views_only_what_they_are_made_of():
 @pytest.mark.parametrize("capacity, steps", [(64, 9), (14, 40), (14, 41)])
 def test_replayed_steps_carry_the_views_their_actions_were_chosen_from(capacity, steps):
     # (14, 40/41): the buffer of 7 steps per env went round several times, and views reach back 2 steps.
-    replay = ExpReplayHelper(capacity=capacity, warmup=8, sample_interval=1_000_000, batch_size=4, sequence_length=3,
-                             seed=1)
+    replay = ExpReplayHelper(
+        capacity=capacity, warmup=8, sample_interval=1_000_000, batch_size=4, sequence_length=3, seed=1
+    )
     play(steps, replay)
     sample = replay.sample(50)
     obs, stack = sample["inputs"]["obs"][..., 0], sample["inputs"]["stack"][..., 0]
@@ -164,7 +167,9 @@ def test_views_of_what_the_specs_lack_or_of_ragged_data_are_refused():
     class Noop(Algorithm):
         pass
 
-    with pytest.raises(ConfigError, match="view 'obs' of CT 'RL': it needs actions\\['action'\\] among the model's specs and a name"):
+    with pytest.raises(
+        ConfigError, match="view 'obs' of CT 'RL': it needs actions\\['action'\\] among the model's specs and a name"
+    ):
         ComputationTask("RL", Noop(Clash()), device="cpu")
     specs = view_specs()
     assert CTSpecs.from_wire(specs.to_wire()) == specs and specs.inputs["stack"] == Spec((3, 1), "float32")

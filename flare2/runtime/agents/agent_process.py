@@ -133,7 +133,9 @@ def play(agent: AgentBase, between_episodes: Callable[[], None]) -> NoReturn:
 class _Control:
     """The agent's link to the manager: stats (which double as heartbeats), stop requests, manager liveness."""
 
-    def __init__(self, requester: Requester, settings: AgentSettings, interval_s: float, manager_timeout_s: float) -> None:
+    def __init__(
+        self, requester: Requester, settings: AgentSettings, interval_s: float, manager_timeout_s: float
+    ) -> None:
         self.requester = requester
         self.settings = settings
         self.interval_s = interval_s
@@ -214,15 +216,20 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         if "torch" in sys.modules:
             logger.warning(
                 "agent module of %s imports torch: agent processes then start slower and use about 140 MB more; "
-                "keep Agent classes in modules that do not import torch", settings.agent_path,
+                "keep Agent classes in modules that do not import torch",
+                settings.agent_path,
             )
         agent.num_envs = settings.envs_per_agent
         helpers: dict[str, AgentHelper] = agent.helpers()
         welcome = requester.request(
             HELLO,
             {
-                "role": "agent", "pid": os.getpid(), "host": socket.gethostname(), "cts": sorted(helpers),
-                "remote": settings.remote, "envs": settings.envs_per_agent,
+                "role": "agent",
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "cts": sorted(helpers),
+                "remote": settings.remote,
+                "envs": settings.envs_per_agent,
             },
             timeout_s=settings.hello_timeout_s,
             what="hello to the manager",
@@ -230,13 +237,17 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         if welcome.kind == STOP:
             return exit_codes.OK
         # The manager's settings, never restated here: a welcome without one comes from another flare2.
-        interval_s, manager_timeout_s = (_welcome_number(welcome.payload, key, float)
-                                         for key in ("control_interval_s", "heartbeat_timeout_s"))
-        max_bytes, eval_every = (int(_welcome_number(welcome.payload, key, int)) for key in ("max_message_bytes", "eval_every"))
+        interval_s, manager_timeout_s = (
+            _welcome_number(welcome.payload, key, float) for key in ("control_interval_s", "heartbeat_timeout_s")
+        )
+        max_bytes, eval_every = (
+            int(_welcome_number(welcome.payload, key, int)) for key in ("max_message_bytes", "eval_every")
+        )
     except ReplyTimeoutError:
         logger.error(
             "cannot reach the manager at %s within %.0fs: check the address, that the run is up, and the keys",
-            settings.control_endpoint, settings.hello_timeout_s,
+            settings.control_endpoint,
+            settings.hello_timeout_s,
         )
         return exit_codes.MANAGER_LOST
     except FlareError as exc:
@@ -251,7 +262,13 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         cts = welcome["cts"]
         for name in helpers:
             ports[name] = SocketPort(
-                ctx, name, cts[name], settings.agent_id, control, _reply_timeout(welcome), max_bytes,
+                ctx,
+                name,
+                cts[name],
+                settings.agent_id,
+                control,
+                _reply_timeout(welcome),
+                max_bytes,
                 settings.curve,
             )
         specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
@@ -272,7 +289,9 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
     except ReplyTimeoutError as exc:
         logger.error(
             "agent %s: %s (--reply-timeout), though the manager still vouched for the compute process: raise "
-            "--reply-timeout or leave it unset, or find what keeps predict() or learn() busy that long", settings.agent_id, exc,
+            "--reply-timeout or leave it unset, or find what keeps predict() or learn() busy that long",
+            settings.agent_id,
+            exc,
         )
         return exit_codes.REPLY_TIMEOUT
     except RemoteError as exc:
@@ -335,8 +354,16 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", exc)
         return exit_codes.CONFIG_ERROR
     settings = AgentSettings(
-        args.control, args.agent_id, args.agent, kwargs, args.seed, args.envs_per_agent, args.parent_pid,
-        args.hello_timeout, args.remote, curve,
+        args.control,
+        args.agent_id,
+        args.agent,
+        kwargs,
+        args.seed,
+        args.envs_per_agent,
+        args.parent_pid,
+        args.hello_timeout,
+        args.remote,
+        curve,
     )
     return run_agent(settings)
 

@@ -65,8 +65,16 @@ class SocketPort:
             )
         # A send that waits for room in a stream services the manager link meanwhile, like a wait for a reply.
         self.predictor, self.learner = (
-            Requester(ctx, info[key], identity=agent_id, max_bytes=max_bytes, curve=curve,
-                      on_blocked=control.service, blocked_every_s=control.interval_s, busy_wait_s=busy_wait_us / 1e6)
+            Requester(
+                ctx,
+                info[key],
+                identity=agent_id,
+                max_bytes=max_bytes,
+                curve=curve,
+                on_blocked=control.service,
+                blocked_every_s=control.interval_s,
+                busy_wait_s=busy_wait_us / 1e6,
+            )
             for key in ("predict_endpoint", "learn_endpoint")
         )
         self._learns_in_flight: deque[int] = deque()
@@ -113,7 +121,9 @@ class SocketPort:
             if remaining <= 0:
                 return
             try:
-                self.learner.wait_reply(self._learns_in_flight.popleft(), timeout_s=remaining, what=f"learn on CT {self.ct!r}")
+                self.learner.wait_reply(
+                    self._learns_in_flight.popleft(), timeout_s=remaining, what=f"learn on CT {self.ct!r}"
+                )
             except FlareError as exc:
                 # The agent is stopping anyway: a learn that failed or came too late must not turn the stop into a crash.
                 logger.info("agent stops without the reply to a learn request: %s", str(exc).splitlines()[0])

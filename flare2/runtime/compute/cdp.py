@@ -40,7 +40,14 @@ from flare2.core.transforms import check_statistics_request
 from flare2.errors import SpecError, UserCodeError
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import (
-    ERROR, LEARN, LEARNED, PREDICT, PREDICTION, STATISTICS, Message, error_payload,
+    ERROR,
+    LEARN,
+    LEARNED,
+    PREDICT,
+    PREDICTION,
+    STATISTICS,
+    Message,
+    error_payload,
 )
 from flare2.wire.ragged import Ragged, concat_rows
 
@@ -151,7 +158,9 @@ class CDPStats:
             "max_predict_wait_ms": self.max_predict_wait_ms,
             "policy_lag_sum": self.policy_lag_sum,
             "policy_lag_steps": self.policy_lag_steps,
-            "costs": {key: value / self.costs_count for key, value in self.costs_sum.items()} if self.costs_count else {},
+            "costs": {key: value / self.costs_count for key, value in self.costs_sum.items()}
+            if self.costs_count
+            else {},
         }
         self.costs_sum = defaultdict(float)
         self.costs_count = 0
@@ -229,13 +238,20 @@ class ComputationDataProcessor:
         expected_kinds = (LEARN, STATISTICS) if learn else (PREDICT,)
         if message.kind not in expected_kinds:
             self.reject(
-                reply_to, learn, message.seq, f"this socket takes {' or '.join(map(repr, expected_kinds))}, got {message.kind!r}",
+                reply_to,
+                learn,
+                message.seq,
+                f"this socket takes {' or '.join(map(repr, expected_kinds))}, got {message.kind!r}",
                 "bad_request",
             )
             return
         if message.ct != self.ct.name:
             self.reject(
-                reply_to, learn, message.seq, f"unknown CT {message.ct!r}: this endpoint serves {self.ct.name!r}", "config"
+                reply_to,
+                learn,
+                message.seq,
+                f"unknown CT {message.ct!r}: this endpoint serves {self.ct.name!r}",
+                "config",
             )
             return
         if learn and message.agent_id not in self._live:
@@ -269,7 +285,9 @@ class ComputationDataProcessor:
         # An agent has at most a few requests on their way (its learn_ahead); more than this is a flood,
         # and refusing it keeps one peer from filling the batches of everyone else.
         if queue.pending(message.agent_id) >= _MAX_PENDING_PER_AGENT:
-            self.reject(reply_to, learn, message.seq, f"more than {_MAX_PENDING_PER_AGENT} requests waiting", "bad_request")
+            self.reject(
+                reply_to, learn, message.seq, f"more than {_MAX_PENDING_PER_AGENT} requests waiting", "bad_request"
+            )
             return
         if learn:
             self.stats.learn_requests += 1
@@ -305,7 +323,9 @@ class ComputationDataProcessor:
         return min(deadlines) if deadlines else None
 
     def _refuse_unregistered(self, message: Message, reply_to: Any) -> None:
-        self.reject(reply_to, True, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config")
+        self.reject(
+            reply_to, True, message.seq, f"agent {message.agent_id!r} is not registered with the manager", "config"
+        )
 
     def refuse_overdue(self, now: float) -> None:
         """Refuse the held messages of agents the manager did not name within the grace period."""
@@ -336,7 +356,13 @@ class ComputationDataProcessor:
     def _fail(self, batch: list[_Request], learn: bool, what: str, text: str) -> NoReturn:
         reason = f"{what} of CT {self.ct.name!r} raised in the compute process"
         for request in batch:
-            self.reply(request.reply_to, learn, Message(ERROR, error_payload(reason, traceback=text, code="user_code"), seq=request.seq, ct=self.ct.name))
+            self.reply(
+                request.reply_to,
+                learn,
+                Message(
+                    ERROR, error_payload(reason, traceback=text, code="user_code"), seq=request.seq, ct=self.ct.name
+                ),
+            )
         raise UserCodeError(self.ct.name, what, text)
 
     def _serve_predict(self, batch: list[_Request], now: float) -> None:

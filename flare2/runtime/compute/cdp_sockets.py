@@ -59,10 +59,15 @@ class SocketFront:
         self._watches = [ConnectionWatch(sock, max_bytes) for sock in (self.predict_socket, self.learn_socket)]
         if local_prefix is not None:
             try:
-                self.local_predict = StreamServer(f"{local_prefix}-predict", max_bytes=max_bytes,
-                                                  receive=self._receive_predict, on_drop=self._count_drop)
-                self.local_learn = StreamServer(f"{local_prefix}-learn", max_bytes=max_bytes,
-                                                receive=self._receive_learn, on_drop=self._count_drop)
+                self.local_predict = StreamServer(
+                    f"{local_prefix}-predict",
+                    max_bytes=max_bytes,
+                    receive=self._receive_predict,
+                    on_drop=self._count_drop,
+                )
+                self.local_learn = StreamServer(
+                    f"{local_prefix}-learn", max_bytes=max_bytes, receive=self._receive_learn, on_drop=self._count_drop
+                )
             except BaseException:
                 self.close()
                 raise
@@ -80,7 +85,8 @@ class SocketFront:
         """What the compute loop polls for this CDP, by what ``zmq.Poller`` registers and reports for it (a stream
         server's epoll fd); ``drain`` takes in whatever one of them has ready."""
         sources: dict[zmq.Socket | int, zmq.Socket | StreamServer] = {
-            self.predict_socket: self.predict_socket, self.learn_socket: self.learn_socket,
+            self.predict_socket: self.predict_socket,
+            self.learn_socket: self.learn_socket,
         }
         for server in (self.local_predict, self.local_learn):
             if server is not None:
@@ -150,6 +156,8 @@ class SocketFront:
                 reply_to.identity = message.agent_id.encode()
             identity = reply_to.identity
         if message.agent_id.encode() != identity:
-            self.cdp.reject(reply_to, learn, message.seq, "header agent_id does not match the connection's identity", "bad_request")
+            self.cdp.reject(
+                reply_to, learn, message.seq, "header agent_id does not match the connection's identity", "bad_request"
+            )
             return
         self.cdp.accept(message, reply_to, now, learn=learn)

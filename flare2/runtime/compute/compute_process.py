@@ -99,7 +99,10 @@ def compute_main(settings: ComputeSettings) -> None:
     with context() as ctx:
         authenticator = start_authenticator(ctx, settings.curve_server) if settings.curve_server else None
         control = connect_dealer(
-            ctx, settings.control_endpoint, identity=COMPUTE_IDENTITY, max_bytes=settings.max_message_bytes,
+            ctx,
+            settings.control_endpoint,
+            identity=COMPUTE_IDENTITY,
+            max_bytes=settings.max_message_bytes,
             curve=settings.curve_client,
         )
         try:
@@ -159,8 +162,13 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
         for index, (ct, config) in enumerate(zip(cts, settings.cts)):
             fronts.append(
                 SocketFront(
-                    ct, ctx, host=settings.bind, config=config.batching, max_bytes=settings.max_message_bytes,
-                    curve=settings.curve_server, local_prefix=os.path.join(settings.socket_dir, f"ct{index}"),
+                    ct,
+                    ctx,
+                    host=settings.bind,
+                    config=config.batching,
+                    max_bytes=settings.max_message_bytes,
+                    curve=settings.curve_server,
+                    local_prefix=os.path.join(settings.socket_dir, f"ct{index}"),
                 )
             )
         kind = choose_learner(settings.learner, cts)
@@ -175,11 +183,18 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                 LearnerSettings,
             )
 
-            learner = LearnerProcess(cts, LearnerSettings(
-                # The device the compute process chose: the learner's CTs learn where they act.
-                cts=settings.cts, device=str(cts[0].device), seed=settings.seed, torch_threads=settings.torch_threads,
-                resume_dir=settings.resume_dir, parent_pid=os.getpid(),
-            ))
+            learner = LearnerProcess(
+                cts,
+                LearnerSettings(
+                    # The device the compute process chose: the learner's CTs learn where they act.
+                    cts=settings.cts,
+                    device=str(cts[0].device),
+                    seed=settings.seed,
+                    torch_threads=settings.torch_threads,
+                    resume_dir=settings.resume_dir,
+                    parent_pid=os.getpid(),
+                ),
+            )
         busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + (kind == "process"))
         hello = {
             "role": "compute",

@@ -116,8 +116,15 @@ class LearnerProcess:
         predict_calls = {ct.name: ct.predict_calls for ct in self._cts}
         # The agents' observation statistics are merged in the compute process, which serves their trades.
         statistics = {ct.name: {key: m.to_wire() for key, m in ct.statistics_copy().items()} for ct in self._cts}
-        self._send({"kind": "save", "paths": paths, "counters": counters, "predict_calls": predict_calls,
-                    "statistics": statistics})
+        self._send(
+            {
+                "kind": "save",
+                "paths": paths,
+                "counters": counters,
+                "predict_calls": predict_calls,
+                "statistics": statistics,
+            }
+        )
         self._await("saved")
 
     def close(self) -> None:
@@ -225,10 +232,17 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
             pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
             continue
         copy_tensors(weights[index], ct.weight_tensors())
-        pipe.send_bytes(encode({
-            "kind": "learned", "costs": costs, "lag_sum": lag_sum, "lag_steps": lag_steps,
-            "learn_calls": ct.learn_calls,
-        }))
+        pipe.send_bytes(
+            encode(
+                {
+                    "kind": "learned",
+                    "costs": costs,
+                    "lag_sum": lag_sum,
+                    "lag_steps": lag_steps,
+                    "learn_calls": ct.learn_calls,
+                }
+            )
+        )
 
 
 def _build(settings: LearnerSettings, weights: list[list[torch.Tensor]]) -> list[ComputationTask]:

@@ -127,7 +127,9 @@ class AgentDesk:
             return
         agent_id = message.agent_id
         valid = (
-            role == "agent" and message.payload.get("remote") is True and agent_id.encode() == identity
+            role == "agent"
+            and message.payload.get("remote") is True
+            and agent_id.encode() == identity
             and _REMOTE_ID.fullmatch(agent_id) is not None
         )
         if not valid or len(self.agents.remotes) >= _MAX_REMOTE_AGENTS:
@@ -191,9 +193,12 @@ class AgentDesk:
         address agents must use (``advertise``, not the one bound)."""
         endpoints = {key: ct[key] for key in ("specs", "learn_ahead")}
         if local and ct.get("local_predict_endpoint"):
-            return {**endpoints, "predict_endpoint": ct["local_predict_endpoint"],
-                    "learn_endpoint": ct["local_learn_endpoint"],
-                    "busy_wait_us": ct["busy_wait_us"]}
+            return {
+                **endpoints,
+                "predict_endpoint": ct["local_predict_endpoint"],
+                "learn_endpoint": ct["local_learn_endpoint"],
+                "busy_wait_us": ct["busy_wait_us"],
+            }
         for key in ("predict_endpoint", "learn_endpoint"):
             endpoints[key] = _with_host(ct[key], self.config.advertise) if self.config.advertise else ct[key]
         return endpoints

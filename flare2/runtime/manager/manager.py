@@ -115,11 +115,17 @@ class Manager:
             self.totals.resume_from(counters)
             logger.info(
                 "resumed from %s: %d env steps, %d episodes, return_mean %.1f",
-                config.resume_dir, self.totals.env_steps, self.totals.episodes, self.totals.return_mean,
+                config.resume_dir,
+                self.totals.env_steps,
+                self.totals.episodes,
+                self.totals.return_mean,
             )
         self._progress = ProgressLog(
-            self.log_dir, start_steps=self.totals.env_steps, append=bool(counters) and resuming_in_place(config),
-            max_steps=config.max_steps, tensorboard=config.board,
+            self.log_dir,
+            start_steps=self.totals.env_steps,
+            append=bool(counters) and resuming_in_place(config),
+            max_steps=config.max_steps,
+            tensorboard=config.board,
         )
         now = time.monotonic()
         self._checkpoints.start(now, self.totals.env_steps)
@@ -132,7 +138,9 @@ class Manager:
         if totals.budget_reached(config):
             logger.info(
                 "budget reached: %d env steps, %d episodes, return_mean %.1f",
-                totals.env_steps, totals.episodes, totals.return_mean,
+                totals.env_steps,
+                totals.episodes,
+                totals.return_mean,
             )
             if self.schedule.stops_gradually and self._progress is not None:
                 # A row as the run stops, before the episodes that end while the agents stop change the means.

@@ -97,7 +97,9 @@ class ParallelSchedule:
         self.agents = AgentRegistry()
         self.desk = AgentDesk(config, self.agents, self.totals, self._drop)
         self.supervisor = AgentSupervisor(
-            max_restarts=config.max_restarts, restart_backoff_s=config.restart_backoff_s, count=self.totals,
+            max_restarts=config.max_restarts,
+            restart_backoff_s=config.restart_backoff_s,
+            count=self.totals,
         )
         self._control: zmq.Socket | None = None
         self._curve_server: CurveServer | None = None
@@ -124,7 +126,10 @@ class ParallelSchedule:
             if self._curve_server:
                 cleanup.callback(start_authenticator(ctx, self._curve_server).stop)
             control, self.control_endpoint = bind_router(
-                ctx, self.config.bind, port=self.config.port, max_bytes=self.config.max_message_bytes,
+                ctx,
+                self.config.bind,
+                port=self.config.port,
+                max_bytes=self.config.max_message_bytes,
                 curve=self._curve_server,
             )
             cleanup.callback(control.close, linger=0)
@@ -145,12 +150,15 @@ class ParallelSchedule:
             # The run's own processes get a key pair of their own, allowed next to the listed clients.
             self._local_curve, self._curve_server = ephemeral_client(load_server(config.keys_dir))
             logger.info(
-                "CURVE on: %d client key(s) allowed from %s/allowed", len(self._curve_server.allowed) - 1, config.keys_dir
+                "CURVE on: %d client key(s) allowed from %s/allowed",
+                len(self._curve_server.allowed) - 1,
+                config.keys_dir,
             )
         elif not is_loopback(config.bind):
             logger.warning(
                 "INSECURE: listening on %s without CURVE (--insecure): anyone who reaches this address can join the "
-                "run and feed its learning. Use --keys DIR (made by `flare2 keys DIR`) instead.", config.bind,
+                "run and feed its learning. Use --keys DIR (made by `flare2 keys DIR`) instead.",
+                config.bind,
             )
 
     def start(self) -> None:
@@ -160,12 +168,19 @@ class ParallelSchedule:
             keys = " --keys DIR" if config.keys_dir else ""
             logger.warning(
                 "no local agents (--num-agents 0): the run waits for agents attached from other machines with "
-                "`flare2 attach %s --agent %s%s`", self.control_endpoint, config.agents.path, keys,
+                "`flare2 attach %s --agent %s%s`",
+                self.control_endpoint,
+                config.agents.path,
+                keys,
             )
         self._start_compute()
         launch = AgentLaunch(
-            control_endpoint=self.control_endpoint, agent_path=config.agents.path, agent_kwargs=config.agents.kwargs,
-            envs_per_agent=config.agents.envs_per_agent, seed=config.seed, curve=self._local_curve,
+            control_endpoint=self.control_endpoint,
+            agent_path=config.agents.path,
+            agent_kwargs=config.agents.kwargs,
+            envs_per_agent=config.agents.envs_per_agent,
+            seed=config.seed,
+            curve=self._local_curve,
             extra=("--hello-timeout", str(config.startup_timeout_s)),
         )
         self.supervisor.start_all(launch, config.agents.num_agents)
@@ -345,7 +360,9 @@ class ParallelSchedule:
         self.manager.compute_is_up(served, counters if isinstance(counters, dict) else {})
         learner = {"process": "in a learner process", "thread": "in a learner thread"}.get(str(hello.get("learner")))
         logger.info(
-            "compute process is up on %s, CTs %s, learn() %s", hello.get("device"), sorted(served),
+            "compute process is up on %s, CTs %s, learn() %s",
+            hello.get("device"),
+            sorted(served),
             learner or "between predictions",
         )
         self.desk.compute_is_up(control, served)

@@ -103,8 +103,11 @@ class RunTotals:
             (config.max_steps is not None and self.env_steps >= config.max_steps)
             or (config.max_episodes is not None and self.episodes >= config.max_episodes)
             or (config.stop_return is not None and self.window_full and self.return_mean >= config.stop_return)
-            or (config.stop_eval_return is not None and self.eval_window_full
-                and self.eval_return_mean >= config.stop_eval_return)
+            or (
+                config.stop_eval_return is not None
+                and self.eval_window_full
+                and self.eval_return_mean >= config.stop_eval_return
+            )
         )
 
     def counters(self) -> dict[str, Any]:
@@ -219,12 +222,17 @@ def _start_wandb(config: RunConfig) -> Any:
     if train_file.is_file():
         settings["train"] = json.loads(train_file.read_text(encoding="utf-8"))
     try:
-        return wandb.init(project=config.wandb_project, name=log_dir.name, dir=str(log_dir), config=settings,
-                          sync_tensorboard=True)
+        return wandb.init(
+            project=config.wandb_project, name=log_dir.name, dir=str(log_dir), config=settings, sync_tensorboard=True
+        )
     except Exception as exc:  # noqa: BLE001 - no login, no network: W&B's own message says which
-        logger.error("--wandb: W&B did not start (%s: %s); the run goes on with its TensorBoard events in %s. "
-                     "Run wandb login first, or set WANDB_MODE=offline and wandb sync later",
-                     type(exc).__name__, exc, log_dir)
+        logger.error(
+            "--wandb: W&B did not start (%s: %s); the run goes on with its TensorBoard events in %s. "
+            "Run wandb login first, or set WANDB_MODE=offline and wandb sync later",
+            type(exc).__name__,
+            exc,
+            log_dir,
+        )
         return None
 
 
@@ -243,8 +251,15 @@ class ProgressLog:
     Each report also logs a progress line.
     """
 
-    def __init__(self, log_dir: str | Path, *, start_steps: int = 0, append: bool = False,
-                 max_steps: int | None = None, tensorboard: bool = False) -> None:
+    def __init__(
+        self,
+        log_dir: str | Path,
+        *,
+        start_steps: int = 0,
+        append: bool = False,
+        max_steps: int | None = None,
+        tensorboard: bool = False,
+    ) -> None:
         """``append`` continues the files of a resumed run in the same directory; ``start_steps`` is where it resumed.
 
         With ``max_steps``, each progress line tells how far the run is and when it will end at the pace so far.
@@ -339,9 +354,19 @@ class ProgressLog:
             "steps %d%s | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | "
             "agents %d local, "
             "%d remote, %d envs | restarts %d%s",
-            row["env_steps"], self._budget_text(totals.env_steps, now), row["steps_per_s"], row["episodes"],
-            row["return_mean"], eval_text, row["batch_size_mean"], row["learn_steps"], row["policy_lag_mean"], agents,
-            remote_agents, envs, row["restarts"],
+            row["env_steps"],
+            self._budget_text(totals.env_steps, now),
+            row["steps_per_s"],
+            row["episodes"],
+            row["return_mean"],
+            eval_text,
+            row["batch_size_mean"],
+            row["learn_steps"],
+            row["policy_lag_mean"],
+            agents,
+            remote_agents,
+            envs,
+            row["restarts"],
             (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row
@@ -369,8 +394,11 @@ class ProgressLog:
             return ""
         done = env_steps - self._start_steps
         left = self._max_steps - env_steps
-        eta = (f", ETA {duration_text(left * (now - self._start_time) / done)}"
-               if done > 0 and left > 0 and not self._ending else "")
+        eta = (
+            f", ETA {duration_text(left * (now - self._start_time) / done)}"
+            if done > 0 and left > 0 and not self._ending
+            else ""
+        )
         return f" of {self._max_steps} ({min(env_steps / self._max_steps, 1.0):.0%}{eta})"
 
     def _policy_lag_mean(self, totals: RunTotals) -> float:
@@ -388,10 +416,16 @@ class ProgressLog:
                 now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * 4))
             )
             self._last_ct_counts[ct] = counts
-            self._cts.writerow((
-                wall_time, ct, int(batches), round(rows / batches, 3) if batches else float("nan"),
-                int(learn_calls), round(learn_requests / learn_calls, 3) if learn_calls else float("nan"),
-            ))
+            self._cts.writerow(
+                (
+                    wall_time,
+                    ct,
+                    int(batches),
+                    round(rows / batches, 3) if batches else float("nan"),
+                    int(learn_calls),
+                    round(learn_requests / learn_calls, 3) if learn_calls else float("nan"),
+                )
+            )
         self._cts_file.flush()
 
     def close(self) -> None:

@@ -190,7 +190,11 @@ class SerialSchedule:
         control.stats = make_envs(agent, config.eval_every)
         specs: dict[str, CTSpecs] = {name: ports[name].cdp.ct.specs for name in helpers}
         agent.connect(
-            agent_id=SERIAL_AGENT_ID, seed=agent_seed(config.seed, slot=0, incarnation=0), specs=specs, ports={n: ports[n] for n in helpers}, helpers=helpers
+            agent_id=SERIAL_AGENT_ID,
+            seed=agent_seed(config.seed, slot=0, incarnation=0),
+            specs=specs,
+            ports={n: ports[n] for n in helpers},
+            helpers=helpers,
         )
         self._agent, self._control, self._envs = agent, control, agent.num_envs
 
@@ -203,7 +207,8 @@ class SerialSchedule:
         elif config.num_agents > 1:
             logger.warning(
                 "serial mode plays one %s (it plays one env, so the other %d agent(s) of --num-agents are left out)",
-                type(agent).__name__, config.num_agents - 1,
+                type(agent).__name__,
+                config.num_agents - 1,
             )
         return agent
 

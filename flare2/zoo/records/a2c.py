@@ -42,12 +42,20 @@ class A2CConfig:
 
 
 RECORD = AlgorithmRecord(
-    name="a2c", config_class=A2CConfig, settings_class=ActorCriticSettings, build="flare2.zoo.a2c:build",
-    observations=(BOX, DISCRETE, MASKED), actions=(DISCRETE, VECTOR_BOX),
+    name="a2c",
+    config_class=A2CConfig,
+    settings_class=ActorCriticSettings,
+    build="flare2.zoo.a2c:build",
+    observations=(BOX, DISCRETE, MASKED),
+    actions=(DISCRETE, VECTOR_BOX),
     run={"max_steps": 500_000, "learner": "inline"},
     # The example's settings, measured in the README's results.
     presets={"CartPole-v1": {}},
-    search_space={"lr": ("log", (1e-4, 3e-3)), "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
-                  "entropy_coef": ("log", (1e-8, 1e-2)), "value_coef": ("float", (0.25, 1.0)),
-                  "sample_interval": ("choice", (5, 8, 16, 32))},
+    search_space={
+        "lr": ("log", (1e-4, 3e-3)),
+        "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+        "entropy_coef": ("log", (1e-8, 1e-2)),
+        "value_coef": ("float", (0.25, 1.0)),
+        "sample_interval": ("choice", (5, 8, 16, 32)),
+    },
 )

@@ -37,10 +37,12 @@ class DQNConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.minibatch_size < 1 or self.target_update_every < 1 or self.exploration_steps < 1:
             raise ConfigError(
-                f"DQNConfig needs lr > 0 and minibatch_size, target_update_every, exploration_steps >= 1: {self}")
+                f"DQNConfig needs lr > 0 and minibatch_size, target_update_every, exploration_steps >= 1: {self}"
+            )
         if self.anneal_steps is not None and self.anneal_steps < 1:
             raise ConfigError(
-                f"DQNConfig.anneal_steps must be >= 1 or None (a constant learning rate), got {self.anneal_steps}")
+                f"DQNConfig.anneal_steps must be >= 1 or None (a constant learning rate), got {self.anneal_steps}"
+            )
         if not 0 < self.target_tau <= 1:
             raise ConfigError(f"DQNConfig needs 0 < target_tau <= 1, got {self.target_tau}")
         if not 0 <= self.epsilon_end <= self.epsilon_start <= 1:
@@ -48,22 +50,33 @@ class DQNConfig:
 
 
 RECORD = AlgorithmRecord(
-    name="dqn", config_class=DQNConfig, settings_class=DQNSettings, build="flare2.zoo.dqn:build",
-    observations=(BOX, DISCRETE), actions=(DISCRETE,),
+    name="dqn",
+    config_class=DQNConfig,
+    settings_class=DQNSettings,
+    build="flare2.zoo.dqn:build",
+    observations=(BOX, DISCRETE),
+    actions=(DISCRETE,),
     run={"num_agents": 8, "envs_per_agent": 1, "max_steps": 100_000},
-    agent={"n_step": 3}, derived={"anneal_steps": "max_steps"},
+    agent={"n_step": 3},
+    derived={"anneal_steps": "max_steps"},
     presets={
         # The example's settings, measured in the README's results.
         "CartPole-v1": {"run": {"eval_every": 1}},
         # rl-baselines3-zoo's settings for Acrobot (its exploration, network, learning rate and buffer; a gradient
         # step of 128 transitions per env step, as its gradient_steps=-1), with flare2's soft target updates and
         # 3-step returns.
-        "Acrobot-v1": {"algorithm": {"lr": 6.3e-4, "epsilon_end": 0.1, "exploration_steps": 12_000,
-                                     "minibatch_size": 128},
-                       "agent": {"hidden": (256, 256), "buffer": 50_000, "sample_interval": 1, "batch_size": 128},
-                       "run": {"max_steps": 100_000}},
+        "Acrobot-v1": {
+            "algorithm": {"lr": 6.3e-4, "epsilon_end": 0.1, "exploration_steps": 12_000, "minibatch_size": 128},
+            "agent": {"hidden": (256, 256), "buffer": 50_000, "sample_interval": 1, "batch_size": 128},
+            "run": {"max_steps": 100_000},
+        },
     },
-    search_space={"lr": ("log", (1e-4, 3e-3)), "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
-                  "exploration_steps": ("int", (1_000, 30_000)), "target_tau": ("log", (1e-3, 5e-2)),
-                  "minibatch_size": ("choice", (32, 64, 128)), "n_step": ("choice", (1, 3, 5))},
+    search_space={
+        "lr": ("log", (1e-4, 3e-3)),
+        "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+        "exploration_steps": ("int", (1_000, 30_000)),
+        "target_tau": ("log", (1e-3, 5e-2)),
+        "minibatch_size": ("choice", (32, 64, 128)),
+        "n_step": ("choice", (1, 3, 5)),
+    },
 )

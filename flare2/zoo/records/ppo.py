@@ -66,26 +66,39 @@ _ZOO_STEP: dict[str, Any] = {"lr": 3e-4, "anneal_steps": None, "minibatch_size":
 """Stable-Baselines3's PPO defaults, which rl-baselines3-zoo keeps for Acrobot and MountainCar."""
 
 RECORD = AlgorithmRecord(
-    name="ppo", config_class=PPOConfig, settings_class=ActorCriticSettings, build="flare2.zoo.ppo:build",
-    observations=(BOX, DISCRETE, MASKED), actions=(DISCRETE, VECTOR_BOX),
+    name="ppo",
+    config_class=PPOConfig,
+    settings_class=ActorCriticSettings,
+    build="flare2.zoo.ppo:build",
+    observations=(BOX, DISCRETE, MASKED),
+    actions=(DISCRETE, VECTOR_BOX),
     run={"max_steps": 100_000, "learn_max_wait_ms": 200.0},
-    agent={"sample_interval": 32}, derived={"anneal_steps": "max_steps"},
+    agent={"sample_interval": 32},
+    derived={"anneal_steps": "max_steps"},
     presets={
         # The example's settings, measured in the README's results.
         "CartPole-v1": {},
         # rl-baselines3-zoo's settings for these two (VecNormalize as --normalize-observations, and for MountainCar a
         # fixed reward scale in place of its running one). Its learning rate and minibatch (3e-4 constant, 64)
         # matter: with the package's (1e-3 annealed, 256) greedy returns ended 5 to 13 short of its figures.
-        "Acrobot-v1": {"algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.94, "epochs": 4},
-                       "agent": {"sample_interval": 256},
-                       "run": {"envs_per_agent": 16, "normalize_observations": True, "max_steps": 1_000_000}},
-        "MountainCar-v0": {"algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.98, "epochs": 4},
-                           "agent": {"sample_interval": 16},
-                           "run": {"envs_per_agent": 16, "normalize_observations": True, "scale_rewards": 0.1,
-                                   "max_steps": 1_000_000}},
+        "Acrobot-v1": {
+            "algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.94, "epochs": 4},
+            "agent": {"sample_interval": 256},
+            "run": {"envs_per_agent": 16, "normalize_observations": True, "max_steps": 1_000_000},
+        },
+        "MountainCar-v0": {
+            "algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.98, "epochs": 4},
+            "agent": {"sample_interval": 16},
+            "run": {"envs_per_agent": 16, "normalize_observations": True, "scale_rewards": 0.1, "max_steps": 1_000_000},
+        },
     },
-    search_space={"lr": ("log", (1e-4, 3e-3)), "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
-                  "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)), "clip": ("choice", (0.1, 0.2, 0.3)),
-                  "epochs": ("int", (3, 20)), "entropy_coef": ("log", (1e-8, 1e-2)),
-                  "sample_interval": ("choice", (8, 16, 32, 64))},
+    search_space={
+        "lr": ("log", (1e-4, 3e-3)),
+        "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+        "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
+        "clip": ("choice", (0.1, 0.2, 0.3)),
+        "epochs": ("int", (3, 20)),
+        "entropy_coef": ("log", (1e-8, 1e-2)),
+        "sample_interval": ("choice", (8, 16, 32, 64)),
+    },
 )

@@ -27,13 +27,23 @@ class RecurrentPPOConfig(ClippedObjectiveConfig):
 
 
 RECORD = AlgorithmRecord(
-    name="recurrent-ppo", config_class=RecurrentPPOConfig, settings_class=RecurrentSettings,
-    build="flare2.zoo.recurrent_ppo:build", observations=(BOX, DISCRETE), actions=(DISCRETE,),
+    name="recurrent-ppo",
+    config_class=RecurrentPPOConfig,
+    settings_class=RecurrentSettings,
+    build="flare2.zoo.recurrent_ppo:build",
+    observations=(BOX, DISCRETE),
+    actions=(DISCRETE,),
     run={"num_agents": 8, "envs_per_agent": 1, "max_steps": 150_000, "learn_max_wait_ms": 200.0},
-    agent={"sample_interval": 32}, derived={"anneal_steps": "max_steps"},
+    agent={"sample_interval": 32},
+    derived={"anneal_steps": "max_steps"},
     # The example's settings, measured in the README's results.
     presets={CARTPOLE_NO_VELOCITY: {}},
-    search_space={"lr": ("log", (1e-4, 3e-3)), "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
-                  "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)), "clip": ("choice", (0.1, 0.2, 0.3)),
-                  "epochs": ("int", (3, 20)), "sample_interval": ("choice", (16, 32, 64))},
+    search_space={
+        "lr": ("log", (1e-4, 3e-3)),
+        "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+        "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
+        "clip": ("choice", (0.1, 0.2, 0.3)),
+        "epochs": ("int", (3, 20)),
+        "sample_interval": ("choice", (16, 32, 64)),
+    },
 )

@@ -26,12 +26,19 @@ class SARSAConfig:
 
 
 RECORD = AlgorithmRecord(
-    name="sarsa", config_class=SARSAConfig, settings_class=QSettings, build="flare2.zoo.sarsa:build",
-    observations=(BOX, DISCRETE), actions=(DISCRETE,),
+    name="sarsa",
+    config_class=SARSAConfig,
+    settings_class=QSettings,
+    build="flare2.zoo.sarsa:build",
+    observations=(BOX, DISCRETE),
+    actions=(DISCRETE,),
     run={"num_agents": 8, "envs_per_agent": 1, "max_steps": 60_000, "learner": "inline"},
     agent={"sample_interval": 8},
     # The example's settings, measured in the README's results.
     presets={"CliffWalking-v1": {"algorithm": {"gamma": 1.0}, "run": {"max_episode_steps": 200, "eval_every": 2}}},
-    search_space={"lr": ("log", (1e-2, 0.5)), "gamma": ("choice", (0.9, 0.95, 0.99, 1.0)),
-                  "epsilon": ("float", (0.01, 0.3))},
+    search_space={
+        "lr": ("log", (1e-2, 0.5)),
+        "gamma": ("choice", (0.9, 0.95, 0.99, 1.0)),
+        "epsilon": ("float", (0.01, 0.3)),
+    },
 )

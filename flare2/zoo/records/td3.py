@@ -40,7 +40,8 @@ class TD3Config:
             raise ConfigError(f"TD3Config needs actor_lr > 0 and critic_lr > 0, got {self.actor_lr}, {self.critic_lr}")
         if not 0 <= self.gamma <= 1 or not 0 < self.tau <= 1:
             raise ConfigError(
-                f"TD3Config needs 0 <= gamma <= 1 and 0 < tau <= 1, got gamma={self.gamma}, tau={self.tau}")
+                f"TD3Config needs 0 <= gamma <= 1 and 0 < tau <= 1, got gamma={self.gamma}, tau={self.tau}"
+            )
         if self.minibatch_size < 1 or self.policy_delay < 1 or self.random_steps < 0:
             raise ConfigError(
                 f"TD3Config needs minibatch_size >= 1, policy_delay >= 1 and random_steps >= 0, got "
@@ -58,14 +59,23 @@ class TD3Config:
 
 
 RECORD = AlgorithmRecord(
-    name="td3", config_class=TD3Config, settings_class=ReplaySettings, build="flare2.zoo.td3:build",
-    observations=(BOX,), actions=(VECTOR_BOX,),
+    name="td3",
+    config_class=TD3Config,
+    settings_class=ReplaySettings,
+    build="flare2.zoo.td3:build",
+    observations=(BOX,),
+    actions=(VECTOR_BOX,),
     run={"num_agents": 8, "envs_per_agent": 1, "max_steps": 50_000},
     agent={"buffer": 200_000, "warmup": 2_000, "sample_interval": 1, "batch_size": 256},
     derived={"random_steps": "warmup"},
     # The example's settings, measured in the README's results.
     presets={"Pendulum-v1": {"algorithm": {"hidden": (64, 64)}}},
-    search_space={"actor_lr": ("log", (1e-4, 3e-3)), "critic_lr": ("log", (1e-4, 3e-3)),
-                  "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)), "tau": ("log", (1e-3, 5e-2)),
-                  "exploration_noise": ("float", (0.05, 0.3)), "batch_size": ("choice", (64, 128, 256))},
+    search_space={
+        "actor_lr": ("log", (1e-4, 3e-3)),
+        "critic_lr": ("log", (1e-4, 3e-3)),
+        "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+        "tau": ("log", (1e-3, 5e-2)),
+        "exploration_noise": ("float", (0.05, 0.3)),
+        "batch_size": ("choice", (64, 128, 256)),
+    },
 )

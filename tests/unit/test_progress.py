@@ -299,3 +299,12 @@ def test_tensorboard_gets_every_progress_and_learn_scalar_and_a_resume_continues
     log.report(fresh, agents=1)
     log.close()
     assert _board_scalars(tmp_path)["progress/return_mean"] == [(100, 99.0)]
+
+
+def test_a_compute_report_without_learning_keeps_the_costs_of_the_one_before_it():
+    totals = RunTotals()
+    totals.add_compute_stats({"RL": {"learn_calls": 3, "costs": {"loss": 1.5}}})
+    totals.add_compute_stats({"RL": {"learn_calls": 3, "costs": {}}})
+    assert totals.ct_reports["RL"] == {"learn_calls": 3, "costs": {"loss": 1.5}}
+    totals.add_compute_stats({"RL": {"learn_calls": 4, "costs": {"loss": 0.5}}})
+    assert totals.ct_reports["RL"]["costs"] == {"loss": 0.5}

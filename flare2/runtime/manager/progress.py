@@ -120,7 +120,12 @@ class RunTotals:
         }
 
     def add_compute_stats(self, reports: dict[str, dict[str, Any]]) -> None:
-        self.ct_reports.update(reports)
+        for ct, report in reports.items():
+            previous = self.ct_reports.get(ct, {})
+            if not report.get("costs") and previous.get("costs"):
+                # No learn() since the last report: the costs of the last one stand, as they do between rows.
+                report = {**report, "costs": previous["costs"]}
+            self.ct_reports[ct] = report
         for report in reports.values():
             self.max_predict_wait_ms = max(self.max_predict_wait_ms, float(report.get("max_predict_wait_ms", 0.0)))
 

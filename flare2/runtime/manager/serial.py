@@ -133,7 +133,10 @@ class _SerialControl:
         self._next_at = time.monotonic() + interval_s
 
     def maybe_service(self) -> None:
-        if time.monotonic() >= self._next_at:
+        # A step budget is looked at every step too: in one process a few hundred steps take less than one interval.
+        budget = self.schedule.config.max_steps
+        played = self.schedule.manager.totals.env_steps + self.stats.steps
+        if time.monotonic() >= self._next_at or (budget is not None and played >= budget):
             self.service()
 
     def service(self) -> None:
@@ -236,15 +239,18 @@ class SerialSchedule:
 
     def collect(self, stats: dict[str, Any], round_trips: list[int]) -> None:
         """Add what the agent played since the last call to the run's totals, and the CDPs' figures when due."""
+        self._add_agent_stats(stats, round_trips)
+        now = time.monotonic()
+        if now >= self._next_report:
+            self._next_report = now + self._report_interval_s
+            self._collect_cdp_reports()
+
+    def _add_agent_stats(self, stats: dict[str, Any], round_trips: list[int]) -> None:
         totals = self.manager.totals
         totals.add_agent_stats(stats["steps"], [(ret, length) for ret, length in stats["episodes"]])
         evaluated = [(ret, length) for ret, length in stats.get("eval_episodes", [])]
         totals.add_eval_stats(stats.get("eval_steps", 0), evaluated)
         totals.round_trips.merge(round_trips)
-        now = time.monotonic()
-        if now >= self._next_report:
-            self._next_report = now + self._report_interval_s
-            self._collect_cdp_reports()
 
     def tick(self) -> None:
         """The Manager's tick, from inside the agent's loop; StopRequested unwinds the agent once the run must stop."""
@@ -274,7 +280,8 @@ class SerialSchedule:
             return
         if self._control is not None:
             # What the agent played since its last report still counts.
-            self.collect(self._control.stats.take(), self._control.round_trips.take())
+            self._add_agent_stats(self._control.stats.take(), self._control.round_trips.take())
         finish_learning(self.cdps, self._learner)
+        # One report for the last row, from the last one taken: a second one, empty, would replace it.
         self._collect_cdp_reports()
         self.checkpoint(self.manager.totals.counters())

@@ -62,6 +62,15 @@ class PPOConfig(ClippedObjectiveConfig):
             raise ConfigError(f"PPOConfig.minibatch_size must be >= 1, got {self.minibatch_size}")
 
 
+CLIPPED_OBJECTIVE_SEARCH: dict[str, tuple[str, Any]] = {
+    "lr": ("log", (1e-4, 3e-3)),
+    "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+    "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
+    "clip": ("choice", (0.1, 0.2, 0.3)),
+    "epochs": ("int", (3, 20)),
+}
+"""What ``flare2 tune`` searches of the settings PPO and recurrent PPO share (ClippedObjectiveConfig)."""
+
 _ZOO_STEP: dict[str, Any] = {"lr": 3e-4, "anneal_steps": None, "minibatch_size": 64}
 """Stable-Baselines3's PPO defaults, which rl-baselines3-zoo keeps for Acrobot and MountainCar."""
 
@@ -93,11 +102,7 @@ RECORD = AlgorithmRecord(
         },
     },
     search_space={
-        "lr": ("log", (1e-4, 3e-3)),
-        "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
-        "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
-        "clip": ("choice", (0.1, 0.2, 0.3)),
-        "epochs": ("int", (3, 20)),
+        **CLIPPED_OBJECTIVE_SEARCH,
         "entropy_coef": ("log", (1e-8, 1e-2)),
         "sample_interval": ("choice", (8, 16, 32, 64)),
     },

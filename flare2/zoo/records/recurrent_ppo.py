@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from flare2.errors import ConfigError
 from flare2.zoo.envs import CARTPOLE_NO_VELOCITY
 from flare2.zoo.record import BOX, DISCRETE, AlgorithmRecord, RecurrentSettings
-from flare2.zoo.records.ppo import ClippedObjectiveConfig
+from flare2.zoo.records.ppo import CLIPPED_OBJECTIVE_SEARCH, ClippedObjectiveConfig
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,5 @@ RECORD = AlgorithmRecord(
     derived={"anneal_steps": "max_steps"},
     # The example's settings, measured in the README's results.
     presets={CARTPOLE_NO_VELOCITY: {}},
-    search_space={
-        "lr": ("log", (1e-4, 3e-3)),
-        "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
-        "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
-        "clip": ("choice", (0.1, 0.2, 0.3)),
-        "epochs": ("int", (3, 20)),
-        "sample_interval": ("choice", (16, 32, 64)),
-    },
+    search_space={**CLIPPED_OBJECTIVE_SEARCH, "sample_interval": ("choice", (16, 32, 64))},
 )

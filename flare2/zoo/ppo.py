@@ -134,20 +134,39 @@ class PPO(ClippedObjective):
                 config.gamma,
                 config.gae_lambda,
             )
-        samples = advantages.numel()
-        self.count_steps(samples, config)
-
+        self.count_steps(advantages.numel(), config)
         # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
         inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
         old_log_prob = actions.pop("log_prob")
+        return self.clipped_epochs(inputs, actions, old_log_prob, advantages, targets)
+
+    def log_prob_and_entropy(self, inputs: Tensors, actions: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current policy's log-probability of each of the named ``actions`` (without ``log_prob``) and its
+        entropy, in ``inputs``."""
+        return self.model.log_prob_and_entropy(self.model.policy(inputs), _unnamed(actions))
+
+    def clipped_epochs(
+        self,
+        inputs: Tensors,
+        actions: Tensors,
+        old_log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> dict[str, float]:
+        """``epochs`` passes of minibatches of the clipped objective over every step; returns the mean costs.
+
+        ``inputs``, ``actions`` (without ``log_prob``) and ``old_log_prob`` are flat rows (``flat_rows``), one per
+        step of the ``[B, T]`` ``advantages`` and value ``targets``; the ratio is taken against ``old_log_prob``.
+        """
+        config, model = self.config, self.model
+        samples = advantages.numel()
         flat_advantages, flat_targets = advantages.reshape(samples), targets.reshape(samples)
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(config.epochs):
             for index in torch.randperm(samples, device=advantages.device).split(config.minibatch_size):
                 minibatch = take_rows(inputs, index)
-                taken = _unnamed(take_rows(actions, index))
-                log_prob, entropy = model.log_prob_and_entropy(model.policy(minibatch), taken)
+                log_prob, entropy = self.log_prob_and_entropy(minibatch, take_rows(actions, index))
                 self.optimize(
                     clipped_loss(
                         config,

@@ -51,12 +51,15 @@ def test_an_unknown_name_is_refused_naming_the_known_algorithms_and_the_closest(
     with pytest.raises(ConfigError) as error:
         registry.lookup("ppo2")
     message = str(error.value)
-    assert "invalid choice: 'ppo2' (choose from a2c, dqn, ppo, recurrent-ppo, sarsa, td3; did you mean ppo?)" in message
+    assert (
+        "invalid choice: 'ppo2' (choose from a2c, appo, dqn, ppo, recurrent-ppo, sarsa, td3; did you mean ppo?)"
+        in message
+    )
     assert "flare2.zoo.register" in message and "'flare2.algorithms' entry point" in message
 
 
 def test_the_zoo_has_one_record_per_module_each_named_as_flare2_train_knows_it():
-    assert registry.names() == ["a2c", "dqn", "ppo", "recurrent-ppo", "sarsa", "td3"]
+    assert registry.names() == ["a2c", "appo", "dqn", "ppo", "recurrent-ppo", "sarsa", "td3"]
     assert all(registry.lookup(name).name == name for name in registry.names())
 
 
@@ -165,6 +168,7 @@ def test_an_entry_point_of_an_installed_package_is_found_by_its_name(tmp_path, m
     env = gym.make("CartPole-v1")
     assert registry.fitting(env.observation_space, env.action_space) == [
         "a2c",
+        "appo",
         "dqn",
         "plugged",
         "ppo",

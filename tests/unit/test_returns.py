@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flare2.zoo.returns import gae, n_step_returns
+from flare2.zoo.returns import gae, n_step_returns, vtrace
 
 GAMMA = 0.5
 
@@ -153,3 +153,81 @@ def test_gae_bootstraps_a_truncated_step_from_its_final_observation_but_cuts_the
     (advantages, _), _ = gae_case(truncated_at=1)
     # delta1 = 1 + 0.5 * 0.6 - 0.4 (bootstrap from the final observation); the trace stops at step 1
     torch.testing.assert_close(advantages, torch.tensor([[1.225, 0.9, 0.8]]))
+
+
+# ---- V-trace: five steps, terminated after step 1, truncated after step 3, gamma 0.5 ----
+# Within an episode next_values[s] is values[s + 1]; after an episode end it is the final observation's value.
+
+VTRACE_REWARDS = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+VTRACE_VALUES = torch.tensor([[0.2, 0.4, 0.6, 0.8, 1.0]])
+VTRACE_NEXT_VALUES = torch.tensor([[0.4, 0.9, 0.8, 1.2, 1.4]])
+VTRACE_TERMINATED = torch.tensor([[False, True, False, False, False]])
+VTRACE_TRUNCATED = torch.tensor([[False, False, False, True, False]])
+
+
+def vtrace_case(ratios: list[float], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace of the five steps with the behaviour policy's log-probabilities at -1 and the target's at
+    -1 + log(ratio)."""
+    behaviour = torch.full((1, 5), -1.0)
+    target = behaviour + torch.tensor([ratios]).log()
+    return vtrace(
+        VTRACE_REWARDS,
+        VTRACE_VALUES,
+        VTRACE_NEXT_VALUES,
+        VTRACE_TERMINATED,
+        VTRACE_TRUNCATED,
+        behaviour,
+        target,
+        **{"gamma": 0.5, **kwargs},
+    )
+
+
+def test_vtrace_truncates_the_weights_at_rho_bar_and_c_bar_and_follows_the_episode_edges():
+    # Ratios pi/mu 2, 1.25, 0.5, 4, 0.8 with rho_bar 1.5, c_bar 1, lambda 0.5:
+    #   rho = min(1.5, ratio) = 1.5, 1.25, 0.5, 1.5, 0.8   (steps 0 and 3 above rho_bar, step 1 between the two bars)
+    #   c = 0.5 * min(1, ratio) = 0.5, 0.5, 0.25, 0.5, 0.4  (steps 0, 1 and 3 above c_bar)
+    # delta_s = rho_s (r_s + gamma V(x_{s+1}) - V(x_s)), no V(x_{s+1}) after the termination (step 1):
+    #   1.5 * (1 + .5 * .4 - .2) = 1.5;  1.25 * (2 - .4) = 2;  .5 * (3 + .5 * .8 - .6) = 1.4;
+    #   1.5 * (4 + .5 * 1.2 - .8) = 5.7 (the truncated step bootstraps from its final observation);
+    #   .8 * (5 + .5 * 1.4 - 1) = 3.76 (the sequence's last step bootstraps from next_values)
+    # v_s - V(x_s) = delta_s + gamma c_s (v_{s+1} - V(x_{s+1})), the trace cut after steps 1, 3 and 4:
+    #   step 4: 3.76; step 3: 5.7; step 2: 1.4 + .5 * .25 * 5.7 = 2.1125; step 1: 2; step 0: 1.5 + .5 * .5 * 2 = 2
+    # so v = 2.2, 2.4, 2.7125, 6.5, 4.76.
+    # Advantages rho_s (r_s + gamma v_{s+1} - V(x_s)), v_{s+1} being V(x_{s+1}) where the trace is cut:
+    #   1.5 * (1 + .5 * 2.4 - .2) = 3;  1.25 * (2 - .4) = 2;  .5 * (3 + .5 * 6.5 - .6) = 2.825;
+    #   1.5 * (4 + .5 * 1.2 - .8) = 5.7;  .8 * (5 + .5 * 1.4 - 1) = 3.76
+    advantages, targets = vtrace_case([2.0, 1.25, 0.5, 4.0, 0.8], lam=0.5, rho_bar=1.5, c_bar=1.0)
+
+    torch.testing.assert_close(targets, torch.tensor([[2.2, 2.4, 2.7125, 6.5, 4.76]]))
+    torch.testing.assert_close(advantages, torch.tensor([[3.0, 2.0, 2.825, 5.7, 3.76]]))
+
+
+def test_on_policy_vtrace_with_lambda_one_gives_the_n_step_returns_and_gae_lambda_one():
+    # The paper (section 4.1): with pi = mu and c_bar >= 1, v_s is the n-step Bellman target.
+    advantages, targets = vtrace_case([1.0] * 5, lam=1.0)
+
+    returns = n_step_returns(VTRACE_REWARDS, VTRACE_NEXT_VALUES, VTRACE_TERMINATED, VTRACE_TRUNCATED, 0.5)
+    gae_advantages, gae_targets = gae(
+        VTRACE_REWARDS, VTRACE_VALUES, VTRACE_NEXT_VALUES, VTRACE_TERMINATED, VTRACE_TRUNCATED, 0.5, 1.0
+    )
+    torch.testing.assert_close(targets, returns)
+    torch.testing.assert_close(targets, gae_targets)
+    torch.testing.assert_close(advantages, gae_advantages)
+
+
+def test_on_policy_vtrace_gives_the_value_targets_of_gae_with_the_same_lambda():
+    _, targets = vtrace_case([1.0] * 5, lam=0.5)
+
+    _, gae_targets = gae(
+        VTRACE_REWARDS, VTRACE_VALUES, VTRACE_NEXT_VALUES, VTRACE_TERMINATED, VTRACE_TRUNCATED, 0.5, 0.5
+    )
+    torch.testing.assert_close(targets, gae_targets)
+
+
+def test_vtrace_leaves_its_inputs_unchanged():
+    copies = [t.clone() for t in (VTRACE_REWARDS, VTRACE_NEXT_VALUES, VTRACE_TERMINATED, VTRACE_TRUNCATED)]
+
+    vtrace_case([2.0, 1.25, 0.5, 4.0, 0.8])
+
+    for original, copy in zip((VTRACE_REWARDS, VTRACE_NEXT_VALUES, VTRACE_TERMINATED, VTRACE_TRUNCATED), copies):
+        assert torch.equal(original, copy)

@@ -81,10 +81,10 @@ def test_every_algorithm_has_a_preset_env_it_takes(tmp_path):
                 "but Pendulum-v1 has observation space Box"
             ),
         ),
-        (["--env", "Pendulum-v1", "--algo", "dqn"], "try --algo a2c or ppo or td3"),
+        (["--env", "Pendulum-v1", "--algo", "dqn"], "try --algo a2c or appo or ppo or td3"),
         (
             ["--env", "CartPole-v1", "--algo", "td3"],
-            "action space Discrete(2): try --algo a2c or dqn or ppo or recurrent-ppo or sarsa\n",
+            "action space Discrete(2): try --algo a2c or appo or dqn or ppo or recurrent-ppo or sarsa\n",
         ),
         (["--env", "CartPole-v1"], "give --env ENV_ID and --algo ALGO"),
         (["--env", "CartPole-v1", "--algo", "reinforce"], "argument --algo: invalid choice: 'reinforce'"),

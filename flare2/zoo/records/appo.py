@@ -1,0 +1,47 @@
+"""APPO as ``flare2 train --algo appo`` runs it: its config and its record (the Algorithm: ``flare2.zoo.appo``).
+
+APPO starts from PPO's settings, presets included, so that the two compare like for like on the same env.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flare2.errors import ConfigError
+from flare2.zoo.record import AlgorithmRecord
+from flare2.zoo.records.ppo import RECORD as PPO_RECORD
+from flare2.zoo.records.ppo import PPOConfig
+
+
+@dataclass(frozen=True)
+class APPOConfig(PPOConfig):
+    gae_lambda: float = 0.8
+    """λ of V-trace's traces (c_s = λ min(c̄, π/μ)); named as PPO's, whose GAE(λ) value targets V-trace gives when
+    every weight is 1."""
+    rho_bar: float = 1.0
+    """ρ̄: the importance weights π/μ of the TD errors and of the advantages are truncated to at most this."""
+    c_bar: float = 1.0
+    """c̄: the importance weights of the traces are truncated to at most this (c̄ <= ρ̄ in the paper)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.rho_bar > 0 or not self.c_bar > 0:
+            raise ConfigError(
+                f"APPOConfig.rho_bar and c_bar must be > 0 (1.0 as in IMPALA), got {self.rho_bar}, {self.c_bar}"
+            )
+
+
+RECORD = AlgorithmRecord(
+    name="appo",
+    config_class=APPOConfig,
+    settings_class=PPO_RECORD.settings_class,
+    build="flare2.zoo.appo:build",
+    observations=PPO_RECORD.observations,
+    actions=PPO_RECORD.actions,
+    run=PPO_RECORD.run,
+    agent=PPO_RECORD.agent,
+    derived=PPO_RECORD.derived,
+    # PPO's own presets for these envs, taken as they are.
+    presets={env_id: PPO_RECORD.presets[env_id] for env_id in ("CartPole-v1", "Acrobot-v1")},
+    search_space={**PPO_RECORD.search_space, "rho_bar": ("choice", (1.0, 1.5, 2.0))},
+)

@@ -1,0 +1,105 @@
+"""APPO weighs each step by pi/mu with mu the behaviour policy's log-probability stored at acting time."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from flare2.core.algorithm import Experience
+from flare2.errors import ConfigError
+from flare2.zoo.appo import APPO
+from flare2.zoo.ppo import PPOActorCritic
+from flare2.zoo.records.appo import APPOConfig
+from flare2.zoo.returns import vtrace
+
+RATIOS = [0.5, 2.0, 1.0, 4.0]
+"""pi/mu of the four steps: mu is the current policy's probability divided by these (two above rho_bar 1)."""
+
+
+def lagged_experience(appo: APPO) -> Experience:
+    """Four steps of one CartPole sequence, terminated after step 1, acted by a policy two updates old whose stored
+    log-probabilities are the current policy's minus log(ratio)."""
+    generator = torch.Generator().manual_seed(0)
+    obs = torch.randn(1, 5, 4, generator=generator)
+    inputs, next_inputs = {"obs": obs[:, :4]}, {"obs": obs[:, 1:]}
+    action = torch.tensor([[0, 1, 1, 0]])
+    with torch.no_grad():
+        current, _ = appo.log_prob_and_entropy({"obs": obs[0, :4]}, {"action": action[0]})
+    stored = current - torch.tensor(RATIOS).log()
+    return Experience(
+        inputs=inputs,
+        next_inputs=next_inputs,
+        actions={"action": action, "log_prob": stored[None]},
+        rewards={"reward": torch.tensor([[1.0, 1.0, 1.0, 1.0]])},
+        states={},
+        terminated=torch.tensor([[False, True, False, False]]),
+        truncated=torch.zeros(1, 4, dtype=torch.bool),
+        policy_version=torch.tensor([[3, 3, 4, 4]]),
+        version=5,
+    )
+
+
+def make_appo() -> APPO:
+    torch.manual_seed(0)
+    env = gym.make("CartPole-v1")
+    model = PPOActorCritic(env.observation_space, env.action_space, hidden=(8,))
+    # One epoch of one minibatch: the costs learn() reports are those of the weights it started from.
+    return APPO(model, APPOConfig(epochs=1, minibatch_size=64, anneal_steps=None, gamma=0.9, gae_lambda=0.95))
+
+
+def test_the_importance_weights_are_taken_against_the_stored_log_probabilities_not_recomputed_ones():
+    appo = make_appo()
+
+    costs = appo.learn(lagged_experience(appo))
+
+    # Weights recomputed at learn time would all be 1, with none truncated.
+    assert costs["importance_weight"] == pytest.approx(np.mean(RATIOS), rel=1e-5)
+    assert costs["importance_weight_truncated"] == pytest.approx(0.5)
+    assert costs["policy_lag"] == pytest.approx(1.5)
+
+
+def test_the_policy_loss_is_the_clipped_surrogate_of_pi_over_the_stored_mu_with_vtrace_advantages():
+    appo = make_appo()
+    experience = lagged_experience(appo)
+    config = appo.config
+    with torch.no_grad():
+        values = appo.model.value(experience.inputs)
+        next_values = appo.model.value(experience.next_inputs)
+        stored = experience.actions["log_prob"]
+        target = stored + torch.tensor([RATIOS]).log()
+        advantages, _ = vtrace(
+            experience.rewards["reward"],
+            values,
+            next_values,
+            experience.terminated,
+            experience.truncated,
+            stored,
+            target,
+            config.gamma,
+            config.gae_lambda,
+        )
+    advantages = advantages[0]
+    normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    ratio = torch.tensor(RATIOS)
+    clipped = ratio.clamp(1 - config.clip, 1 + config.clip)
+    expected = torch.max(-normalised * ratio, -normalised * clipped).mean().item()
+
+    costs = appo.learn(experience)
+
+    assert costs["policy_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    # The ratios 0.5, 2 and 4 are outside 1 +- clip from the first update on.
+    assert costs["clip_fraction"] == pytest.approx(0.75)
+    assert math.isfinite(costs["value_loss"])
+
+
+def test_the_truncation_thresholds_must_be_positive():
+    with pytest.raises(ConfigError, match="APPOConfig.rho_bar and c_bar must be > 0"):
+        APPOConfig(rho_bar=0.0)
+
+
+def test_appo_learns_beside_acting_in_a_process_of_its_own():
+    assert APPO.may_learn_in_own_process and APPO.learn_ahead >= 2

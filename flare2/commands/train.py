@@ -103,9 +103,10 @@ def train(env: str, algo: str = "ppo", *, max_steps: int | None = None, **settin
     like options on the command line. Returns when the run ends; a run that fails raises :class:`flare2.RunFailed`
     naming its log.
     """
-    if multiprocessing.parent_process() is not None:
-        # The spawn start method runs the parent's main module again in each child: without the guard, each child
-        # would start a run of its own.
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # The spawn start method imports the parent's main module again in each child, and marks the process so
+        # while it does (multiprocessing's own check reads the same mark): without the guard, each child would
+        # start a run of its own.
         raise ConfigError(
             "flare2.train() was called again while a run's process was starting: in a script, call it under "
             '`if __name__ == "__main__":`'

@@ -282,3 +282,15 @@ def read_until_end(pipe, stop_after: bytes | None, timeout_s: float) -> bytes:
             break
         data += chunk
     return data
+
+
+def test_flare2_train_in_a_script_without_the_main_guard_ends_with_a_message_naming_the_guard(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        f"import flare2\nflare2.train('CartPole-v1', algo='ppo', max_steps=600, log_dir={str(tmp_path / 'run')!r})\n",
+        encoding="utf-8",
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    assert 'call it under `if __name__ == "__main__":`' in result.stderr
+    assert "RunFailed" in result.stderr.splitlines()[-1]

@@ -54,298 +54,87 @@ _POSITIVE = number_option(float, least=0, strict=True)
 _SUPERVISION = "supervision and checkpoints"
 _NETWORK = "network (agents on other machines join with `flare2 attach`)"
 
+# fmt: off
+# A table, one option a row: kept as written rather than one argument a line.
 OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     # (group, flag, config class, field, argparse settings): each run option once; its default is the field's.
-    (
-        "run",
-        "--num-agents",
-        _AGENTS,
-        "num_agents",
-        dict(type=number_option(int, least=0), help="agent processes on this machine"),
-    ),
-    (
-        "run",
-        "--envs-per-agent",
-        _AGENTS,
-        "envs_per_agent",
-        dict(
-            type=number_option(int, least=1),
-            help="environments each agent process plays, asked for in one request per step",
-        ),
-    ),
-    (
-        "run",
-        "--serial",
-        _RUN,
-        "serial",
-        dict(
-            action="store_true", help="run everything in this one process (one agent with all the envs): for debuggers"
-        ),
-    ),
-    (
-        "run",
-        "--max-steps",
-        _RUN,
-        "max_steps",
-        dict(type=number_option(int, least=1), help="stop after this many env steps in total"),
-    ),
-    (
-        "run",
-        "--max-episodes",
-        _RUN,
-        "max_episodes",
-        dict(type=number_option(int, least=1), help="stop after this many episodes in total"),
-    ),
-    (
-        "run",
-        "--stop-return",
-        _RUN,
-        "stop_return",
-        dict(type=float, help="also stop once the mean return of the last 100 episodes reaches this"),
-    ),
-    (
-        "run",
-        "--eval-every",
-        _RUN,
-        "eval_every",
-        dict(
-            type=number_option(int, least=0),
-            metavar="N",
-            help="each agent plays a greedy evaluation episode after every N "
-            "training episodes (reported as eval_return_mean; not learned from; 0: none)",
-        ),
-    ),
-    (
-        "run",
-        "--stop-eval-return",
-        _RUN,
-        "stop_eval_return",
-        dict(
-            type=float,
-            help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)",
-        ),
-    ),
-    (
-        "run",
-        "--device",
-        _RUN,
-        "device",
-        dict(
-            help="where the models run: cpu, cuda, cuda:N or auto (cuda when there "
-            "is one and the networks hold 1M parameters or more)"
-        ),
-    ),
-    (
-        "run",
-        "--torch-threads",
-        _RUN,
-        "torch_threads",
-        dict(
-            type=number_option(int, least=1),
-            help="threads torch uses in the compute process (1: the cores go to the agents)",
-        ),
-    ),
-    (
-        "run",
-        "--busy-wait-us",
-        _RUN,
-        "busy_wait_us",
-        dict(
-            type=number_option(int, least=0),
-            metavar="US",
-            help="microseconds a waiting process keeps checking for its message "
-            f"before it sleeps (waking a core is slow); default: {AUTO_BUSY_WAIT_US} while the run's busy processes fit the "
-            "cores, else 0",
-        ),
-    ),
+    ("run", "--num-agents", _AGENTS, "num_agents", dict(type=number_option(int, least=0), help="agent processes on this machine")),
+    ("run", "--envs-per-agent", _AGENTS, "envs_per_agent", dict(
+        type=number_option(int, least=1), help="environments each agent process plays, asked for in one request per step")),
+    ("run", "--serial", _RUN, "serial", dict(
+        action="store_true", help="run everything in this one process (one agent with all the envs): for debuggers")),
+    ("run", "--max-steps", _RUN, "max_steps", dict(type=number_option(int, least=1), help="stop after this many env steps in total")),
+    ("run", "--max-episodes", _RUN, "max_episodes", dict(type=number_option(int, least=1), help="stop after this many episodes in total")),
+    ("run", "--stop-return", _RUN, "stop_return", dict(
+        type=float, help="also stop once the mean return of the last 100 episodes reaches this")),
+    ("run", "--eval-every", _RUN, "eval_every", dict(
+        type=number_option(int, least=0), metavar="N", help="each agent plays a greedy evaluation episode after every N "
+        "training episodes (reported as eval_return_mean; not learned from; 0: none)")),
+    ("run", "--stop-eval-return", _RUN, "stop_eval_return", dict(
+        type=float, help="also stop once the mean return of the last 20 evaluation episodes reaches this (needs --eval-every)")),
+    ("run", "--device", _RUN, "device", dict(help="where the models run: cpu, cuda, cuda:N or auto (cuda when there "
+                                                  "is one and the networks hold 1M parameters or more)")),
+    ("run", "--torch-threads", _RUN, "torch_threads", dict(
+        type=number_option(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
+    ("run", "--busy-wait-us", _RUN, "busy_wait_us", dict(
+        type=number_option(int, least=0), metavar="US", help="microseconds a waiting process keeps checking for its message "
+        f"before it sleeps (waking a core is slow); default: {AUTO_BUSY_WAIT_US} while the run's busy processes fit the "
+        "cores, else 0")),
     ("run", "--log-dir", _RUN, "log_dir", dict(help="where progress.csv, manager.log and checkpoints go")),
     ("run", "--seed", _RUN, "seed", dict(type=int, help="seeds the models and each agent's env")),
-    (
-        "run",
-        "--progress-interval",
-        _RUN,
-        "progress_interval_s",
-        dict(type=_POSITIVE, metavar="SECONDS", help="seconds between progress lines"),
-    ),
-    (
-        "run",
-        "--tensorboard",
-        _RUN,
-        "tensorboard",
-        dict(
-            action="store_true",
-            help="also write the progress and learn scalars as TensorBoard events in the log dir "
-            '(needs: pip install -e ".[tensorboard]")',
-        ),
-    ),
-    (
-        "run",
-        "--wandb",
-        _RUN,
-        "wandb_project",
-        dict(
-            metavar="PROJECT",
-            help="also log the progress and learn scalars to this Weights & Biases project, as a W&B run "
-            'named after the log dir (turns on --tensorboard; needs: pip install -e ".[wandb]" and wandb login, or '
-            "WANDB_MODE=offline to keep the W&B run in the log dir for a later wandb sync)",
-        ),
-    ),
-    (
-        "batching",
-        "--max-batch",
-        _BATCHING,
-        "max_batch",
-        dict(type=number_option(int, least=1), help="a prediction batch is flushed once it holds this many requests"),
-    ),
-    (
-        "batching",
-        "--max-wait-ms",
-        _BATCHING,
-        "max_wait_ms",
-        dict(
-            type=number_option(float, least=0),
-            help="... or once its oldest request has waited this long, or every live agent "
-            "waits (0: serve what is waiting each time the compute loop is free)",
-        ),
-    ),
-    (
-        "batching",
-        "--learn-max-batch",
-        _BATCHING,
-        "learn_max_batch",
-        dict(type=number_option(int, least=1), help="a learn batch is flushed once it holds this many learn requests"),
-    ),
-    (
-        "batching",
-        "--learn-max-wait-ms",
-        _BATCHING,
-        "learn_max_wait_ms",
-        dict(
-            type=number_option(float, least=0),
-            help="... or once its oldest has waited this long for those of the other live agents",
-        ),
-    ),
-    (
-        "batching",
-        "--learner",
-        _RUN,
-        "learner",
-        dict(
-            choices=LEARNERS,
-            help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
-            "learn() runs mostly outside Python: large models, GPU), or inline between predictions; auto: a process where "
-            "the algorithm allows one and there are 2 cores or more",
-        ),
-    ),
-    (
-        "batching",
-        "--max-message-bytes",
-        _RUN,
-        "max_message_bytes",
-        dict(
-            type=number_option(int, least=1024),
-            help="largest message any socket of the run accepts (observations and learn "
-            "requests must fit; larger ones are refused with an error)",
-        ),
-    ),
-    (
-        _SUPERVISION,
-        "--max-restarts",
-        _RUN,
-        "max_restarts",
-        dict(
-            type=number_option(int, least=0),
-            help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails",
-        ),
-    ),
-    (
-        _SUPERVISION,
-        "--restart-backoff",
-        _RUN,
-        "restart_backoff_s",
-        dict(
-            type=_POSITIVE,
-            metavar="SECONDS",
-            help="wait before restarting an agent, doubled for each failure in a row (up to 30 s)",
-        ),
-    ),
-    (
-        _SUPERVISION,
-        "--reply-timeout",
-        _RUN,
-        "reply_timeout_s",
-        dict(
-            type=_POSITIVE,
-            metavar="SECONDS",
-            help="longest an agent waits for one prediction or learn reply (default: as "
-            "long as the manager says the compute process is alive)",
-        ),
-    ),
-    (
-        _SUPERVISION,
-        "--heartbeat-timeout",
-        _RUN,
-        "heartbeat_timeout_s",
-        dict(
-            type=_POSITIVE,
-            metavar="SECONDS",
-            help="seconds of silence after which an agent is taken for dead and restarted",
-        ),
-    ),
-    (
-        _SUPERVISION,
-        "--startup-timeout",
-        _RUN,
-        "startup_timeout_s",
-        dict(
-            type=_POSITIVE,
-            metavar="SECONDS",
-            help="how long the compute process (building the models) and the agents may take to come up",
-        ),
-    ),
-    (
-        _SUPERVISION,
-        "--stop-timeout",
-        _RUN,
-        "stop_timeout_s",
-        dict(type=_POSITIVE, metavar="SECONDS", help="how long children get to exit when asked before they are killed"),
-    ),
-    (
-        _SUPERVISION,
-        "--resume",
-        _RUN,
-        "resume_dir",
-        dict(metavar="DIR", help="continue the learning and counters of the run whose log dir is DIR"),
-    ),
-    (_NETWORK, "--bind", _RUN, "bind", dict(help="address the manager and the CDPs listen on")),
-    (_NETWORK, "--port", _RUN, "port", dict(type=int, help="port of the manager's control endpoint (0: any free one)")),
-    (
-        _NETWORK,
-        "--advertise",
-        _RUN,
-        "advertise",
-        dict(
-            metavar="ADDRESS",
-            help="address agents are told to connect to, when it differs from --bind (NAT, several NICs)",
-        ),
-    ),
-    (
-        _NETWORK,
-        "--keys",
-        _RUN,
-        "keys_dir",
-        dict(metavar="DIR", help="CurveZMQ keys made by `flare2 keys DIR`: only clients in DIR/allowed get in"),
-    ),
-    (
-        _NETWORK,
-        "--insecure",
-        _RUN,
-        "insecure",
-        dict(
-            action="store_true", help="allow a non-loopback --bind without keys (anyone who reaches the port can join)"
-        ),
-    ),
+    ("run", "--progress-interval", _RUN, "progress_interval_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="seconds between progress lines")),
+    ("run", "--tensorboard", _RUN, "tensorboard", dict(
+        action="store_true", help="also write the progress and learn scalars as TensorBoard events in the log dir "
+        "(needs: pip install -e \".[tensorboard]\")")),
+    ("run", "--wandb", _RUN, "wandb_project", dict(
+        metavar="PROJECT", help="also log the progress and learn scalars to this Weights & Biases project, as a W&B run "
+        "named after the log dir (turns on --tensorboard; needs: pip install -e \".[wandb]\" and wandb login, or "
+        "WANDB_MODE=offline to keep the W&B run in the log dir for a later wandb sync)")),
+    ("batching", "--max-batch", _BATCHING, "max_batch", dict(
+        type=number_option(int, least=1), help="a prediction batch is flushed once it holds this many requests")),
+    ("batching", "--max-wait-ms", _BATCHING, "max_wait_ms", dict(
+        type=number_option(float, least=0), help="... or once its oldest request has waited this long, or every live agent "
+        "waits (0: serve what is waiting each time the compute loop is free)")),
+    ("batching", "--learn-max-batch", _BATCHING, "learn_max_batch", dict(
+        type=number_option(int, least=1), help="a learn batch is flushed once it holds this many learn requests")),
+    ("batching", "--learn-max-wait-ms", _BATCHING, "learn_max_wait_ms", dict(
+        type=number_option(float, least=0), help="... or once its oldest has waited this long for those of the other live agents")),
+    ("batching", "--learner", _RUN, "learner", dict(
+        choices=LEARNERS, help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
+        "learn() runs mostly outside Python: large models, GPU), or inline between predictions; auto: a process where "
+        "the algorithm allows one and there are 2 cores or more")),
+    ("batching", "--max-message-bytes", _RUN, "max_message_bytes", dict(
+        type=number_option(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
+        "requests must fit; larger ones are refused with an error)")),
+    (_SUPERVISION, "--max-restarts", _RUN, "max_restarts", dict(
+        type=number_option(int, least=0), help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")),
+    (_SUPERVISION, "--restart-backoff", _RUN, "restart_backoff_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="wait before restarting an agent, doubled for each failure in a row (up to 30 s)")),
+    (_SUPERVISION, "--reply-timeout", _RUN, "reply_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="longest an agent waits for one prediction or learn reply (default: as "
+        "long as the manager says the compute process is alive)")),
+    (_SUPERVISION, "--heartbeat-timeout", _RUN, "heartbeat_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="seconds of silence after which an agent is taken for dead and restarted")),
+    (_SUPERVISION, "--startup-timeout", _RUN, "startup_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="how long the compute process (building the models) and the agents may "
+        "take to come up")),
+    (_SUPERVISION, "--stop-timeout", _RUN, "stop_timeout_s", dict(
+        type=_POSITIVE, metavar="SECONDS", help="how long children get to exit when asked before they are killed")),
+    (_SUPERVISION, "--resume", _RUN, "resume_dir", dict(
+        metavar="DIR", help="continue the learning and counters of the run whose log dir is DIR")),
+    (_NETWORK, "--bind", _RUN, "bind", dict(
+        help="address the manager and the CDPs listen on")),
+    (_NETWORK, "--port", _RUN, "port", dict(
+        type=int, help="port of the manager's control endpoint (0: any free one)")),
+    (_NETWORK, "--advertise", _RUN, "advertise", dict(
+        metavar="ADDRESS", help="address agents are told to connect to, when it differs from --bind (NAT, several NICs)")),
+    (_NETWORK, "--keys", _RUN, "keys_dir", dict(
+        metavar="DIR", help="CurveZMQ keys made by `flare2 keys DIR`: only clients in DIR/allowed get in")),
+    (_NETWORK, "--insecure", _RUN, "insecure", dict(
+        action="store_true", help="allow a non-loopback --bind without keys (anyone who reaches the port can join)")),
 )
+# fmt: on
 """Every run option: the command line is derived from this table, and the config from what it parsed."""
 
 

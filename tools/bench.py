@@ -879,7 +879,7 @@ def _json_ready(value: Any) -> Any:
 def checked_device(name: str) -> str:
     """``--device`` as flare2 resolves it for the bench's small MLP (``auto``: the CPU); exits with flare2's message
     for a device this machine lacks, before any measurement."""
-    from flare2.core.computation_task import resolve_device
+    from flare2.core.devices import resolve_device
     from flare2.errors import ConfigError
 
     try:

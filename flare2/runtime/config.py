@@ -141,7 +141,7 @@ class RunConfig:
     """Also stop once the mean return of the last 20 evaluation episodes reaches this (needs ``eval_every``)."""
     device: str = "auto"
     """Device of the compute process: cpu, cuda, cuda:N or auto (cuda when there is one and the CTs' networks are
-    large enough for it to pay: ``flare2.core.computation_task.AUTO_CUDA_MIN_PARAMETERS``)."""
+    large enough for it to pay: ``flare2.core.devices.AUTO_CUDA_MIN_PARAMETERS``)."""
     seed: int = 0
     """Seeds torch in the compute process and each agent's first env reset."""
     bind: str = "127.0.0.1"

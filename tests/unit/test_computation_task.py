@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from flare2.core.algorithm import Algorithm
-from flare2.core.computation_task import (
-    AUTO_CUDA_MIN_PARAMETERS,
-    ComputationTask,
-    choose_device,
-    count_parameters,
-    resolve_device,
-)
+from flare2.core.computation_task import ComputationTask
+from flare2.core.devices import AUTO_CUDA_MIN_PARAMETERS, choose_device, count_parameters, resolve_device
 from flare2.core.model import Model
 from flare2.core.specs import Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
@@ -319,7 +314,7 @@ def test_auto_takes_the_gpu_only_for_networks_large_enough_to_pay(monkeypatch, g
 def test_auto_says_why_it_left_a_gpu_unused(monkeypatch, caplog):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     small = A2C(make_model())
-    with caplog.at_level("INFO", logger="flare2.core.computation_task"):
+    with caplog.at_level("INFO", logger="flare2.core.devices"):
         assert choose_device("auto", [small, A2C(make_model())]).type == "cpu"
     [record] = caplog.records
     assert f"networks hold {2 * count_parameters(small)} parameters" in record.getMessage()

@@ -15,7 +15,8 @@ def build_cts(configs: tuple[CTConfig, ...], *, device: str, seed: int, torch_th
     """The ComputationTasks of a run, built in order after seeding torch (the learner process builds the same)."""
     import torch
 
-    from flare2.core.computation_task import ComputationTask, choose_device
+    from flare2.core.computation_task import ComputationTask
+    from flare2.core.devices import choose_device
 
     torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)

@@ -18,7 +18,7 @@ import torch
 
 from flare2.core.algorithm import Experience
 from flare2.core.ragged_tensor import flat_rows
-from flare2.zoo.ppo import PPO, PPOActorCritic
+from flare2.zoo.ppo import PPO, PPOActorCritic, importance_weights
 from flare2.zoo.record import ActorCriticSettings
 from flare2.zoo.records.appo import APPOConfig
 from flare2.zoo.returns import vtrace
@@ -57,12 +57,7 @@ class APPO(PPO):
                 config.rho_bar,
                 config.c_bar,
             )
-            weights = (target_log_prob - behaviour_log_prob).exp()
-            off_policy = {
-                "policy_lag": experience.policy_lag.double().mean().item(),
-                "importance_weight": weights.mean().item(),
-                "importance_weight_truncated": (weights > config.rho_bar).float().mean().item(),
-            }
+            _, off_policy = importance_weights(experience, target_log_prob, behaviour_log_prob, config.rho_bar)
         self.count_steps(advantages.numel(), config)
         return {**self.clipped_epochs(inputs, actions, behaviour_log_prob, advantages, targets), **off_policy}
 

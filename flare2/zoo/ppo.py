@@ -4,10 +4,16 @@ Each learn() call receives B sequences of T steps (one per agent, from the
 online helper). The model gives ``policy(inputs)``, ``value(inputs)``,
 ``sample``/``best_action`` of a policy, and ``log_prob_and_entropy``: the zoo's
 MLP actor-critic (with action masks) or ``EntityActorCritic`` (per-entity and
-select-entity actions over ragged entities). The policy's log-probability of each action is computed at
-prediction time and travels with the action (action ``log_prob``), so the
-probability ratio is taken against the policy that acted, even when another
-learn() call came in between.
+select-entity actions over ragged entities).
+
+The steps of a batch may have been played by weights older than those learn() starts from (a learner beside the
+acting, ``Experience.policy_lag``). PPO keeps apart the two jobs its "old policy" has, as Hilton, Cobbe and
+Schulman's decoupled objective does ("Batch size-invariance for policy optimization", NeurIPS 2022): the clipping
+keeps each update near the *proximal* policy, the one learn() starts from, and the off-policy correction weighs
+each step's advantage by π_prox/μ, truncated at ``rho_bar``, with μ the behaviour policy's log-probability of the
+action, computed at prediction time and carried with the action (action ``log_prob``), never recomputed. Without
+lag π_prox is μ, every weight is 1 and this is PPO as published. learn() reports how far off-policy its batch was
+(``policy_lag``, ``importance_weight``, ``importance_weight_truncated``).
 """
 
 from __future__ import annotations
@@ -37,12 +43,18 @@ def clipped_loss(
     entropy: torch.Tensor,
     values: torch.Tensor,
     targets: torch.Tensor,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """PPO's loss on one minibatch (clipped surrogate, value and entropy terms); adds its terms to ``totals``."""
+    """PPO's loss on one minibatch (clipped surrogate, value and entropy terms); adds its terms to ``totals``.
+
+    ``weights`` (one per step, >= 0) scale each step's standardised advantage: the truncated importance weights of
+    steps that another policy played (``PPO.learn``)."""
     log_ratio = log_prob - old_log_prob
     ratio = log_ratio.exp()
     if advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if weights is not None:
+        advantages = advantages * weights
     policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
     value_loss = F.mse_loss(values, targets)
     entropy_mean = entropy.mean()
@@ -63,6 +75,20 @@ def _named(action: torch.Tensor | dict) -> dict:
 def _unnamed(actions: dict) -> Any:
     """The action as the model takes it back: the one tensor, or the dict of named actions (``_named`` undone)."""
     return actions["action"] if actions.keys() == {"action"} else actions
+
+
+def importance_weights(
+    experience: Experience, target_log_prob: torch.Tensor, behaviour_log_prob: torch.Tensor, rho_bar: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Each step's importance weight π/μ truncated at ``rho_bar``, and how far off-policy the batch was: its mean
+    ``policy_lag`` (in updates), mean ``importance_weight`` and the fraction ``importance_weight_truncated``."""
+    ratios = (target_log_prob - behaviour_log_prob).exp()
+    report = {
+        "policy_lag": experience.policy_lag.double().mean().item(),
+        "importance_weight": ratios.mean().item(),
+        "importance_weight_truncated": (ratios > rho_bar).float().mean().item(),
+    }
+    return ratios.clamp(max=rho_bar), report
 
 
 class PPOActorCritic(MLPActorCritic):
@@ -124,6 +150,9 @@ class PPO(ClippedObjective):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
+        # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
+        inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
+        behaviour_log_prob = actions.pop("log_prob")
         with torch.no_grad():
             advantages, targets = gae(
                 experience.rewards["reward"],
@@ -134,11 +163,11 @@ class PPO(ClippedObjective):
                 config.gamma,
                 config.gae_lambda,
             )
+            proximal_log_prob, _ = self.log_prob_and_entropy(inputs, actions)
+            weights, off_policy = importance_weights(experience, proximal_log_prob, behaviour_log_prob, config.rho_bar)
         self.count_steps(advantages.numel(), config)
-        # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
-        inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
-        old_log_prob = actions.pop("log_prob")
-        return self.clipped_epochs(inputs, actions, old_log_prob, advantages, targets)
+        costs = self.clipped_epochs(inputs, actions, proximal_log_prob, advantages, targets, weights)
+        return {**costs, **off_policy}
 
     def log_prob_and_entropy(self, inputs: Tensors, actions: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
         """The current policy's log-probability of each of the named ``actions`` (without ``log_prob``) and its
@@ -152,11 +181,13 @@ class PPO(ClippedObjective):
         old_log_prob: torch.Tensor,
         advantages: torch.Tensor,
         targets: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """``epochs`` passes of minibatches of the clipped objective over every step; returns the mean costs.
 
-        ``inputs``, ``actions`` (without ``log_prob``) and ``old_log_prob`` are flat rows (``flat_rows``), one per
-        step of the ``[B, T]`` ``advantages`` and value ``targets``; the ratio is taken against ``old_log_prob``.
+        ``inputs``, ``actions`` (without ``log_prob``), ``old_log_prob`` and ``weights`` are flat rows
+        (``flat_rows``), one per step of the ``[B, T]`` ``advantages`` and value ``targets``; the ratio is taken
+        against ``old_log_prob`` and ``weights`` scale the advantages (see ``clipped_loss``).
         """
         config, model = self.config, self.model
         samples = advantages.numel()
@@ -177,6 +208,7 @@ class PPO(ClippedObjective):
                         entropy,
                         model.value(minibatch),
                         flat_targets[index],
+                        None if weights is None else weights[index],
                     )
                 )
                 updates += 1

@@ -18,17 +18,13 @@ class APPOConfig(PPOConfig):
     gae_lambda: float = 0.8
     """λ of V-trace's traces (c_s = λ min(c̄, π/μ)); named as PPO's, whose GAE(λ) value targets V-trace gives when
     every weight is 1."""
-    rho_bar: float = 1.0
-    """ρ̄: the importance weights π/μ of the TD errors and of the advantages are truncated to at most this."""
     c_bar: float = 1.0
     """c̄: the importance weights of the traces are truncated to at most this (c̄ <= ρ̄ in the paper)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.rho_bar > 0 or not self.c_bar > 0:
-            raise ConfigError(
-                f"APPOConfig.rho_bar and c_bar must be > 0 (1.0 as in IMPALA), got {self.rho_bar}, {self.c_bar}"
-            )
+        if not self.c_bar > 0:
+            raise ConfigError(f"APPOConfig.c_bar must be > 0 (1.0 as in IMPALA), got {self.c_bar}")
 
 
 RECORD = AlgorithmRecord(

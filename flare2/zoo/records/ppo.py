@@ -55,11 +55,16 @@ class ClippedObjectiveConfig:
 class PPOConfig(ClippedObjectiveConfig):
     minibatch_size: int = 256
     """Steps per gradient step (the batch is B*T steps)."""
+    rho_bar: float = 1.0
+    """ρ̄: the importance weights π/μ of steps played by older weights are truncated to at most this."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        name = type(self).__name__
         if self.minibatch_size < 1:
-            raise ConfigError(f"PPOConfig.minibatch_size must be >= 1, got {self.minibatch_size}")
+            raise ConfigError(f"{name}.minibatch_size must be >= 1, got {self.minibatch_size}")
+        if not self.rho_bar > 0:
+            raise ConfigError(f"{name}.rho_bar must be > 0 (1.0 as in IMPALA), got {self.rho_bar}")
 
 
 CLIPPED_OBJECTIVE_SEARCH: dict[str, tuple[str, Any]] = {

@@ -1,4 +1,4 @@
-"""APPO weighs each step by pi/mu with mu the behaviour policy's log-probability stored at acting time."""
+"""PPO and APPO weigh each step by pi/mu with mu the behaviour policy's log-probability stored at acting time."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import torch
 from flare2.core.algorithm import Experience
 from flare2.errors import ConfigError
 from flare2.zoo.appo import APPO
-from flare2.zoo.ppo import PPOActorCritic
+from flare2.zoo.ppo import PPO, PPOActorCritic
 from flare2.zoo.records.appo import APPOConfig
-from flare2.zoo.returns import vtrace
+from flare2.zoo.records.ppo import PPOConfig
+from flare2.zoo.returns import gae, vtrace
 
 RATIOS = [0.5, 2.0, 1.0, 4.0]
 """pi/mu of the four steps: mu is the current policy's probability divided by these (two above rho_bar 1)."""
 
 
-def lagged_experience(appo: APPO) -> Experience:
+def lagged_experience(algorithm: PPO) -> Experience:
     """Four steps of one CartPole sequence, terminated after step 1, acted by a policy two updates old whose stored
     log-probabilities are the current policy's minus log(ratio)."""
     generator = torch.Generator().manual_seed(0)
@@ -28,7 +29,7 @@ def lagged_experience(appo: APPO) -> Experience:
     inputs, next_inputs = {"obs": obs[:, :4]}, {"obs": obs[:, 1:]}
     action = torch.tensor([[0, 1, 1, 0]])
     with torch.no_grad():
-        current, _ = appo.log_prob_and_entropy({"obs": obs[0, :4]}, {"action": action[0]})
+        current, _ = algorithm.log_prob_and_entropy({"obs": obs[0, :4]}, {"action": action[0]})
     stored = current - torch.tensor(RATIOS).log()
     return Experience(
         inputs=inputs,
@@ -43,18 +44,29 @@ def lagged_experience(appo: APPO) -> Experience:
     )
 
 
-def make_appo() -> APPO:
+def cartpole_model() -> PPOActorCritic:
     torch.manual_seed(0)
     env = gym.make("CartPole-v1")
-    model = PPOActorCritic(env.observation_space, env.action_space, hidden=(8,))
-    # One epoch of one minibatch: the costs learn() reports are those of the weights it started from.
-    return APPO(model, APPOConfig(epochs=1, minibatch_size=64, anneal_steps=None, gamma=0.9, gae_lambda=0.95))
+    return PPOActorCritic(env.observation_space, env.action_space, hidden=(8,))
 
 
-def test_the_importance_weights_are_taken_against_the_stored_log_probabilities_not_recomputed_ones():
-    appo = make_appo()
+# One epoch of one minibatch: the costs learn() reports are those of the weights it started from.
+ONE_STEP = {"epochs": 1, "minibatch_size": 64, "anneal_steps": None, "gamma": 0.9, "gae_lambda": 0.95}
 
-    costs = appo.learn(lagged_experience(appo))
+
+def make_appo() -> APPO:
+    return APPO(cartpole_model(), APPOConfig(**ONE_STEP))
+
+
+def make_ppo() -> PPO:
+    return PPO(cartpole_model(), PPOConfig(**ONE_STEP))
+
+
+@pytest.mark.parametrize("make", [make_appo, make_ppo], ids=["appo", "ppo"])
+def test_the_importance_weights_are_taken_against_the_stored_log_probabilities_not_recomputed_ones(make):
+    algorithm = make()
+
+    costs = algorithm.learn(lagged_experience(algorithm))
 
     # Weights recomputed at learn time would all be 1, with none truncated.
     assert costs["importance_weight"] == pytest.approx(np.mean(RATIOS), rel=1e-5)
@@ -96,9 +108,38 @@ def test_the_policy_loss_is_the_clipped_surrogate_of_pi_over_the_stored_mu_with_
     assert math.isfinite(costs["value_loss"])
 
 
+def test_ppo_clips_around_the_policy_learn_starts_from_and_weighs_advantages_by_the_truncated_pi_over_mu():
+    ppo = make_ppo()
+    experience = lagged_experience(ppo)
+    config = ppo.config
+    with torch.no_grad():
+        advantages, _ = gae(
+            experience.rewards["reward"],
+            ppo.model.value(experience.inputs),
+            ppo.model.value(experience.next_inputs),
+            experience.terminated,
+            experience.truncated,
+            config.gamma,
+            config.gae_lambda,
+        )
+    advantages = advantages[0]
+    normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    # The first update's ratio is 1 (pi over the policy learn() starts from), so nothing is clipped yet; with mu
+    # recomputed at learn time every weight would be 1 and the loss -mean(normalised), which is 0.
+    expected = -(normalised * torch.tensor(RATIOS).clamp(max=config.rho_bar)).mean().item()
+
+    costs = ppo.learn(experience)
+
+    assert costs["policy_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert abs(expected) > 0.01
+    assert costs["clip_fraction"] == 0.0
+
+
 def test_the_truncation_thresholds_must_be_positive():
-    with pytest.raises(ConfigError, match="APPOConfig.rho_bar and c_bar must be > 0"):
+    with pytest.raises(ConfigError, match="APPOConfig.rho_bar must be > 0"):
         APPOConfig(rho_bar=0.0)
+    with pytest.raises(ConfigError, match="APPOConfig.c_bar must be > 0"):
+        APPOConfig(c_bar=0.0)
 
 
 def test_appo_learns_beside_acting_in_a_process_of_its_own():

@@ -52,6 +52,9 @@ setup(
         "wandb": ["wandb>=0.16", "tensorboard>=2.10"],
         # flare2 tune: Optuna samples the settings and prunes trials
         "tune": ["optuna>=3.4"],
+        # Gymnasium's Box2D envs (LunarLander-v3, BipedalWalker-v3) and MuJoCo envs (HalfCheetah-v5, Hopper-v5...)
+        "box2d": ["gymnasium[box2d]>=1.0"],
+        "mujoco": ["gymnasium[mujoco]>=1.0"],
     },
     entry_points={"console_scripts": ["flare2=flare2.cli:main"]},
 )

@@ -18,7 +18,7 @@ import torch
 
 from flare2.core.algorithm import Experience, Tensors
 from flare2.errors import ConfigError
-from flare2.zoo.ppo import ClippedObjective, clipped_loss
+from flare2.zoo.ppo import ClippedObjective, clipped_loss, importance_weights
 from flare2.zoo.record import RecurrentSettings
 from flare2.zoo.records.recurrent_ppo import RecurrentPPOConfig
 from flare2.zoo.recurrent import GRUActorCritic
@@ -60,7 +60,9 @@ class RecurrentPPO(ClippedObjective):
         actions, old_log_prob = experience.actions["action"], experience.actions["log_prob"]
         model.update_normalizer(obs, 2)
         with torch.no_grad():
-            _, values, hidden_after = model.sequence(obs, first_hidden, ends)
+            logits, values, hidden_after = model.sequence(obs, first_hidden, ends)
+            proximal_log_prob, _ = model.log_prob_and_entropy(logits, actions)
+            weights, off_policy = importance_weights(experience, proximal_log_prob, old_log_prob, config.rho_bar)
             advantages, targets = gae(
                 experience.rewards["reward"],
                 values,
@@ -83,15 +85,16 @@ class RecurrentPPO(ClippedObjective):
                         config,
                         totals,
                         log_prob,
-                        old_log_prob[index],
+                        proximal_log_prob[index],
                         advantages[index],
                         entropy,
                         new_values,
                         targets[index],
+                        weights[index],
                     )
                 )
                 updates += 1
-        return {key: value / updates for key, value in totals.items()}
+        return {**{key: value / updates for key, value in totals.items()}, **off_policy}
 
 
 def build(env: gym.Env, config: RecurrentPPOConfig, settings: RecurrentSettings) -> RecurrentPPO:

@@ -167,11 +167,34 @@ def hand_made_experience(algorithm: RecurrentPPO, batch: int = 4, steps: int = 6
 def test_learn_on_a_hand_made_experience_returns_finite_costs_and_counts_the_steps():
     algorithm = make_algorithm()
     before = [p.detach().clone() for p in algorithm.model.parameters()]
-    costs = algorithm.learn(hand_made_experience(algorithm))
-    assert set(costs) == {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"}
+    experience = hand_made_experience(algorithm)
+    costs = algorithm.learn(experience)
+    assert set(costs) == {
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+        "policy_lag",
+        "importance_weight",
+        "importance_weight_truncated",
+    }
     assert all(math.isfinite(value) for value in costs.values())
     assert algorithm.steps_seen == 24
     assert any(not torch.equal(a, b) for a, b in zip(before, algorithm.model.parameters()))
+
+
+def test_the_importance_weights_are_taken_against_the_stored_log_probabilities_not_recomputed_ones():
+    algorithm = make_algorithm()
+    experience = hand_made_experience(algorithm)
+    # The behaviour policy gave each action 0.4; the untrained policy gives either action about 0.5, so each
+    # weight is about 1.25, where weights recomputed at learn time would all be 1.
+    experience.actions["log_prob"] = torch.full_like(experience.actions["log_prob"], math.log(0.4))
+
+    costs = algorithm.learn(experience)
+
+    assert costs["importance_weight"] == pytest.approx(1.25, rel=0.01)
+    assert costs["importance_weight_truncated"] > 0.9
 
 
 def test_the_checkpoint_keeps_the_counters_and_the_input_statistics():

@@ -6,6 +6,7 @@ APPO starts from PPO's settings, presets included, so that the two compare like 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from flare2.errors import ConfigError
 from flare2.zoo.record import AlgorithmRecord
@@ -27,6 +28,11 @@ class APPOConfig(PPOConfig):
             raise ConfigError(f"APPOConfig.c_bar must be > 0 (1.0 as in IMPALA), got {self.c_bar}")
 
 
+def _beside_acting(preset: dict[str, Any]) -> dict[str, Any]:
+    """``preset`` without the ``learner`` it may set."""
+    return {**preset, "run": {key: value for key, value in preset.get("run", {}).items() if key != "learner"}}
+
+
 RECORD = AlgorithmRecord(
     name="appo",
     config_class=APPOConfig,
@@ -37,7 +43,7 @@ RECORD = AlgorithmRecord(
     run=PPO_RECORD.run,
     agent=PPO_RECORD.agent,
     derived=PPO_RECORD.derived,
-    # PPO's own presets for these envs, taken as they are.
-    presets={env_id: PPO_RECORD.presets[env_id] for env_id in ("CartPole-v1", "Acrobot-v1")},
+    # PPO's own presets, but never its --learner inline: APPO is for learning beside acting.
+    presets={env_id: _beside_acting(preset) for env_id, preset in PPO_RECORD.presets.items()},
     search_space={**PPO_RECORD.search_space, "rho_bar": ("choice", (1.0, 1.5, 2.0))},
 )

@@ -38,9 +38,13 @@ class ClippedObjectiveConfig:
     """Weight of the entropy bonus."""
     max_grad_norm: float = 0.5
     """Gradients are clipped to this global norm."""
+    rho_bar: float = 1.0
+    """ρ̄: the importance weights π/μ of steps played by older weights are truncated to at most this."""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
+        if not self.rho_bar > 0:
+            raise ConfigError(f"{name}.rho_bar must be > 0 (1.0 as in IMPALA), got {self.rho_bar}")
         if self.lr <= 0 or self.clip <= 0 or self.epochs < 1:
             raise ConfigError(f"{name} needs lr > 0, clip > 0 and epochs >= 1, got {self}")
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
@@ -55,16 +59,11 @@ class ClippedObjectiveConfig:
 class PPOConfig(ClippedObjectiveConfig):
     minibatch_size: int = 256
     """Steps per gradient step (the batch is B*T steps)."""
-    rho_bar: float = 1.0
-    """ρ̄: the importance weights π/μ of steps played by older weights are truncated to at most this."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = type(self).__name__
         if self.minibatch_size < 1:
-            raise ConfigError(f"{name}.minibatch_size must be >= 1, got {self.minibatch_size}")
-        if not self.rho_bar > 0:
-            raise ConfigError(f"{name}.rho_bar must be > 0 (1.0 as in IMPALA), got {self.rho_bar}")
+            raise ConfigError(f"{type(self).__name__}.minibatch_size must be >= 1, got {self.minibatch_size}")
 
 
 CLIPPED_OBJECTIVE_SEARCH: dict[str, tuple[str, Any]] = {
@@ -79,6 +78,9 @@ CLIPPED_OBJECTIVE_SEARCH: dict[str, tuple[str, Any]] = {
 _ZOO_STEP: dict[str, Any] = {"lr": 3e-4, "anneal_steps": None, "minibatch_size": 64}
 """Stable-Baselines3's PPO defaults, which rl-baselines3-zoo keeps for Acrobot and MountainCar."""
 
+_ON_POLICY: dict[str, Any] = {"learner": "inline"}
+"""The schedule of presets whose updates are too large to learn from rollouts played one update behind."""
+
 RECORD = AlgorithmRecord(
     name="ppo",
     config_class=PPOConfig,
@@ -92,18 +94,32 @@ RECORD = AlgorithmRecord(
     presets={
         # The example's settings, measured in the README's results.
         "CartPole-v1": {},
-        # rl-baselines3-zoo's settings for these two (VecNormalize as --normalize-observations, and for MountainCar a
-        # fixed reward scale in place of its running one). Its learning rate and minibatch (3e-4 constant, 64)
-        # matter: with the package's (1e-3 annealed, 256) greedy returns ended 5 to 13 short of its figures.
+        # rl-baselines3-zoo's settings for these (hyperparams/ppo.yml; VecNormalize as --normalize-observations,
+        # and for MountainCar a fixed reward scale in place of its running one). Its learning rate and minibatch
+        # (3e-4 constant, 64) matter: with the package's (1e-3 annealed, 256) greedy returns ended 5 to 13 short of
+        # its figures. Each update is hundreds of gradient steps over thousands of env steps, and rollouts played
+        # one such update behind cost two to three times the env steps (docs/learners-and-devices.md), so the
+        # agents wait for learn(): --learner inline.
         "Acrobot-v1": {
             "algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.94, "epochs": 4},
             "agent": {"sample_interval": 256},
-            "run": {"envs_per_agent": 16, "normalize_observations": True, "max_steps": 1_000_000},
+            "run": {"envs_per_agent": 16, "normalize_observations": True, "max_steps": 1_000_000, **_ON_POLICY},
         },
         "MountainCar-v0": {
             "algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.98, "epochs": 4},
             "agent": {"sample_interval": 16},
-            "run": {"envs_per_agent": 16, "normalize_observations": True, "scale_rewards": 0.1, "max_steps": 1_000_000},
+            "run": {
+                "envs_per_agent": 16,
+                "normalize_observations": True,
+                "scale_rewards": 0.1,
+                "max_steps": 1_000_000,
+                **_ON_POLICY,
+            },
+        },
+        "LunarLander-v3": {
+            "algorithm": {**_ZOO_STEP, "gamma": 0.999, "gae_lambda": 0.98, "epochs": 4, "entropy_coef": 0.01},
+            "agent": {"sample_interval": 1024},
+            "run": {"envs_per_agent": 16, "max_steps": 1_000_000, **_ON_POLICY},
         },
     },
     search_space={

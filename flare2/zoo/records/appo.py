@@ -5,6 +5,7 @@ APPO starts from PPO's settings, presets included, so that the two compare like 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ class APPOConfig(PPOConfig):
             raise ConfigError(f"APPOConfig.c_bar must be > 0 (1.0 as in IMPALA), got {self.c_bar}")
 
 
-def _beside_acting(preset: dict[str, Any]) -> dict[str, Any]:
+def _beside_acting(preset: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     """``preset`` without the ``learner`` it may set."""
     return {**preset, "run": {key: value for key, value in preset.get("run", {}).items() if key != "learner"}}
 

@@ -68,7 +68,7 @@ class PPOConfig(ClippedObjectiveConfig):
 
 CLIPPED_OBJECTIVE_SEARCH: dict[str, tuple[str, Any]] = {
     "lr": ("log", (1e-4, 3e-3)),
-    "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),
+    "gamma": ("choice", (0.95, 0.98, 0.99, 0.995, 0.999)),
     "gae_lambda": ("choice", (0.8, 0.9, 0.95, 0.98)),
     "clip": ("choice", (0.1, 0.2, 0.3)),
     "epochs": ("int", (3, 20)),

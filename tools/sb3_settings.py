@@ -52,6 +52,9 @@ class Sb3Spec:
     reward_scale: float | None = None
     reward_clip: float | None = None
     frame_stack: int | None = None
+    torch_threads: int = 1
+    """torch.set_num_threads of SB3's process: flare2's --torch-threads, which its compute and learner processes take.
+    Left at torch's default (one per core) SB3 ran 10 times slower on a busy 2-core machine."""
     equivalents: list[str] = field(default_factory=list)
     """Settings SB3 spells another way, and how they were matched."""
     differences: list[str] = field(default_factory=list)
@@ -79,6 +82,7 @@ class Sb3Spec:
             wrappers.append(f"VecFrameStack({self.frame_stack})")
         if self.normalize_observations:
             wrappers.append("VecNormalize(norm_obs=True, norm_reward=False)")
+        wrappers.append(f"torch.set_num_threads({self.torch_threads})")
         return f"{self.algo}({', '.join(parts)})" + (f" with {'; '.join(wrappers)}" if wrappers else "")
 
     def to_json(self) -> dict[str, Any]:
@@ -139,6 +143,7 @@ def _env_options(spec: Sb3Spec, options: Mapping[str, Any]) -> None:
     spec.normalize_observations = bool(options.get("normalize_observations"))
     spec.reward_scale = options.get("scale_rewards")
     spec.reward_clip = options.get("clip_rewards")
+    spec.torch_threads = int(options.get("torch_threads") or 1)
 
 
 def _env_count(options: Mapping[str, Any]) -> int:

@@ -19,6 +19,7 @@ from collections import deque
 import gymnasium as gym
 import numpy as np
 import stable_baselines3
+import torch
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.noise import NormalActionNoise
@@ -73,6 +74,7 @@ def linear(start: float, zero_at: float):
 
 def build(job: dict):
     spec = job["spec"]
+    torch.set_num_threads(spec["torch_threads"])
     wrapper = None
     if spec["reward_scale"] is not None or spec["reward_clip"] is not None:
         wrapper = RewardTransform

@@ -155,6 +155,7 @@ def test_ppo_maps_envs_rollouts_minibatches_epochs_and_the_annealed_learning_rat
     }
     assert spec.learning_rate == {"start": 1e-3, "zero_at": 1.0, "steps": 100_000}
     assert not spec.normalize_observations and spec.reward_scale is None
+    assert spec.torch_threads == 1  # flare2's --torch-threads default, on both sides
     assert "learning_rate=linear(0.001 -> 0 over 100000 env steps)" in spec.describe()
     assert any("learn_ahead 1" in text for text in spec.differences)
 
@@ -171,7 +172,9 @@ def test_ppo_on_mountaincar_normalises_observations_and_scales_rewards_with_a_co
     }
     assert spec.learning_rate is None
     assert spec.normalize_observations and spec.reward_scale == 0.1
-    assert spec.describe().endswith("with rewards times 0.1; VecNormalize(norm_obs=True, norm_reward=False)")
+    assert spec.describe().endswith(
+        "with rewards times 0.1; VecNormalize(norm_obs=True, norm_reward=False); torch.set_num_threads(1)"
+    )
 
 
 def test_appo_races_sb3_ppo_with_ppos_settings_and_says_what_it_does_otherwise(rows):

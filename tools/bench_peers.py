@@ -4,6 +4,7 @@
     python tools/bench_peers.py --json runs/race.json --markdown runs/race.md          # the whole race, 3 seeds
     python tools/bench_peers.py --only ppo/CartPole-v1 --seeds 0                      # one row, one seed
     python tools/bench_peers.py --dry-run                                             # the rows and SB3's settings
+    python tools/bench_peers.py --only td3 --seeds 0 --max-steps 4000                 # a quick check of a row
 
 The rows come from the registry (flare2.zoo.registry): each preset of each
 flare2 algorithm SB3 also has (PPO, A2C, DQN, TD3, SAC), and APPO's presets
@@ -28,11 +29,12 @@ slow drift of a shared machine falls on both alike:
 - SB3: tools/sb3_train.py in the virtualenv's python (made with
   --system-site-packages, so it shares this python's torch and gymnasium;
   stable-baselines3 is no dependency of flare2), DummyVecEnv
-  (--sb3-vec-env subproc for SubprocVecEnv).
+  (--sb3-vec-env subproc for SubprocVecEnv), with as many torch threads as
+  flare2's compute process (--torch-threads, 1 by default).
 
 Both stop at the same rule: the mean return of the last 100 finished training
 episodes (as rl-baselines3-zoo reports it) reaches the row's threshold, or the
-preset's step budget (max_steps) runs out. The threshold is the env's
+preset's step budget (max_steps, or less with --max-steps) runs out. The threshold is the env's
 Gymnasium reward_threshold, or THRESHOLDS' for envs without one. Every run is
 one command measured from start to exit (tools/proctree.py): process wall
 time, peak RSS of its whole process tree, and how many cores other processes
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--install", action="store_true", help="create the venv and pip-install stable-baselines3 into it"
+        "--install", action="store_true", help="create the venv, pip-install stable-baselines3 into it, and exit"
     )
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="virtualenv holding stable-baselines3")
     parser.add_argument(
@@ -566,12 +568,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every run, the settings and the figures here")
     parser.add_argument("--markdown", type=Path, help="also write the table and each row's settings here")
     args = parser.parse_args(argv)
+    venv_dir = args.venv.resolve()
+    if args.install:
+        install_venv(venv_dir)
+        print(f"stable-baselines3 {sb3_version(venv_dir)} in {venv_dir}; `python tools/bench_peers.py` races")
+        return 0
     try:
         only = parse_only(args.only) if args.only else None
         rows, skipped = race_rows(only, max_steps=args.max_steps)
     except ValueError as exc:
         parser.error(str(exc))
-    venv_dir = args.venv.resolve()
 
     for line in skipped:
         print(line)
@@ -582,8 +588,6 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("no row to race", file=sys.stderr)
         return 2
-    if args.install:
-        install_venv(venv_dir)
     version = sb3_version(venv_dir)
     if version is None:
         venv_option = "" if venv_dir == DEFAULT_VENV else f" --venv {args.venv}"

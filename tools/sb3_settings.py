@@ -239,11 +239,9 @@ def _replay(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec) -> Fract
     are chosen so that both take as many gradient steps per env step.
     """
     n_envs, agents = spec.n_envs, int(options["num_agents"])
-    batch, minibatch, interval = (
-        fields.take("batch_size"),
-        fields.take("minibatch_size"),
-        fields.take("sample_interval"),
-    )
+    batch, interval = fields.take("batch_size"), fields.take("sample_interval")
+    # A config without a minibatch size takes one gradient step per learn request.
+    minibatch = fields.take("minibatch_size") or batch
     steps_per_request = math.ceil(batch / minibatch)
     if batch % minibatch:
         spec.differences.append(
@@ -319,7 +317,7 @@ def _dqn(fields: _Fields, options: Mapping[str, Any], budget: int) -> Sb3Spec:
 
 def _continuous_replay(fields: _Fields, spec: Sb3Spec, *, one_lr: str) -> None:
     """What TD3 and SAC share: tau, the uniform actions of the warm-up, no gradient clipping."""
-    spec.kwargs["tau"] = fields.take("tau")
+    spec.kwargs["tau"] = fields.first("tau", "target_tau")
     warmup = spec.kwargs["learning_starts"]
     random_steps = fields.take("random_steps", warmup)
     if random_steps != warmup:
@@ -362,7 +360,11 @@ def _sac(fields: _Fields, options: Mapping[str, Any], budget: int) -> Sb3Spec:
     spec = Sb3Spec("SAC", _env_count(options), {})
     _replay(fields, options, spec)
     _continuous_replay(fields, spec, one_lr="actor, critics and entropy coefficient")
-    spec.kwargs["policy_kwargs"] = {"net_arch": list(fields.take("hidden"))}
+    hidden = fields.take("hidden")
+    if hidden is None:
+        spec.differences.append("flare2's SAC config names no hidden sizes: SB3 keeps its default net, [256, 256]")
+    else:
+        spec.kwargs["policy_kwargs"] = {"net_arch": list(hidden)}
     spec.kwargs["ent_coef"] = _entropy_coef(fields)
     target = fields.first("target_entropy", default=None)
     spec.kwargs["target_entropy"] = "auto" if target in (None, "auto") else target

@@ -17,7 +17,7 @@ import pytest
 import flare2.commands.train
 from flare2.errors import ConfigError
 from flare2.zoo import registry
-from flare2.zoo.record import ReplaySettings
+from flare2.zoo.record import BOX, VECTOR_BOX, AlgorithmRecord, ReplaySettings
 from flare2.zoo.records.ppo import RECORD as PPO_RECORD
 from flare2.zoo.records.td3 import TD3Config
 
@@ -305,6 +305,36 @@ def test_sac_maps_to_sb3s_defaults_with_a_learned_entropy_coefficient(bench):
     assert spec.differences == []
     fixed = sb3_spec("sac", SACConfig(alpha=0.2), settings, {"num_agents": 1, "envs_per_agent": 1}, budget=20_000)
     assert fixed.kwargs["ent_coef"] == 0.2
+
+
+def test_sac_rows_race_once_its_record_is_registered(bench, monkeypatch):
+    sac = AlgorithmRecord(
+        name="sac",
+        config_class=SACConfig,
+        settings_class=ReplaySettings,
+        build="flare2.zoo.td3:build",  # never called here
+        observations=(BOX,),
+        actions=(VECTOR_BOX,),
+        run={"num_agents": 1, "envs_per_agent": 1, "max_steps": 1_000_000},
+        agent={"buffer": 1_000_000, "sample_interval": 1, "batch_size": 256},
+        derived={"random_steps": "warmup"},
+        presets={"Pendulum-v1": {"agent": {"warmup": 100}, "run": {"max_steps": 20_000}}},
+    )
+
+    def lookup(name):
+        return sac if name == "sac" else registry.lookup(name)
+
+    monkeypatch.setattr(bench, "lookup", lookup)
+    monkeypatch.setattr(flare2.commands.train, "lookup", lookup)
+    (row,), skipped = bench.race_rows([("sac", None)])
+    assert (row.name, row.threshold, row.budget, skipped) == ("sac/Pendulum-v1", -200.0, 20_000, [])
+    assert row.spec.algo == "SAC" and row.spec.differences == []
+    assert {key: row.spec.kwargs[key] for key in ("learning_rate", "learning_starts", "buffer_size", "ent_coef")} == {
+        "learning_rate": 1e-3,
+        "learning_starts": 100,
+        "buffer_size": 1_000_000,
+        "ent_coef": "auto",
+    }
 
 
 def test_the_spec_travels_as_json(rows):

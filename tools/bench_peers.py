@@ -1,36 +1,54 @@
-"""flare2 against Stable-Baselines3 on CartPole-v1, measured in the same run on the same machine.
+"""flare2 against Stable-Baselines3 on every preset of every algorithm both have, with the same settings.
 
-    python tools/bench_peers.py --install                  # once: makes .venv-peers with stable-baselines3
-    python tools/bench_peers.py --seeds 0 1 2 --json runs/peers.json
-    python tools/bench_peers.py --algos ppo --flare2-args "--num-agents 2 --envs-per-agent 4"
+    python tools/bench_peers.py --install          # once: .venv-peers, a virtualenv with stable-baselines3
+    python tools/bench_peers.py --json runs/race.json --markdown runs/race.md          # the whole race, 3 seeds
+    python tools/bench_peers.py --only ppo/CartPole-v1 --seeds 0                      # one row, one seed
+    python tools/bench_peers.py --dry-run                                             # the rows and SB3's settings
+    python tools/bench_peers.py --only td3 --seeds 0 --max-steps 4000                 # a quick check of a row
 
-For A2C and PPO and each seed, three systems train until the mean return of
-the last 100 finished training episodes reaches 475 (or a step budget runs out):
+The rows come from the registry (flare2.zoo.registry): each preset of each
+flare2 algorithm SB3 also has (PPO, A2C, DQN, TD3, SAC), and APPO's presets
+raced against SB3's PPO with the same settings. A new preset is a new row; an
+algorithm this tree lacks is skipped with a line that says so.
 
-- sb3-dummy: SB3 with its 8 envs stepped in one process (DummyVecEnv);
-- sb3-subproc: SB3 with one worker process per env (SubprocVecEnv);
-- flare2: `python examples/cartpole_{a2c,ppo}.py --num-agents 1 --envs-per-agent 8` (their defaults: one agent
-  process of 8 envs beside the compute process), as a new user runs it.
+Both sides train with the same hyperparameters: SB3's are mapped from the
+settings `flare2 train` resolves for the preset (tools/sb3_settings.py, one
+mapping per algorithm). Each row prints SB3's call, the settings SB3 spells
+another way and how they were matched, and what could not be matched
+(DQN's double-Q targets, say). What neither side can set is each library's
+own: weight initialisation beyond the layer sizes (both use orthogonal init
+for PPO and A2C; TD3's and DQN's differ), and flare2's runtime (its agents in
+processes of their own that act on while learn() runs, replay buffers shared
+out among them).
 
-SB3 uses the rl-baselines3-zoo CartPole-v1 hyperparameters and runs in the
-python of a separate virtualenv (made with --system-site-packages, so it shares
-this python's torch and gymnasium); stable-baselines3 is no dependency of
-flare2. Every run is one command, measured from start to exit with the peak
-RSS of its whole process tree (tools/proctree.py). Reported per algorithm and
-system: training env steps/s (SB3: steps / time in learn(); flare2: between
-its first and last progress.csv rows, so start-up is left out on both sides),
-env steps when the return first reached 475, process wall time to exit, and
-peak RSS. Ratios of flare2 to each SB3 variant follow, because raw figures
-move from machine to machine and run to run while the ratios of runs made
-side by side move much less: compare ratios, not raw rates, across machines.
+For each seed (3 by default) and each row, flare2 runs and then SB3, so that
+slow drift of a shared machine falls on both alike:
 
-Each run also records how many cores other processes kept busy meanwhile;
-runs that shared the machine are named under the table, and
---max-others-load N repeats such runs (the least disturbed attempt counts).
+- flare2: `flare2 train --algo A --env E --seed S --stop-return T --device cpu --log-dir D`,
+  its figures from D/progress.csv;
+- SB3: tools/sb3_train.py in the virtualenv's python (made with
+  --system-site-packages, so it shares this python's torch and gymnasium;
+  stable-baselines3 is no dependency of flare2), DummyVecEnv
+  (--sb3-vec-env subproc for SubprocVecEnv), with as many torch threads as
+  flare2's compute process (--torch-threads, 1 by default).
 
-PPO's learning rate and clip range fall linearly to 0 over the step budget on
-both sides (SB3: zoo's lin_ schedules over learn(); flare2: over --max-steps);
-the default --ppo-steps 100000 is the zoo's schedule.
+Both stop at the same rule: the mean return of the last 100 finished training
+episodes (as rl-baselines3-zoo reports it) reaches the row's threshold, or the
+preset's step budget (max_steps, or less with --max-steps) runs out. The threshold is the env's
+Gymnasium reward_threshold, or THRESHOLDS' for envs without one. Every run is
+one command measured from start to exit (tools/proctree.py): process wall
+time, peak RSS of its whole process tree, and how many cores other processes
+kept busy meanwhile (runs that shared the machine are named under the table;
+--max-others-load N repeats them).
+
+Reported per row and side: the seeds that reached the threshold, the median
+and the range (min-max) over the seeds of the env steps and of the process wall
+time to it (a seed that never reached it counts as never: a median of
+"never" means most seeds missed), the peak RSS, and the ratios flare2/SB3 of
+the medians (< 1: flare2 needed less). Raw figures move between machines
+and runs; the ratios of runs made side by side move much less. --json keeps
+every run, --markdown writes the table and the settings of each row for
+docs/results.md.
 """
 
 from __future__ import annotations
@@ -38,100 +56,184 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
 sys.path.insert(0, str(TOOLS))
+sys.path.insert(0, str(ROOT))
 
+import gymnasium as gym  # noqa: E402
 from proctree import Measured, MeasureTimeout, run_measured  # noqa: E402
+from sb3_settings import SB3_CLASS, Sb3Spec, sb3_spec  # noqa: E402
 from steps_to_threshold import first_crossing  # noqa: E402
 
-ALGOS = ("a2c", "ppo")
-SYSTEMS = ("sb3-dummy", "sb3-subproc", "flare2")
-SB3_VEC_ENV = {"sb3-dummy": "dummy", "sb3-subproc": "subproc"}
+from flare2.commands.train import resolve  # noqa: E402
+from flare2.errors import ConfigError  # noqa: E402
+from flare2.zoo.registry import lookup  # noqa: E402
+
 DEFAULT_VENV = ROOT / ".venv-peers"
+SB3_RUNNER = TOOLS / "sb3_train.py"
+RETURN_WINDOW = 100  # episodes in the training mean: flare2's --stop-return window and SB3's ep_info_buffer
+SIDES = ("flare2", "sb3")
 # Runs during which the rest of the machine kept more than this many cores busy on average are named under the table.
 SHARED_LOAD = 0.25
 
-# Run by the venv's python with `-c`; argv[1] is a JSON object with algo, vec_env, n_envs, seed, budget, threshold.
-SB3_RUNNER = r'''
-"""SB3 side of tools/bench_peers.py: train on CartPole-v1 with rl-baselines3-zoo's settings, print one JSON line."""
-import json
-import sys
-import time
-
-import numpy as np
-from stable_baselines3 import A2C, PPO
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
-
-
-def linear(start):
-    """The zoo's lin_<start>: start when learn() begins, 0 at the end of its total_timesteps."""
-    return lambda progress_remaining: progress_remaining * start
-
-
-# rl-baselines3-zoo hyperparams/a2c.yml and ppo.yml, CartPole-v1 (both with n_envs 8).
-ZOO = {
-    # Otherwise SB3's defaults: n_steps 5, RMSprop at 7e-4, gamma 0.99, gae_lambda 1.
-    "a2c": (A2C, {"ent_coef": 0.0}),
-    "ppo": (PPO, {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
-                  "ent_coef": 0.0, "learning_rate": linear(1e-3), "clip_range": linear(0.2)}),
+THRESHOLDS: dict[str, float] = {
+    # Envs whose Gymnasium spec has no reward_threshold (gymnasium.spec(env).reward_threshold is None).
+    # The project's choice: about SB3-zoo's TD3 at 20k steps (-152 +- 90 in its benchmark), where the README's
+    # Pendulum rows measure flare2's TD3 (docs/results.md).
+    "Pendulum-v1": -200.0,
 }
+"""Mean training return a row must reach, for the envs Gymnasium gives none; each with its source."""
 
 
-class StopAtReturn(BaseCallback):
-    """Stops learn() once the last 100 training episodes (a full ep_info_buffer) average the threshold."""
-
-    def __init__(self, threshold):
-        super().__init__()
-        self.threshold = threshold
-        self.steps_at_threshold = None
-
-    def _on_step(self):
-        buffer = self.model.ep_info_buffer
-        if (self.locals["dones"].any() and len(buffer) == buffer.maxlen
-                and np.mean([info["r"] for info in buffer]) >= self.threshold):
-            self.steps_at_threshold = self.model.num_timesteps
-            return False
-        return True
+def threshold_of(env_id: str) -> tuple[float, str] | None:
+    """The row's threshold and where it comes from: Gymnasium's reward_threshold, else THRESHOLDS; None if neither."""
+    try:
+        gymnasium_threshold = gym.spec(env_id).reward_threshold
+    except gym.error.Error:
+        gymnasium_threshold = None
+    if gymnasium_threshold is not None:
+        return float(gymnasium_threshold), "Gymnasium's reward_threshold"
+    if env_id in THRESHOLDS:
+        return THRESHOLDS[env_id], "tools/bench_peers.py THRESHOLDS"
+    return None
 
 
-spec = json.loads(sys.argv[1])
-algo_cls, hyperparams = ZOO[spec["algo"]]
-vec_env_cls = {"dummy": DummyVecEnv, "subproc": SubprocVecEnv}[spec["vec_env"]]
-env = make_vec_env("CartPole-v1", n_envs=spec["n_envs"], seed=spec["seed"], vec_env_cls=vec_env_cls)
-model = algo_cls("MlpPolicy", env, seed=spec["seed"], device="cpu", verbose=0, **hyperparams)
-callback = StopAtReturn(spec["threshold"])
-start = time.perf_counter()
-model.learn(total_timesteps=spec["budget"], callback=callback)
-train_s = time.perf_counter() - start
-env.close()
-print(json.dumps({
-    "steps_to_threshold": callback.steps_at_threshold,
-    "steps_trained": int(model.num_timesteps),
-    "train_s": train_s,
-    "steps_per_s": model.num_timesteps / train_s,
-}))
-'''
+# ---- the rows -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One preset raced: a flare2 algorithm on an env against SB3 with the same settings."""
+
+    algo: str
+    env_id: str
+    threshold: float
+    threshold_source: str
+    budget: int
+    """Env steps each side may take: the preset's max_steps (or less with --max-steps)."""
+    preset_budget: int
+    spec: Sb3Spec
+
+    @property
+    def name(self) -> str:
+        return f"{self.algo}/{self.env_id}"
+
+    def flare2_args(self, seed: int, log_dir: str) -> list[str]:
+        """The arguments of `flare2 train` for this row."""
+        args = ["--algo", self.algo, "--env", self.env_id, "--seed", str(seed), "--stop-return", f"{self.threshold:g}"]
+        args += ["--device", "cpu", "--log-dir", log_dir]
+        if self.budget != self.preset_budget:
+            args += ["--max-steps", str(self.budget)]
+        return args
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """resolve() refuses a setting through its parser: raise instead of exiting, so the row is skipped."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def parse_only(texts: list[str]) -> list[tuple[str, str | None]]:
+    """``--only`` values: ``ALGO/ENV`` (the env id may hold a slash itself) or ``ALGO`` for all its presets."""
+    selected = []
+    for text in texts:
+        algo, _, env_id = text.partition("/")
+        if not algo or (text.endswith("/") and not env_id):
+            raise ValueError(f"--only takes ALGO/ENV (ppo/CartPole-v1) or ALGO, got {text!r}")
+        if algo not in SB3_CLASS:
+            raise ValueError(f"--only {text}: {algo!r} is not raced (the raced algorithms are {', '.join(SB3_CLASS)})")
+        selected.append((algo, env_id or None))
+    return selected
+
+
+def race_rows(
+    only: list[tuple[str, str | None]] | None = None, *, max_steps: int | None = None
+) -> tuple[list[Row], list[str]]:
+    """The rows to race, in SB3_CLASS's order and each algorithm's preset order, and a line for each row skipped.
+
+    ``only`` keeps the rows it names; ``max_steps`` caps every budget (the settings flare2 derives from the budget,
+    such as an annealing, follow it on both sides).
+    """
+    rows: list[Row] = []
+    skipped: list[str] = []
+    unknown: set[str] = set()
+    for algo in SB3_CLASS:
+        if only is not None and not any(chosen == algo for chosen, _ in only):
+            continue
+        try:
+            record = lookup(algo)
+        except ConfigError:
+            unknown.add(algo)
+            skipped.append(
+                f"{algo}: skipped, this flare2 has no algorithm of that name (no flare2/zoo/records/{algo}.py)"
+            )
+            continue
+        for env_id in record.presets:
+            if only is not None and (algo, env_id) not in only and (algo, None) not in only:
+                continue
+            try:
+                rows.append(_row(algo, env_id, max_steps))
+            except Exception as exc:  # a missing env dependency (MuJoCo), a preset resolve() refuses: name it, go on
+                skipped.append(f"{algo}/{env_id}: skipped, {type(exc).__name__}: {exc}")
+    for algo, env_id in only or []:
+        if algo not in unknown and env_id is not None and env_id not in lookup(algo).presets:
+            presets = ", ".join(lookup(algo).presets)
+            raise ValueError(f"--only {algo}/{env_id}: {algo} has no preset for {env_id} (its presets: {presets})")
+    return rows, skipped
+
+
+def _row(algo: str, env_id: str, max_steps: int | None) -> Row:
+    found = threshold_of(env_id)
+    if found is None:
+        raise ValueError(f"{env_id} has no reward_threshold in Gymnasium: add one to THRESHOLDS with its source")
+    threshold, source = found
+    argv = ["--algo", algo, "--env", env_id, "--device", "cpu", "--stop-return", f"{threshold:g}"]
+    preset_budget = int(resolve(argv, parser_class=_RaisingParser).options["max_steps"])
+    budget = min(preset_budget, max_steps) if max_steps else preset_budget
+    # Resolved with the budget the run is given, so that settings derived from it (anneal_steps) are the run's.
+    plan = resolve([*argv, "--max-steps", str(budget)], parser_class=_RaisingParser)
+    spec = sb3_spec(algo, plan.config, plan.settings, plan.options, budget=budget)
+    return Row(algo, env_id, threshold, source, budget, preset_budget, spec)
+
+
+def describe_row(row: Row) -> list[str]:
+    """What a row races, in lines: the threshold and budget, SB3's call, the matched and the unmatched settings."""
+    budget = f"{row.budget}" + (
+        f" (capped from the preset's {row.preset_budget})" if row.budget < row.preset_budget else ""
+    )
+    lines = [
+        f"{row.name}: threshold {row.threshold:g} ({row.threshold_source}), budget {budget} env steps",
+        f"  SB3: {row.spec.describe()}",
+    ]
+    lines += [f"  matched: {text}" for text in row.spec.equivalents]
+    lines += [f"  NOT matched: {text}" for text in row.spec.differences]
+    return lines
+
+
+# ---- running ------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Run:
-    """One training run of one system; the figures are None when the run failed or could not tell."""
+    """One training run of one side of a row; the figures are None when the run failed or could not tell."""
 
-    algo: str
-    system: str
+    row: str
+    side: str
     seed: int
     returncode: int | None
     wall_s: float | None  # process wall time, command to exit
@@ -145,6 +247,10 @@ class Run:
     others_load: float | None = None  # cores the rest of the machine kept busy meanwhile, on average
     attempts: int = 1  # more than 1 when --max-others-load repeated the run
     error: str | None = None
+
+    @property
+    def reached(self) -> bool:
+        return self.error is None and self.steps_to_threshold is not None
 
 
 def venv_python(venv_dir: Path) -> Path:
@@ -178,10 +284,11 @@ def sb3_version(venv_dir: Path) -> str | None:
 def progress_figures(progress_csv: Path, threshold: float) -> dict[str, float | int | None]:
     """flare2's figures from its progress.csv: steps at the threshold, steps trained, and steps/s.
 
-    The rate is taken between the first and the last row (the last is written as the run stops),
-    so the start-up before the first row is left out, as SB3's time in learn() leaves out its own.
+    The threshold counts once the window of 100 episodes is full, as --stop-return does. The rate is taken
+    between the first and the last row (the last is written as the run stops), so the start-up before the first
+    row is left out, as SB3's time in learn() leaves out its own.
     """
-    crossing = first_crossing(progress_csv, threshold)
+    crossing = first_crossing(progress_csv, threshold, min_episodes=RETURN_WINDOW)
     with open(progress_csv, newline="") as file:
         rows = [(float(row["wall_time"]), float(row["env_steps"])) for row in csv.DictReader(file)]
     if not rows:
@@ -199,10 +306,10 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def measured_run(algo: str, system: str, seed: int, measured: Measured) -> Run:
+def _measured_run(row: Row, side: str, seed: int, measured: Measured) -> Run:
     return Run(
-        algo,
-        system,
+        row.name,
+        side,
         seed,
         measured.returncode,
         measured.wall_s,
@@ -213,23 +320,46 @@ def measured_run(algo: str, system: str, seed: int, measured: Measured) -> Run:
     )
 
 
-def run_sb3(
-    algo: str, system: str, seed: int, *, venv_dir: Path, n_envs: int, budget: int, threshold: float, timeout_s: float
-) -> Run:
-    spec = {
-        "algo": algo,
-        "vec_env": SB3_VEC_ENV[system],
-        "n_envs": n_envs,
+def _child_env() -> dict[str, str]:
+    """This tree's flare2 first on the path of every child, whatever is installed."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) if not path else f"{ROOT}{os.pathsep}{path}"}
+
+
+def run_flare2(row: Row, seed: int, *, timeout_s: float) -> Run:
+    with tempfile.TemporaryDirectory(prefix=f"bench_peers_{row.algo}_s{seed}_") as log_dir:
+        main = "import sys; from flare2.cli import main; sys.exit(main())"
+        command = [sys.executable, "-c", main, "train", *row.flare2_args(seed, log_dir)]
+        try:
+            measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s)
+        except MeasureTimeout as exc:
+            return Run(row.name, "flare2", seed, None, None, None, error=str(exc))
+        run = _measured_run(row, "flare2", seed, measured)
+        progress_csv = Path(log_dir) / "progress.csv"
+        if measured.returncode != 0 or not progress_csv.is_file():
+            run.error = f"exit {measured.returncode}:\n{_tail(measured.stdout + measured.stderr)}"
+            return run
+        for key, value in progress_figures(progress_csv, row.threshold).items():
+            setattr(run, key, value)
+    return run
+
+
+def run_sb3(row: Row, seed: int, *, venv_dir: Path, vec_env: str, timeout_s: float) -> Run:
+    side = "sb3" if vec_env == "dummy" else f"sb3-{vec_env}"
+    job = {
+        "spec": row.spec.to_json(),
+        "env_id": row.env_id,
         "seed": seed,
-        "budget": budget,
-        "threshold": threshold,
+        "budget": row.budget,
+        "threshold": row.threshold,
+        "vec_env": vec_env,
     }
-    command = [str(venv_python(venv_dir)), "-c", SB3_RUNNER, json.dumps(spec)]
+    command = [str(venv_python(venv_dir)), str(SB3_RUNNER), json.dumps(job)]
     try:
-        measured = run_measured(command, cwd=ROOT, timeout_s=timeout_s)
+        measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s)
     except MeasureTimeout as exc:
-        return Run(algo, system, seed, None, None, None, error=str(exc))
-    run = measured_run(algo, system, seed, measured)
+        return Run(row.name, side, seed, None, None, None, error=str(exc))
+    run = _measured_run(row, side, seed, measured)
     lines = [line for line in measured.stdout.splitlines() if line.startswith("{")]
     if measured.returncode != 0 or not lines:
         run.error = f"exit {measured.returncode}:\n{_tail(measured.stderr)}"
@@ -240,133 +370,142 @@ def run_sb3(
     return run
 
 
-def run_flare2(algo: str, seed: int, *, flare2_args: list[str], budget: int, threshold: float, timeout_s: float) -> Run:
-    with tempfile.TemporaryDirectory(prefix=f"bench_peers_{algo}_s{seed}_") as log_dir:
-        command = [
-            sys.executable,
-            f"examples/cartpole_{algo}.py",
-            *flare2_args,
-            "--stop-return",
-            f"{threshold:g}",
-            "--max-steps",
-            str(budget),
-            "--log-dir",
-            log_dir,
-            "--seed",
-            str(seed),
-            "--device",
-            "cpu",
-        ]
-        try:
-            measured = run_measured(command, cwd=ROOT, timeout_s=timeout_s)
-        except MeasureTimeout as exc:
-            return Run(algo, "flare2", seed, None, None, None, error=str(exc))
-        run = measured_run(algo, "flare2", seed, measured)
-        progress_csv = Path(log_dir) / "progress.csv"
-        if measured.returncode != 0 or not progress_csv.is_file():
-            run.error = f"exit {measured.returncode}:\n{_tail(measured.stdout + measured.stderr)}"
-            return run
-        for key, value in progress_figures(progress_csv, threshold).items():
-            setattr(run, key, value)
-    return run
+# ---- the figures --------------------------------------------------------------------------------------------------
 
 
-def _median(values: list[float | int | None]) -> float | None:
-    present = [value for value in values if value is not None]
-    return statistics.median(present) if present else None
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+    """a / b of two medians, when both are finite (None where either side never got there)."""
+    if a is None or b is None or math.isinf(a) or math.isinf(b) or b == 0:
+        return None
+    return a / b
 
 
-def summarize(runs: list[Run]) -> dict:
-    """Per (algo, system): the medians and per-seed figures; per algo: flare2's ratios to each SB3 variant.
+def side_figures(runs: list[Run]) -> dict[str, Any]:
+    """One side of a row over its seeds: how many reached the threshold, and the median, min and max of the env
+    steps and the process wall time to it. A seed that never reached it counts as infinitely far (inf), so a
+    median of inf says most seeds missed; a failed run counts in ``failed`` only."""
+    done = [run for run in runs if run.error is None]
+    steps = sorted(math.inf if run.steps_to_threshold is None else float(run.steps_to_threshold) for run in done)
+    walls = sorted(float(run.wall_s or 0.0) if run.reached else math.inf for run in done)
+    return {
+        "seeds": sorted(run.seed for run in runs),
+        "reached": sum(run.reached for run in runs),
+        "failed": sum(run.error is not None for run in runs),
+        "steps_median": _median(steps),
+        "steps_min": steps[0] if steps else None,
+        "steps_max": steps[-1] if steps else None,
+        "wall_s_median": _median(walls),
+        "wall_s_min": walls[0] if walls else None,
+        "wall_s_max": walls[-1] if walls else None,
+        "peak_rss_mb_median": _median([run.peak_rss_mb for run in done if run.peak_rss_mb is not None]),
+        "steps_per_s_median": _median([run.steps_per_s for run in done if run.steps_per_s is not None]),
+    }
 
-    steps_per_s ratio > 1: flare2 steps faster; wall_s and peak_rss ratios < 1: flare2 exits sooner / holds less.
-    """
-    groups: dict[tuple[str, str], list[Run]] = {}
-    for run in runs:
-        groups.setdefault((run.algo, run.system), []).append(run)
-    rows = []
-    for (algo, system), group in groups.items():
-        group = sorted(group, key=lambda run: run.seed)
-        rows.append(
+
+def summarize(rows: list[Row], runs: list[Run]) -> list[dict[str, Any]]:
+    """Per row: each side's figures (side_figures) and flare2's ratios to SB3 (< 1: flare2 needed less)."""
+    summary = []
+    for row in rows:
+        sides = {}
+        for side in sorted({run.side for run in runs if run.row == row.name}, key=lambda side: side != "flare2"):
+            sides[side] = side_figures([run for run in runs if run.row == row.name and run.side == side])
+        flare2 = sides.get("flare2")
+        peer = next((figures for side, figures in sides.items() if side != "flare2"), None)
+        ratios = {
+            key: _ratio(flare2[f"{key}_median"], peer[f"{key}_median"]) if flare2 and peer else None
+            for key in ("steps", "wall_s", "peak_rss_mb")
+        }
+        summary.append(
             {
-                "algo": algo,
-                "system": system,
-                "seeds": [run.seed for run in group],
-                "steps_per_s_median": _median([run.steps_per_s for run in group]),
-                "steps_to_threshold": [run.steps_to_threshold for run in group],
-                "reached": [run.error is None and run.steps_to_threshold is not None for run in group],
-                "failed": [run.error is not None for run in group],
-                "wall_s": [run.wall_s for run in group],
-                "wall_s_median": _median([run.wall_s for run in group]),
-                "peak_rss_mb_median": _median([run.peak_rss_mb for run in group]),
-                "cpu_s_median": _median([run.cpu_s for run in group]),
-                "others_load": [run.others_load for run in group],
+                "row": row.name,
+                "algo": row.algo,
+                "env_id": row.env_id,
+                "sb3_algo": row.spec.algo,
+                "threshold": row.threshold,
+                "budget": row.budget,
+                "sides": sides,
+                "ratios": ratios,
             }
         )
-    by_key = {(row["algo"], row["system"]): row for row in rows}
-    ratios = []
-    for (algo, system), row in by_key.items():
-        flare2 = by_key.get((algo, "flare2"))
-        if system == "flare2" or flare2 is None:
-            continue
-        ratios.append(
-            {
-                "algo": algo,
-                "against": system,
-                "steps_per_s": _ratio(flare2["steps_per_s_median"], row["steps_per_s_median"]),
-                "wall_s": _ratio(flare2["wall_s_median"], row["wall_s_median"]),
-                "peak_rss": _ratio(flare2["peak_rss_mb_median"], row["peak_rss_mb_median"]),
-            }
-        )
-    order = {name: i for i, name in enumerate(ALGOS + SYSTEMS)}
-    rows.sort(key=lambda row: (order.get(row["algo"], 99), order.get(row["system"], 99)))
-    ratios.sort(key=lambda row: (order.get(row["algo"], 99), order.get(row["against"], 99)))
-    return {"rows": rows, "ratios": ratios}
+    return summary
 
 
-def _num(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
+def _steps_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "never"
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}k"
 
 
-def markdown_table(summary: dict, threshold: float = 475.0) -> str:
-    """The summary as two markdown tables: the figures per (algo, system), then flare2's ratios."""
-    t = f"{threshold:g}"
+def _seconds_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "never" if math.isinf(value) else f"{value:.1f}"
+
+
+def _spread(figures: dict[str, Any] | None, key: str, text) -> str:
+    """``median (min-max)``, or the one value of a single seed."""
+    if not figures or figures[f"{key}_median"] is None:
+        return "-"
+    median, low, high = (text(figures[f"{key}_{part}"]) for part in ("median", "min", "max"))
+    return median if low == high else f"{median} ({low}-{high})"
+
+
+def _ratio_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _reached_text(figures: dict[str, Any] | None) -> str:
+    if not figures:
+        return "-"
+    text = f"{figures['reached']}/{len(figures['seeds'])}"
+    return text + (f" ({figures['failed']} failed)" if figures["failed"] else "")
+
+
+def markdown_table(rows: list[Row], summary: list[dict[str, Any]], runs: list[Run]) -> str:
+    """The race as markdown: one line per row, then what each row raced (SB3's call, the settings not matched)."""
     lines = [
-        f"| algo | system | env steps/s (median) | steps to {t} (per seed) | wall s to exit (per seed) "
-        "| wall s (median) | peak RSS MB (median) |",
-        "|---|---|---:|---|---|---:|---:|",
+        "| algorithm | env | threshold | budget | reached (flare2, SB3) | env steps to it: flare2 | SB3 | flare2/SB3 "
+        "| process wall s to it: flare2 | SB3 | flare2/SB3 | peak RSS MB: flare2, SB3 |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in summary["rows"]:
-        steps = " / ".join(
-            "failed" if failed else "never" if value is None else f"{value:,}"
-            for value, failed in zip(row["steps_to_threshold"], row["failed"])
+    for row, entry in zip(rows, summary):
+        flare2 = entry["sides"].get("flare2")
+        peer = next((figures for side, figures in entry["sides"].items() if side != "flare2"), None)
+        algo = row.algo.upper() + (f" (SB3 {row.spec.algo})" if row.spec.algo != row.algo.upper() else "")
+        rss = " / ".join(
+            "-" if not figures or figures["peak_rss_mb_median"] is None else f"{figures['peak_rss_mb_median']:.0f}"
+            for figures in (flare2, peer)
         )
-        walls = " / ".join(_num(value, 1) for value in row["wall_s"])
         lines.append(
-            f"| {row['algo'].upper()} | {row['system']} | {_num(row['steps_per_s_median'])} | {steps} | {walls} "
-            f"| {_num(row['wall_s_median'], 1)} | {_num(row['peak_rss_mb_median'])} |"
+            f"| {algo} | {row.env_id} | {row.threshold:g} | {_steps_text(row.budget)} "
+            f"| {_reached_text(flare2)}, {_reached_text(peer)} "
+            f"| {_spread(flare2, 'steps', _steps_text)} | {_spread(peer, 'steps', _steps_text)} "
+            f"| {_ratio_text(entry['ratios']['steps'])} "
+            f"| {_spread(flare2, 'wall_s', _seconds_text)} | {_spread(peer, 'wall_s', _seconds_text)} "
+            f"| {_ratio_text(entry['ratios']['wall_s'])} | {rss} |"
         )
-    if summary["ratios"]:
-        lines += [
-            "",
-            "| algo | flare2 against | steps/s ratio (>1: flare2 faster) | wall-time ratio (<1: flare2 sooner) "
-            "| RSS ratio (<1: flare2 smaller) |",
-            "|---|---|---:|---:|---:|",
-        ]
-        for ratio in summary["ratios"]:
-            lines.append(
-                f"| {ratio['algo'].upper()} | {ratio['against']} | {_num(ratio['steps_per_s'], 2)} "
-                f"| {_num(ratio['wall_s'], 2)} | {_num(ratio['peak_rss'], 2)} |"
-            )
+    lines += [
+        "",
+        "Medians over the seeds, their range in brackets; never: the seed (or most seeds, for a median) did not reach "
+        "the threshold within the budget. Ratios < 1: flare2 needed fewer steps or less time.",
+        "",
+        "Each row's SB3 settings, mapped from the flare2 preset (`tools/sb3_settings.py`):",
+        "",
+    ]
+    for row in rows:
+        lines.append(f"- **{row.name}**: `{row.spec.describe()}`.")
+        lines += [f"  Matched: {text}." for text in row.spec.equivalents]
+        lines += [f"  **Not matched**: {text}." for text in row.spec.differences]
     shared = [
-        f"{row['algo'].upper()} {row['system']} seed {seed} ({load:.2f})"
-        for row in summary["rows"]
-        for seed, load in zip(row["seeds"], row["others_load"])
-        if load is not None and load > SHARED_LOAD
+        f"{run.row} {run.side} seed {run.seed} ({run.others_load:.2f})"
+        for run in runs
+        if run.others_load is not None and run.others_load > SHARED_LOAD
     ]
     if shared:
         lines += [
@@ -377,31 +516,46 @@ def markdown_table(summary: dict, threshold: float = 475.0) -> str:
     return "\n".join(lines)
 
 
+# ---- the command --------------------------------------------------------------------------------------------------
+
+
+def _git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
-        "--install", action="store_true", help="create the venv and pip-install stable-baselines3 into it"
+        "--install", action="store_true", help="create the venv, pip-install stable-baselines3 into it, and exit"
     )
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="virtualenv holding stable-baselines3")
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="ALGO[/ENV]",
+        help="race only this row (ppo/CartPole-v1) or this algorithm's rows (ppo); repeatable",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--threshold", type=float, default=475.0, help="mean return of the last 100 episodes to reach")
-    parser.add_argument("--a2c-steps", type=int, default=500_000, help="A2C step budget (zoo: 5e5)")
     parser.add_argument(
-        "--ppo-steps",
+        "--max-steps",
         type=int,
-        default=100_000,
-        help="PPO step budget; the learning rate and clip range fall to 0 over it (zoo: 1e5)",
-    )
-    parser.add_argument("--n-envs", type=int, default=8, help="SB3's env count (zoo: 8)")
-    parser.add_argument(
-        "--flare2-args",
         default=None,
-        help="extra arguments of the flare2 example scripts (default: '--num-agents 1 --envs-per-agent N_ENVS'; "
-        "keep the env count equal to SB3's for a like-for-like comparison)",
+        metavar="STEPS",
+        help="cap every row's budget (both sides; settings derived from the budget follow it): for a quick check",
     )
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is killed")
+    parser.add_argument(
+        "--sb3-vec-env", choices=("dummy", "subproc"), default="dummy", help="SB3's DummyVecEnv or SubprocVecEnv"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per run, before it is killed (default: 120 s plus 20 ms per env step of the row's budget)",
+    )
     parser.add_argument(
         "--max-others-load",
         type=float,
@@ -410,86 +564,118 @@ def main(argv: list[str] | None = None) -> int:
         "cores busy on average during it; the least disturbed attempt is kept",
     )
     parser.add_argument("--retries", type=int, default=2, help="repeats allowed per run by --max-others-load")
-    parser.add_argument("--json", type=Path, help="also write every run's figures and the ratios to this file")
+    parser.add_argument("--dry-run", action="store_true", help="print the rows and SB3's settings, run nothing")
+    parser.add_argument("--json", type=Path, help="also write every run, the settings and the figures here")
+    parser.add_argument("--markdown", type=Path, help="also write the table and each row's settings here")
     args = parser.parse_args(argv)
     venv_dir = args.venv.resolve()
-    flare2_args = shlex.split(
-        args.flare2_args if args.flare2_args is not None else f"--num-agents 1 --envs-per-agent {args.n_envs}"
-    )
-    budgets = {"a2c": args.a2c_steps, "ppo": args.ppo_steps}
-
     if args.install:
         install_venv(venv_dir)
-    version = None
-    if any(system in SB3_VEC_ENV for system in args.systems):
-        version = sb3_version(venv_dir)
-        if version is None:
-            venv_option = "" if venv_dir == DEFAULT_VENV else f" --venv {args.venv}"
-            print(
-                f"stable-baselines3 is not importable with {venv_python(venv_dir)}: "
-                f"run `python tools/bench_peers.py --install{venv_option}` once to make that venv",
-                file=sys.stderr,
-            )
-            return 2
+        print(f"stable-baselines3 {sb3_version(venv_dir)} in {venv_dir}; `python tools/bench_peers.py` races")
+        return 0
+    try:
+        only = parse_only(args.only) if args.only else None
+        rows, skipped = race_rows(only, max_steps=args.max_steps)
+    except ValueError as exc:
+        parser.error(str(exc))
 
-    def run_once(algo: str, system: str, seed: int) -> Run:
-        if system == "flare2":
-            run = run_flare2(
-                algo,
-                seed,
-                flare2_args=flare2_args,
-                budget=budgets[algo],
-                threshold=args.threshold,
-                timeout_s=args.timeout,
-            )
+    for line in skipped:
+        print(line)
+    for row in rows:
+        print("\n".join(describe_row(row)))
+    if args.dry_run:
+        return 0
+    if not rows:
+        print("no row to race", file=sys.stderr)
+        return 2
+    version = sb3_version(venv_dir)
+    if version is None:
+        venv_option = "" if venv_dir == DEFAULT_VENV else f" --venv {args.venv}"
+        print(
+            f"stable-baselines3 is not importable with {venv_python(venv_dir)}: "
+            f"run `python tools/bench_peers.py --install{venv_option}` once to make that venv",
+            file=sys.stderr,
+        )
+        return 2
+
+    def run_once(row: Row, side: str, seed: int) -> Run:
+        timeout_s = args.timeout if args.timeout is not None else 120.0 + 0.02 * row.budget
+        if side == "flare2":
+            run = run_flare2(row, seed, timeout_s=timeout_s)
         else:
-            run = run_sb3(
-                algo,
-                system,
-                seed,
-                venv_dir=venv_dir,
-                n_envs=args.n_envs,
-                budget=budgets[algo],
-                threshold=args.threshold,
-                timeout_s=args.timeout,
-            )
+            run = run_sb3(row, seed, venv_dir=venv_dir, vec_env=args.sb3_vec_env, timeout_s=timeout_s)
         status = (
             f"FAILED: {run.error}"
             if run.error
             else (
-                f"{_num(run.steps_per_s)} steps/s, {run.steps_to_threshold or 'never'} steps to "
-                f"{args.threshold:g}, {run.wall_s:.1f} s, {run.peak_rss_mb:.0f} MB, others used "
-                f"{_num(run.others_load, 2)} cores"
+                f"{run.steps_to_threshold or 'never'} steps to {row.threshold:g} "
+                f"({run.steps_trained} trained), {run.wall_s:.1f} s, {run.peak_rss_mb:.0f} MB, "
+                f"others used {run.others_load or 0:.2f} cores"
             )
         )
         if run.leftover_pids:
             status += f" (left processes running: {list(run.leftover_pids)}, killed)"
-        print(f"{algo} {system} seed {seed}: {status}", file=sys.stderr, flush=True)
+        print(f"{row.name} {run.side} seed {seed}: {status}", file=sys.stderr, flush=True)
         return run
 
     def disturbed(run: Run) -> bool:
         return args.max_others_load is not None and (run.others_load or 0.0) > args.max_others_load
 
+    started = time.strftime("%Y-%m-%d %H:%M")
     runs: list[Run] = []
-    # Systems interleaved within each seed, so slow drift of the machine falls on all of them alike.
-    for algo in args.algos:
-        for seed in args.seeds:
-            for system in args.systems:
-                attempts = [run_once(algo, system, seed)]
+    # Seed by seed, each row's two sides one after the other: slow drift of the machine falls on both alike.
+    for seed in args.seeds:
+        for row in rows:
+            for side in SIDES:
+                attempts = [run_once(row, side, seed)]
                 while disturbed(attempts[-1]) and not attempts[-1].error and len(attempts) <= args.retries:
-                    attempts.append(run_once(algo, system, seed))
+                    attempts.append(run_once(row, side, seed))
                 kept = min(attempts, key=lambda run: (run.error is not None, run.others_load or 0.0))
                 kept.attempts = len(attempts)
                 runs.append(kept)
 
-    summary = summarize(runs)
-    print(markdown_table(summary, args.threshold))
+    summary = summarize(rows, runs)
+    table = markdown_table(rows, summary, runs)
+    command = shlex.join(["python", "tools/bench_peers.py", *(sys.argv[1:] if argv is None else argv)])
+    footer = (
+        f"Measured with `{command}` on {started}: {os.cpu_count()} cores, flare2 at {_git_commit()}, "
+        f"stable-baselines3 {version} ({'DummyVecEnv' if args.sb3_vec_env == 'dummy' else 'SubprocVecEnv'}), "
+        f"seeds {', '.join(map(str, args.seeds))}."
+    )
+    print(f"\n{table}\n\n{footer}")
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(f"{table}\n\n{footer}\n")
     if args.json:
         config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
-        config.update(flare2_args=flare2_args, sb3_version=version, python=sys.version.split()[0], cpus=os.cpu_count())
+        config.update(
+            sb3_version=version,
+            python=sys.version.split()[0],
+            cpus=os.cpu_count(),
+            commit=_git_commit(),
+            started=started,
+        )
+        document = {
+            "config": config,
+            "skipped": skipped,
+            "rows": [{**asdict(row), "name": row.name} for row in rows],
+            "runs": [asdict(run) for run in runs],
+            "summary": _finite(summary),
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"config": config, "runs": [asdict(run) for run in runs], **summary}, indent=2))
+        args.json.write_text(json.dumps(document, indent=2))
     return 1 if any(run.error for run in runs) else 0
+
+
+def _finite(value: Any) -> Any:
+    """inf (never reached) as the string "never", which JSON can hold."""
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    if isinstance(value, float) and math.isinf(value):
+        return "never"
+    return value
 
 
 if __name__ == "__main__":

@@ -16,11 +16,16 @@ import sys
 from pathlib import Path
 
 
-def first_crossing(progress_csv: Path, threshold: float, column: str = "return_mean") -> dict[str, float] | None:
+def first_crossing(
+    progress_csv: Path, threshold: float, column: str = "return_mean", *, min_episodes: int = 0
+) -> dict[str, float] | None:
+    """The first progress row whose ``column`` reached ``threshold`` (with ``min_episodes`` finished by then, 100
+    for a full window as --stop-return asks), as its wall time, env steps and value; None if no row did."""
     with open(progress_csv, newline="") as file:
         for row in csv.DictReader(file):
             value = float(row.get(column) or "nan")
-            if not math.isnan(value) and value >= threshold:
+            episodes = float(row.get("episodes") or "nan")
+            if not math.isnan(value) and value >= threshold and not episodes < min_episodes:
                 return {"wall_time": float(row["wall_time"]), "env_steps": float(row["env_steps"]), column: value}
     return None
 

@@ -182,15 +182,23 @@ def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *,
         spec.equivalents.append(f"flare2's frame-stack view of {frames} observations: SB3's VecFrameStack({frames})")
     if fields.take("complete_episodes", False):
         spec.differences.append("flare2 sends whole episodes (complete_episodes); SB3 cuts rollouts of n_steps")
-    spec.differences.append(
-        f"flare2's agents act on while learn() runs (learn_ahead {learn_ahead}): a batch may begin with steps of "
-        f"weights up to {learn_ahead} update(s) old; SB3 waits for each update"
-    )
+    if options.get("learner") == "inline" or options.get("serial"):
+        spec.equivalents.append(
+            "flare2 learns between predictions (--learner inline): each rollout is played by the "
+            "weights of the update before it, as SB3's (lag about 0)"
+        )
+    else:
+        spec.differences.append(
+            f"flare2's agents act on while learn() runs in its learner process (learn_ahead {learn_ahead}): a batch "
+            f"may begin with steps of weights up to {learn_ahead} update(s) old; SB3 waits for each update"
+        )
 
 
 def _ppo(fields: _Fields, options: Mapping[str, Any], budget: int, *, learn_ahead: int = 1) -> Sb3Spec:
     spec = Sb3Spec("PPO", _env_count(options), {})
     _actor_critic(fields, options, spec, learn_ahead=learn_ahead)
+    # The decoupled objective's truncation: it acts only on steps played by older weights (lag), said above.
+    fields.take("rho_bar")
     spec.kwargs.update(
         batch_size=fields.take("minibatch_size"),
         n_epochs=fields.take("epochs"),

@@ -80,11 +80,8 @@ def test_a_new_preset_is_a_new_row(bench, monkeypatch):
     monkeypatch.setattr(bench, "lookup", lookup)
     monkeypatch.setattr(flare2.commands.train, "lookup", lookup)
     rows, _ = bench.race_rows([("ppo", None)])
-    assert [row.name for row in rows] == [
-        "ppo/CartPole-v1",
-        "ppo/Acrobot-v1",
-        "ppo/MountainCar-v0",
-        "ppo/MountainCarContinuous-v0",
+    assert [row.name for row in rows] == [f"ppo/{env_id}" for env_id in PPO_RECORD.presets] + [
+        "ppo/MountainCarContinuous-v0"
     ]
     assert rows[-1].threshold == 90  # Gymnasium's reward_threshold of MountainCarContinuous-v0
 

@@ -10,78 +10,36 @@ target networks follow the online ones by Polyak averaging. A terminated step
 has no bootstrap; a time-limit truncation (Pendulum ends every episode so)
 bootstraps from the final observation.
 
-The actor and the critics have their own Adam optimizers, so the algorithm
-steps them itself (``_step``) instead of using ``Algorithm.optimize``, which
-serves a single ``self.optimizer``. Noise scales are fractions of the half
+The actor and the critics have their own Adam optimizers, each stepped
+through ``Algorithm.optimize(loss, optimizer)``. Noise scales are fractions of the half
 width of the action box, so the same config fits any bounds.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 
 import gymnasium as gym
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
-from flare2.core.model import Model
-from flare2.core.specs import Spec
-from flare2.errors import ConfigError
-from flare2.zoo.models import mlp, observation_spec
+from flare2.zoo.models import BoxActorCritic
 from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.td3 import TD3Config
 
 
-class ActorCritic(Model):
+class ActorCritic(BoxActorCritic):
     """A tanh actor scaled to the Box action bounds and two Q critics over (``obs``, action)."""
-
-    # Buffers (registered in __init__), declared so that they read as tensors rather than as any module attribute.
-    action_scale: torch.Tensor
-    action_bias: torch.Tensor
 
     def __init__(
         self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)
     ) -> None:
-        super().__init__()
-        if not isinstance(observation_space, gym.spaces.Box) or not isinstance(action_space, gym.spaces.Box):
-            raise ConfigError(
-                f"TD3 needs a Box observation and a Box action space, got {observation_space}, {action_space}"
-            )
-        if len(action_space.shape) != 1 or not action_space.is_bounded("both"):
-            raise ConfigError(f"TD3 needs a bounded 1-d Box action space, got {action_space}")
-        self._obs_spec = observation_spec(observation_space)
-        obs_size, act_size = math.prod(self._obs_spec.fixed_shape), int(action_space.shape[0])
-        low = torch.as_tensor(action_space.low, dtype=torch.float32)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32)
-        self.register_buffer("action_scale", (high - low) / 2)
-        self.register_buffer("action_bias", (high + low) / 2)
-        # A small last layer starts the actor near the middle of the box, away from tanh saturation.
-        self.actor = mlp([obs_size, *hidden, act_size], out_gain=0.01, activation=nn.ReLU)
-        self.q1 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
-        self.q2 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
-
-    def input_specs(self) -> dict[str, Spec]:
-        return {"obs": self._obs_spec}
-
-    def action_specs(self) -> dict[str, Spec]:
-        return {"action": Spec((len(self.action_scale),), "float32")}
-
-    def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.flatten(start_dim=obs.dim() - len(self._obs_spec.shape)).float()
+        super().__init__(observation_space, action_space, hidden=hidden, outputs_per_action=1, algorithm="TD3")
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """The deterministic action, inside the bounds."""
-        return torch.tanh(self.actor(self._features(obs))) * self.action_scale + self.action_bias
-
-    def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([self._features(obs), action], dim=-1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-
-    def critic_parameters(self) -> list[nn.Parameter]:
-        return [*self.q1.parameters(), *self.q2.parameters()]
+        return self.to_box(torch.tanh(self.actor(self.features(obs))))
 
 
 class TD3(Algorithm):
@@ -109,10 +67,9 @@ class TD3(Algorithm):
         action = model(inputs["obs"])
         action = self._clip(action + config.exploration_noise * model.action_scale * torch.randn_like(action))
         # The first random_steps rows (counted over all agents) explore uniformly inside the box.
-        warm = torch.arange(action.shape[0], device=action.device) + self.predicted < config.random_steps
-        uniform = model.action_bias + model.action_scale * (2 * torch.rand_like(action) - 1)
+        action = model.uniform_first_rows(action, self.predicted, config.random_steps)
         self.predicted += action.shape[0]
-        return {"action": torch.where(warm.unsqueeze(-1), uniform, action)}, {}
+        return {"action": action}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         return {"action": self.model(inputs["obs"])}, {}

@@ -4,7 +4,9 @@
 Stable-Baselines3. Experiences come from the agents' replay buffers
 (``ExpReplayHelper``), as for TD3: each learn() call gets N sampled
 transitions ``[N, 1, ...]`` and takes one gradient step per
-``minibatch_size`` of them. Each step, in the paper's order:
+``minibatch_size`` of them (the target networks, the optimizers of the actor
+and of the critics and the checkpoint are ``TwinCriticAlgorithm``'s, shared
+with TD3). Each step, in the paper's order:
 
 1. both critics towards ``r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s'))``,
    ``a'`` drawn from the current actor and ``Q'`` the target critics. A terminated step has no bootstrap term; a
@@ -24,7 +26,6 @@ have their own Adam optimizers, each stepped through
 
 from __future__ import annotations
 
-import copy
 import math
 
 import gymnasium as gym
@@ -32,10 +33,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
+from flare2.core.algorithm import Experience, Tensors, polyak_update
 from flare2.zoo.models import BoxActorCritic
 from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.sac import SACConfig
+from flare2.zoo.td3 import TwinCriticAlgorithm
 
 # The bounds of the actor's log standard deviation, as in the paper's code and SB3: wide enough for any policy,
 # narrow enough that exp() neither vanishes nor overflows.
@@ -91,7 +93,7 @@ class EntropyCoefficient(nn.Module):
         return self.log_alpha.detach().exp()
 
 
-class SAC(Algorithm):
+class SAC(TwinCriticAlgorithm):
     model: SquashedGaussianActorCritic
 
     # predict() and learn() share the networks only: the count of predicted rows is predict's alone (see
@@ -99,12 +101,9 @@ class SAC(Algorithm):
     may_learn_in_own_process = True
 
     def __init__(self, model: SquashedGaussianActorCritic, config: SACConfig = SACConfig()) -> None:
-        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        # Of the target networks, only the critics are used (the current actor draws a') and follow the online ones.
+        super().__init__(model, actor_lr=config.lr, critic_lr=config.lr, max_grad_norm=config.max_grad_norm)
         self.config = config
-        # Only its critics are used (the actor draws a'), and only they follow the online ones.
-        self.target = copy.deepcopy(model).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(model.actor.parameters(), lr=config.lr)
-        self.critic_optimizer = torch.optim.Adam(model.critic_parameters(), lr=config.lr)
         if config.fixed_alpha is None:
             self.alpha = EntropyCoefficient(config.initial_alpha)
             self.alpha_optimizer: torch.optim.Optimizer | None = torch.optim.Adam(self.alpha.parameters(), lr=config.lr)
@@ -113,7 +112,6 @@ class SAC(Algorithm):
         action_dims = len(model.action_scale)
         self.target_entropy = -float(action_dims) if config.target_entropy is None else config.target_entropy
         self.predicted = 0
-        self.gradient_steps = 0
 
     @classmethod
     def for_env(cls, env: gym.Env, config: SACConfig = SACConfig()) -> SAC:
@@ -140,11 +138,7 @@ class SAC(Algorithm):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
-        obs = experience.inputs["obs"].flatten(0, 1)
-        next_obs = experience.next_inputs["obs"].flatten(0, 1)
-        actions = experience.actions["action"].flatten(0, 1)
-        rewards = experience.rewards["reward"].flatten(0, 1)
-        terminated = experience.terminated.flatten(0, 1)
+        obs, actions, rewards, next_obs, terminated = self.transitions(experience)
         costs: dict[str, list[torch.Tensor]] = {
             name: [] for name in ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean")
         }
@@ -173,27 +167,16 @@ class SAC(Algorithm):
     def state_dict(self) -> dict:
         # Not the count of predicted rows: with a learner process, the checkpoint comes from an algorithm that never
         # predicts. A resumed run's agents start with empty buffers, and explore uniformly again while they fill.
-        state = {
-            "model": self.model.state_dict(),
-            "target": self.target.state_dict(),
-            "alpha": self.alpha.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "gradient_steps": self.gradient_steps,
-        }
+        state = {**super().state_dict(), "alpha": self.alpha.state_dict()}
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.target.load_state_dict(state["target"])
+        super().load_state_dict(state)
         self.alpha.load_state_dict(state["alpha"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         if self.alpha_optimizer is not None and "alpha_optimizer" in state:
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
-        self.gradient_steps = int(state["gradient_steps"])
 
 
 def build(env: gym.Env, config: SACConfig, settings: ReplaySettings) -> SAC:

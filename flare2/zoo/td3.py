@@ -11,8 +11,10 @@ has no bootstrap; a time-limit truncation (Pendulum ends every episode so)
 bootstraps from the final observation.
 
 The actor and the critics have their own Adam optimizers, each stepped
-through ``Algorithm.optimize(loss, optimizer)``. Noise scales are fractions of the half
-width of the action box, so the same config fits any bounds.
+through ``Algorithm.optimize(loss, optimizer)``; they, the target networks and
+the checkpoint are ``TwinCriticAlgorithm``'s, which SAC shares. Noise scales
+are fractions of the half width of the action box, so the same config fits any
+bounds.
 """
 
 from __future__ import annotations
@@ -42,17 +44,61 @@ class ActorCritic(BoxActorCritic):
         return self.to_box(torch.tanh(self.actor(self.features(obs))))
 
 
-class TD3(Algorithm):
+class TwinCriticAlgorithm(Algorithm):
+    """What TD3 and SAC share: an actor and two critics (a ``BoxActorCritic``) with a frozen copy as the target
+    networks, an Adam optimizer for the actor and one for the critics, and a count of gradient steps, all of them
+    in the checkpoint. ``transitions`` reads the sampled transitions of a learn() call."""
+
+    model: BoxActorCritic
+
+    def __init__(
+        self, model: BoxActorCritic, *, actor_lr: float, critic_lr: float, max_grad_norm: float | None
+    ) -> None:
+        super().__init__(model, max_grad_norm=max_grad_norm)
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.actor_optimizer = torch.optim.Adam(model.actor.parameters(), lr=actor_lr)
+        self.critic_optimizer = torch.optim.Adam(model.critic_parameters(), lr=critic_lr)
+        self.gradient_steps = 0
+
+    @staticmethod
+    def transitions(
+        experience: Experience,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``obs, actions, rewards, next_obs, terminated`` of the ``[N, 1, ...]`` transitions, each as ``[N, ...]``."""
+        return (
+            experience.inputs["obs"].flatten(0, 1),
+            experience.actions["action"].flatten(0, 1),
+            experience.rewards["reward"].flatten(0, 1),
+            experience.next_inputs["obs"].flatten(0, 1),
+            experience.terminated.flatten(0, 1),
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "target": self.target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "gradient_steps": self.gradient_steps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target.load_state_dict(state["target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.gradient_steps = int(state["gradient_steps"])
+
+
+class TD3(TwinCriticAlgorithm):
     model: ActorCritic
 
     def __init__(self, model: ActorCritic, config: TD3Config = TD3Config()) -> None:
-        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        super().__init__(
+            model, actor_lr=config.actor_lr, critic_lr=config.critic_lr, max_grad_norm=config.max_grad_norm
+        )
         self.config = config
-        self.target = copy.deepcopy(model).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(model.actor.parameters(), lr=config.actor_lr)
-        self.critic_optimizer = torch.optim.Adam(model.critic_parameters(), lr=config.critic_lr)
         self.predicted = 0
-        self.gradient_steps = 0
 
     @classmethod
     def for_env(cls, env: gym.Env, config: TD3Config = TD3Config()) -> TD3:
@@ -86,11 +132,7 @@ class TD3(Algorithm):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
-        obs = experience.inputs["obs"].flatten(0, 1)
-        next_obs = experience.next_inputs["obs"].flatten(0, 1)
-        actions = experience.actions["action"].flatten(0, 1)
-        rewards = experience.rewards["reward"].flatten(0, 1)
-        terminated = experience.terminated.flatten(0, 1)
+        obs, actions, rewards, next_obs, terminated = self.transitions(experience)
         critic_losses, actor_losses, q_means = [], [], []
         for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
             target = self.critic_target(rewards[index], next_obs[index], terminated[index])
@@ -112,21 +154,11 @@ class TD3(Algorithm):
         return costs
 
     def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "target": self.target.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "predicted": self.predicted,
-            "gradient_steps": self.gradient_steps,
-        }
+        return {**super().state_dict(), "predicted": self.predicted}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.target.load_state_dict(state["target"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.predicted, self.gradient_steps = int(state["predicted"]), int(state["gradient_steps"])
+        super().load_state_dict(state)
+        self.predicted = int(state["predicted"])
 
 
 def build(env: gym.Env, config: TD3Config, settings: ReplaySettings) -> TD3:

@@ -26,6 +26,7 @@ from flare2.commands.tune import Study
         ("dqn", "CartPole-v1", ["--serial", "--max-steps", "600", "--warmup", "200"]),
         ("sarsa", "CliffWalking-v1", ["--serial", "--max-steps", "300"]),
         ("td3", "Pendulum-v1", ["--serial", "--max-steps", "400", "--warmup", "200", "--batch-size", "32"]),
+        ("sac", "Pendulum-v1", ["--serial", "--max-steps", "400", "--warmup", "200", "--batch-size", "32"]),
         (
             "recurrent-ppo",
             "flare2.zoo.envs:flare2/CartPoleNoVelocity-v1",
@@ -62,6 +63,26 @@ def test_each_algorithm_trains_its_preset_env_and_writes_its_settings_and_checkp
     assert (written["algo"], written["env"], written["run"]["max_steps"]) == (algo, env, budget)
     assert any(tmp_path.glob("events.out.tfevents.*")) == ("--tensorboard" in options)
     assert "run complete: " in result.stderr.splitlines()[-1]
+
+
+def test_sac_learns_in_a_learner_process_whose_checkpoint_a_resumed_run_goes_on_from(tmp_path):
+    import torch
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    # Small networks and batches: the point is the processes and the checkpoint, not the learning.
+    common = ["--env", "Pendulum-v1", "--algo", "sac", "--num-agents", "2", "--hidden", "32", "32"]
+    common += ["--warmup", "200", "--batch-size", "32", "--minibatch-size", "32", "--device", "cpu"]
+    result = flare2("train", *common, "--max-steps", "800", "--log-dir", str(first))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "learn() in a learner process" in result.stderr  # --learner auto: SAC allows one
+    saved = torch.load(first / "checkpoints" / "RL.pt", weights_only=True)["algorithm"]
+    assert saved["gradient_steps"] > 0 and "predicted" not in saved
+    result = flare2("train", *common, "--max-steps", "1600", "--resume", str(first), "--log-dir", str(second))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert read_csv(second / "progress.csv")[-1]["env_steps"] >= 1600
+    resumed = torch.load(second / "checkpoints" / "RL.pt", weights_only=True)["algorithm"]
+    assert resumed["gradient_steps"] > saved["gradient_steps"]
+    assert not torch.equal(resumed["alpha"]["log_alpha"], saved["alpha"]["log_alpha"])
 
 
 def test_wandb_gets_every_scalar_and_the_runs_settings_through_its_tensorboard_sync(tmp_path):

@@ -164,8 +164,18 @@ def train(script: str, log_dir: Path, *args: str, timeout_s: float = 1800) -> li
     Every example plays 8 envs by default (one agent process of 8 envs for A2C and PPO, 8 one-env agents for
     the others), so these are the figures of the README's commands. Fails the test if the run fails.
     """
+    return _run_to_end([str(REPO / "examples" / script)], log_dir, args, timeout_s)
+
+
+def flare2_train(algo: str, env: str, log_dir: Path, *args: str, timeout_s: float = 1800) -> list[dict[str, float]]:
+    """Run ``flare2 train --algo ALGO --env ENV`` (the package's preset for the env) on the CPU to its end; its
+    progress.csv rows. Fails the test if the run fails."""
+    return _run_to_end(["-m", "flare2.cli", "train", "--algo", algo, "--env", env], log_dir, args, timeout_s)
+
+
+def _run_to_end(command: list[str], log_dir: Path, args: tuple[str, ...], timeout_s: float) -> list[dict[str, float]]:
     result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / script), "--device", "cpu", "--log-dir", str(log_dir), *args],
+        [sys.executable, *command, "--device", "cpu", "--log-dir", str(log_dir), *args],
         cwd=log_dir,
         capture_output=True,
         text=True,

@@ -222,3 +222,70 @@ class QNetwork(Model):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.q(features(obs, self._obs_spec, self.one_hot_size))
+
+
+class BoxActorCritic(Model):
+    """An actor MLP and two Q critics over (``obs``, action) for a bounded 1-d Box action: TD3's and SAC's.
+
+    The actor gives ``outputs_per_action`` numbers per action dimension and observation; a subclass turns them into
+    an action in ``[-1, 1]`` per dimension and ``to_box`` scales that to the bounds. The critics take the action as the env does (inside
+    the bounds). ``algorithm`` names the algorithm in the error raised for spaces it does not take.
+    """
+
+    # Buffers (registered in __init__), declared so that they read as tensors rather than as any module attribute.
+    action_scale: torch.Tensor
+    action_bias: torch.Tensor
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        hidden: Sequence[int],
+        outputs_per_action: int,
+        algorithm: str,
+    ) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Box) or not isinstance(action_space, gym.spaces.Box):
+            raise ConfigError(
+                f"{algorithm} needs a Box observation and a Box action space, got {observation_space}, {action_space}"
+            )
+        if len(action_space.shape) != 1 or not action_space.is_bounded("both"):
+            raise ConfigError(f"{algorithm} needs a bounded 1-d Box action space, got {action_space}")
+        self._obs_spec = observation_spec(observation_space)
+        obs_size, act_size = math.prod(self._obs_spec.fixed_shape), int(action_space.shape[0])
+        low = torch.as_tensor(action_space.low, dtype=torch.float32)
+        high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+        # A small last layer starts the actor near the middle of the box, away from tanh saturation.
+        self.actor = mlp([obs_size, *hidden, outputs_per_action * act_size], out_gain=0.01, activation=nn.ReLU)
+        self.q1 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
+        self.q2 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
+
+    def input_specs(self) -> dict[str, Spec]:
+        return {"obs": self._obs_spec}
+
+    def action_specs(self) -> dict[str, Spec]:
+        return {"action": Spec((len(self.action_scale),), "float32")}
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """Each observation as a flat float vector."""
+        return features(obs, self._obs_spec, 0)
+
+    def to_box(self, squashed: torch.Tensor) -> torch.Tensor:
+        """Actions in ``[-1, 1]`` per dimension, scaled to the bounds of the box."""
+        return squashed * self.action_scale + self.action_bias
+
+    def uniform_first_rows(self, action: torch.Tensor, done: int, rows: int) -> torch.Tensor:
+        """``action`` with its rows numbered below ``rows``, counting from ``done`` (rows of earlier batches),
+        drawn uniformly from the box instead: the random exploration that starts an off-policy run."""
+        first = torch.arange(action.shape[0], device=action.device) + done < rows
+        return torch.where(first.unsqueeze(-1), self.to_box(2 * torch.rand_like(action) - 1), action)
+
+    def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([self.features(obs), action], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        return [*self.q1.parameters(), *self.q2.parameters()]

@@ -10,91 +10,95 @@ target networks follow the online ones by Polyak averaging. A terminated step
 has no bootstrap; a time-limit truncation (Pendulum ends every episode so)
 bootstraps from the final observation.
 
-The actor and the critics have their own Adam optimizers, so the algorithm
-steps them itself (``_step``) instead of using ``Algorithm.optimize``, which
-serves a single ``self.optimizer``. Noise scales are fractions of the half
-width of the action box, so the same config fits any bounds.
+The actor and the critics have their own Adam optimizers, each stepped
+through ``Algorithm.optimize(loss, optimizer)``; they, the target networks and
+the checkpoint are ``TwinCriticAlgorithm``'s, which SAC shares. Noise scales
+are fractions of the half width of the action box, so the same config fits any
+bounds.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 
 import gymnasium as gym
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
-from flare2.core.model import Model
-from flare2.core.specs import Spec
-from flare2.errors import ConfigError
-from flare2.zoo.models import mlp, observation_spec
+from flare2.zoo.models import BoxActorCritic
 from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.td3 import TD3Config
 
 
-class ActorCritic(Model):
+class ActorCritic(BoxActorCritic):
     """A tanh actor scaled to the Box action bounds and two Q critics over (``obs``, action)."""
-
-    # Buffers (registered in __init__), declared so that they read as tensors rather than as any module attribute.
-    action_scale: torch.Tensor
-    action_bias: torch.Tensor
 
     def __init__(
         self, observation_space: gym.Space, action_space: gym.Space, hidden: tuple[int, ...] = (256, 256)
     ) -> None:
-        super().__init__()
-        if not isinstance(observation_space, gym.spaces.Box) or not isinstance(action_space, gym.spaces.Box):
-            raise ConfigError(
-                f"TD3 needs a Box observation and a Box action space, got {observation_space}, {action_space}"
-            )
-        if len(action_space.shape) != 1 or not action_space.is_bounded("both"):
-            raise ConfigError(f"TD3 needs a bounded 1-d Box action space, got {action_space}")
-        self._obs_spec = observation_spec(observation_space)
-        obs_size, act_size = math.prod(self._obs_spec.fixed_shape), int(action_space.shape[0])
-        low = torch.as_tensor(action_space.low, dtype=torch.float32)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32)
-        self.register_buffer("action_scale", (high - low) / 2)
-        self.register_buffer("action_bias", (high + low) / 2)
-        # A small last layer starts the actor near the middle of the box, away from tanh saturation.
-        self.actor = mlp([obs_size, *hidden, act_size], out_gain=0.01, activation=nn.ReLU)
-        self.q1 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
-        self.q2 = mlp([obs_size + act_size, *hidden, 1], activation=nn.ReLU)
-
-    def input_specs(self) -> dict[str, Spec]:
-        return {"obs": self._obs_spec}
-
-    def action_specs(self) -> dict[str, Spec]:
-        return {"action": Spec((len(self.action_scale),), "float32")}
-
-    def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.flatten(start_dim=obs.dim() - len(self._obs_spec.shape)).float()
+        super().__init__(observation_space, action_space, hidden=hidden, outputs_per_action=1, algorithm="TD3")
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """The deterministic action, inside the bounds."""
-        return torch.tanh(self.actor(self._features(obs))) * self.action_scale + self.action_bias
-
-    def q_values(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([self._features(obs), action], dim=-1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-
-    def critic_parameters(self) -> list[nn.Parameter]:
-        return [*self.q1.parameters(), *self.q2.parameters()]
+        return self.to_box(torch.tanh(self.actor(self.features(obs))))
 
 
-class TD3(Algorithm):
+class TwinCriticAlgorithm(Algorithm):
+    """What TD3 and SAC share: an actor and two critics (a ``BoxActorCritic``) with a frozen copy as the target
+    networks, an Adam optimizer for the actor and one for the critics, and a count of gradient steps, all of them
+    in the checkpoint. ``transitions`` reads the sampled transitions of a learn() call."""
+
+    model: BoxActorCritic
+
+    def __init__(
+        self, model: BoxActorCritic, *, actor_lr: float, critic_lr: float, max_grad_norm: float | None
+    ) -> None:
+        super().__init__(model, max_grad_norm=max_grad_norm)
+        self.target = copy.deepcopy(model).requires_grad_(False)
+        self.actor_optimizer = torch.optim.Adam(model.actor.parameters(), lr=actor_lr)
+        self.critic_optimizer = torch.optim.Adam(model.critic_parameters(), lr=critic_lr)
+        self.gradient_steps = 0
+
+    @staticmethod
+    def transitions(
+        experience: Experience,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``obs, actions, rewards, next_obs, terminated`` of the ``[N, 1, ...]`` transitions, each as ``[N, ...]``."""
+        return (
+            experience.inputs["obs"].flatten(0, 1),
+            experience.actions["action"].flatten(0, 1),
+            experience.rewards["reward"].flatten(0, 1),
+            experience.next_inputs["obs"].flatten(0, 1),
+            experience.terminated.flatten(0, 1),
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "target": self.target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "gradient_steps": self.gradient_steps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target.load_state_dict(state["target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.gradient_steps = int(state["gradient_steps"])
+
+
+class TD3(TwinCriticAlgorithm):
     model: ActorCritic
 
     def __init__(self, model: ActorCritic, config: TD3Config = TD3Config()) -> None:
-        super().__init__(model, max_grad_norm=config.max_grad_norm)
+        super().__init__(
+            model, actor_lr=config.actor_lr, critic_lr=config.critic_lr, max_grad_norm=config.max_grad_norm
+        )
         self.config = config
-        self.target = copy.deepcopy(model).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(model.actor.parameters(), lr=config.actor_lr)
-        self.critic_optimizer = torch.optim.Adam(model.critic_parameters(), lr=config.critic_lr)
         self.predicted = 0
-        self.gradient_steps = 0
 
     @classmethod
     def for_env(cls, env: gym.Env, config: TD3Config = TD3Config()) -> TD3:
@@ -109,10 +113,9 @@ class TD3(Algorithm):
         action = model(inputs["obs"])
         action = self._clip(action + config.exploration_noise * model.action_scale * torch.randn_like(action))
         # The first random_steps rows (counted over all agents) explore uniformly inside the box.
-        warm = torch.arange(action.shape[0], device=action.device) + self.predicted < config.random_steps
-        uniform = model.action_bias + model.action_scale * (2 * torch.rand_like(action) - 1)
+        action = model.uniform_first_rows(action, self.predicted, config.random_steps)
         self.predicted += action.shape[0]
-        return {"action": torch.where(warm.unsqueeze(-1), uniform, action)}, {}
+        return {"action": action}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         return {"action": self.model(inputs["obs"])}, {}
@@ -129,11 +132,7 @@ class TD3(Algorithm):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
-        obs = experience.inputs["obs"].flatten(0, 1)
-        next_obs = experience.next_inputs["obs"].flatten(0, 1)
-        actions = experience.actions["action"].flatten(0, 1)
-        rewards = experience.rewards["reward"].flatten(0, 1)
-        terminated = experience.terminated.flatten(0, 1)
+        obs, actions, rewards, next_obs, terminated = self.transitions(experience)
         critic_losses, actor_losses, q_means = [], [], []
         for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
             target = self.critic_target(rewards[index], next_obs[index], terminated[index])
@@ -155,21 +154,11 @@ class TD3(Algorithm):
         return costs
 
     def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "target": self.target.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "predicted": self.predicted,
-            "gradient_steps": self.gradient_steps,
-        }
+        return {**super().state_dict(), "predicted": self.predicted}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.target.load_state_dict(state["target"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.predicted, self.gradient_steps = int(state["predicted"]), int(state["gradient_steps"])
+        super().load_state_dict(state)
+        self.predicted = int(state["predicted"])
 
 
 def build(env: gym.Env, config: TD3Config, settings: ReplaySettings) -> TD3:

@@ -25,6 +25,7 @@ def flare2(*argv: str) -> subprocess.CompletedProcess:
         ("a2c", "CartPole-v1", ["--learner", "inline", "--normalize-observations"]),
         ("dqn", "CartPole-v1", ["--serial", "--warmup", "200"]),
         ("td3", "Pendulum-v1", ["--serial", "--warmup", "200", "--batch-size", "32"]),
+        ("sac", "Pendulum-v1", ["--learner", "process", "--warmup", "200", "--batch-size", "32"]),
         ("recurrent-ppo", "flare2.zoo.envs:flare2/CartPoleNoVelocity-v1", ["--serial", "--epochs", "1"]),
     ],
 )

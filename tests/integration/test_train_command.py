@@ -64,6 +64,27 @@ def test_each_algorithm_trains_its_preset_env_and_writes_its_settings_and_checkp
     assert "run complete: " in result.stderr.splitlines()[-1]
 
 
+def test_sac_learns_in_a_learner_process_whose_checkpoint_a_resumed_run_goes_on_from(tmp_path):
+    import torch
+
+    # SAC's preset env with real processes (the other algorithms' runs above are serial), small networks and batches:
+    # the point is the learner process and its checkpoint, not the learning.
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--env", "Pendulum-v1", "--algo", "sac", "--num-agents", "1", "--hidden", "32", "32"]
+    common += ["--warmup", "100", "--batch-size", "32", "--minibatch-size", "32", "--device", "cpu"]
+    result = flare2("train", *common, "--max-steps", "400", "--log-dir", str(first))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "learn() in a learner process" in result.stderr  # --learner auto: SAC allows one
+    saved = torch.load(first / "checkpoints" / "RL.pt", weights_only=True)["algorithm"]
+    assert saved["gradient_steps"] > 0 and "predicted" not in saved
+    result = flare2("train", *common, "--max-steps", "800", "--resume", str(first), "--log-dir", str(second))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert read_csv(second / "progress.csv")[-1]["env_steps"] >= 800
+    resumed = torch.load(second / "checkpoints" / "RL.pt", weights_only=True)["algorithm"]
+    assert resumed["gradient_steps"] > saved["gradient_steps"]
+    assert not torch.equal(resumed["alpha"]["log_alpha"], saved["alpha"]["log_alpha"])
+
+
 def test_wandb_gets_every_scalar_and_the_runs_settings_through_its_tensorboard_sync(tmp_path):
     pytest.importorskip("wandb")
     # Offline, W&B keeps its run on disk for a later `wandb sync`; its settings and caches stay in the test's folder.

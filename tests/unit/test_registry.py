@@ -52,14 +52,14 @@ def test_an_unknown_name_is_refused_naming_the_known_algorithms_and_the_closest(
         registry.lookup("ppo2")
     message = str(error.value)
     assert (
-        "invalid choice: 'ppo2' (choose from a2c, appo, dqn, ppo, recurrent-ppo, sarsa, td3; did you mean ppo?)"
+        "invalid choice: 'ppo2' (choose from a2c, appo, dqn, ppo, recurrent-ppo, sac, sarsa, td3; did you mean ppo?)"
         in message
     )
     assert "flare2.zoo.register" in message and "'flare2.algorithms' entry point" in message
 
 
 def test_the_zoo_has_one_record_per_module_each_named_as_flare2_train_knows_it():
-    assert registry.names() == ["a2c", "appo", "dqn", "ppo", "recurrent-ppo", "sarsa", "td3"]
+    assert registry.names() == ["a2c", "appo", "dqn", "ppo", "recurrent-ppo", "sac", "sarsa", "td3"]
     assert all(registry.lookup(name).name == name for name in registry.names())
 
 
@@ -191,6 +191,7 @@ def test_the_docs_table_has_a_row_per_algorithm_with_its_spaces_and_preset_envs(
     assert rows[0] == "| algorithm | observations | actions | presets (env ids) |"
     assert len(rows) == 2 + len(registry.names())
     assert "| `td3` | Box | 1-d Box | `Pendulum-v1` |" in rows
+    assert "| `sac` | Box | 1-d Box | `HalfCheetah-v5`, `Pendulum-v1` |" in rows
     assert "| `small` | Box, Discrete | Discrete | `CartPole-v1` |" in rows
 
 

@@ -81,7 +81,7 @@ def test_every_algorithm_has_a_preset_env_it_takes(tmp_path):
                 "but Pendulum-v1 has observation space Box"
             ),
         ),
-        (["--env", "Pendulum-v1", "--algo", "dqn"], "try --algo a2c or appo or ppo or td3"),
+        (["--env", "Pendulum-v1", "--algo", "dqn"], "try --algo a2c or appo or ppo or sac or td3"),
         (
             ["--env", "CartPole-v1", "--algo", "td3"],
             "action space Discrete(2): try --algo a2c or appo or dqn or ppo or recurrent-ppo or sarsa\n",

@@ -1,11 +1,11 @@
-"""PPO with 8 envs (one agent process) reaches a CartPole-v1 mean return of 475 before 100k env steps (about a minute; runs by default)."""
+"""PPO with 8 envs (one agent process) reaches a CartPole-v1 mean return of 475 before 100k env steps (about a minute; marked slow: the default run trains the same preset through flare2.train)."""
 
 from __future__ import annotations
 
 import pytest
 from runs import first_row_reaching, train
 
-pytestmark = pytest.mark.learning
+pytestmark = [pytest.mark.learning, pytest.mark.slow]
 
 
 def test_ppo_with_eight_envs_solves_cartpole_within_100k_steps(tmp_path, no_leftover_processes):

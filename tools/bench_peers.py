@@ -34,7 +34,7 @@ slow drift of a shared machine falls on both alike:
 
 Both stop at the same rule: the mean return of the last 100 finished training
 episodes (as rl-baselines3-zoo reports it) reaches the row's threshold, or the
-preset's step budget (max_steps, or less with --max-steps) runs out. The threshold is the env's
+preset's step budget (max_steps, or --max-steps in its place) runs out. The threshold is the env's
 Gymnasium reward_threshold, or THRESHOLDS' for envs without one. Every run is
 one command measured from start to exit (tools/proctree.py): process wall
 time, peak RSS of its whole process tree, and how many cores other processes
@@ -124,7 +124,7 @@ class Row:
     threshold: float
     threshold_source: str
     budget: int
-    """Env steps each side may take: the preset's max_steps (or less with --max-steps)."""
+    """Env steps each side may take: the preset's max_steps (or --max-steps in its place)."""
     preset_budget: int
     spec: Sb3Spec
 
@@ -166,7 +166,7 @@ def race_rows(
 ) -> tuple[list[Row], list[str]]:
     """The rows to race, in SB3_CLASS's order and each algorithm's preset order, and a line for each row skipped.
 
-    ``only`` keeps the rows it names; ``max_steps`` caps every budget (the settings flare2 derives from the budget,
+    ``only`` keeps the rows it names; ``max_steps`` replaces every budget (the settings flare2 derives from the budget,
     such as an annealing, follow it on both sides).
     """
     rows: list[Row] = []
@@ -204,7 +204,7 @@ def _row(algo: str, env_id: str, max_steps: int | None) -> Row:
     threshold, source = found
     argv = ["--algo", algo, "--env", env_id, "--device", "cpu", "--stop-return", f"{threshold:g}"]
     preset_budget = int(resolve(argv, parser_class=_RaisingParser).options["max_steps"])
-    budget = min(preset_budget, max_steps) if max_steps else preset_budget
+    budget = max_steps or preset_budget
     # Resolved with the budget the run is given, so that settings derived from it (anneal_steps) are the run's.
     plan = resolve([*argv, "--max-steps", str(budget)], parser_class=_RaisingParser)
     spec = sb3_spec(algo, plan.config, plan.settings, plan.options, budget=budget)
@@ -214,7 +214,7 @@ def _row(algo: str, env_id: str, max_steps: int | None) -> Row:
 def describe_row(row: Row) -> list[str]:
     """What a row races, in lines: the threshold and budget, SB3's call, the matched and the unmatched settings."""
     budget = f"{row.budget}" + (
-        f" (capped from the preset's {row.preset_budget})" if row.budget < row.preset_budget else ""
+        f" (the preset's: {row.preset_budget})" if row.budget != row.preset_budget else ""
     )
     lines = [
         f"{row.name}: threshold {row.threshold:g} ({row.threshold_source}), budget {budget} env steps",
@@ -544,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         metavar="STEPS",
-        help="cap every row's budget (both sides; settings derived from the budget follow it): for a quick check",
+        help="every row's budget in place of its preset's (both sides; settings derived from the budget follow it): "
+        "a quick check, or room for 100 episodes where a preset's budget holds fewer (Pendulum-v1's 20k for SAC)",
     )
     parser.add_argument(
         "--sb3-vec-env", choices=("dummy", "subproc"), default="dummy", help="SB3's DummyVecEnv or SubprocVecEnv"

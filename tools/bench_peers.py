@@ -59,6 +59,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -213,9 +214,7 @@ def _row(algo: str, env_id: str, max_steps: int | None) -> Row:
 
 def describe_row(row: Row) -> list[str]:
     """What a row races, in lines: the threshold and budget, SB3's call, the matched and the unmatched settings."""
-    budget = f"{row.budget}" + (
-        f" (the preset's: {row.preset_budget})" if row.budget != row.preset_budget else ""
-    )
+    budget = f"{row.budget}" + (f" (the preset's: {row.preset_budget})" if row.budget != row.preset_budget else "")
     lines = [
         f"{row.name}: threshold {row.threshold:g} ({row.threshold_source}), budget {budget} env steps",
         f"  SB3: {row.spec.describe()}",
@@ -326,7 +325,12 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT) if not path else f"{ROOT}{os.pathsep}{path}"}
 
 
-def run_flare2(row: Row, seed: int, *, timeout_s: float) -> Run:
+def curve_path(curves: Path, row: Row, side: str, seed: int) -> Path:
+    """Where --curves keeps a run's returns: flare2's progress.csv, SB3's episodes."""
+    return curves / f"{row.algo}_{row.env_id.replace('/', '_')}_{side}_s{seed}.csv"
+
+
+def run_flare2(row: Row, seed: int, *, timeout_s: float, curves: Path | None = None) -> Run:
     with tempfile.TemporaryDirectory(prefix=f"bench_peers_{row.algo}_s{seed}_") as log_dir:
         main = "import sys; from flare2.cli import main; sys.exit(main())"
         command = [sys.executable, "-c", main, "train", *row.flare2_args(seed, log_dir)]
@@ -341,10 +345,12 @@ def run_flare2(row: Row, seed: int, *, timeout_s: float) -> Run:
             return run
         for key, value in progress_figures(progress_csv, row.threshold).items():
             setattr(run, key, value)
+        if curves is not None:
+            shutil.copyfile(progress_csv, curve_path(curves, row, "flare2", seed))
     return run
 
 
-def run_sb3(row: Row, seed: int, *, venv_dir: Path, vec_env: str, timeout_s: float) -> Run:
+def run_sb3(row: Row, seed: int, *, venv_dir: Path, vec_env: str, timeout_s: float, curves: Path | None = None) -> Run:
     side = "sb3" if vec_env == "dummy" else f"sb3-{vec_env}"
     job = {
         "spec": row.spec.to_json(),
@@ -353,6 +359,7 @@ def run_sb3(row: Row, seed: int, *, venv_dir: Path, vec_env: str, timeout_s: flo
         "budget": row.budget,
         "threshold": row.threshold,
         "vec_env": vec_env,
+        "curve": None if curves is None else str(curve_path(curves, row, side, seed).resolve()),
     }
     command = [str(venv_python(venv_dir)), str(SB3_RUNNER), json.dumps(job)]
     try:
@@ -540,6 +547,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument(
+        "--curves",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep each run's returns here: flare2's progress.csv, and SB3's finished episodes (env_steps, return, "
+        "return_mean of the last 100)",
+    )
+    parser.add_argument(
         "--max-steps",
         type=int,
         default=None,
@@ -569,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every run, the settings and the figures here")
     parser.add_argument("--markdown", type=Path, help="also write the table and each row's settings here")
     args = parser.parse_args(argv)
+    if args.curves is not None:
+        args.curves.mkdir(parents=True, exist_ok=True)
     venv_dir = args.venv.resolve()
     if args.install:
         install_venv(venv_dir)
@@ -602,9 +619,11 @@ def main(argv: list[str] | None = None) -> int:
     def run_once(row: Row, side: str, seed: int) -> Run:
         timeout_s = args.timeout if args.timeout is not None else 120.0 + 0.02 * row.budget
         if side == "flare2":
-            run = run_flare2(row, seed, timeout_s=timeout_s)
+            run = run_flare2(row, seed, timeout_s=timeout_s, curves=args.curves)
         else:
-            run = run_sb3(row, seed, venv_dir=venv_dir, vec_env=args.sb3_vec_env, timeout_s=timeout_s)
+            run = run_sb3(
+                row, seed, venv_dir=venv_dir, vec_env=args.sb3_vec_env, timeout_s=timeout_s, curves=args.curves
+            )
         status = (
             f"FAILED: {run.error}"
             if run.error

@@ -3,7 +3,8 @@
     .venv-peers/bin/python tools/sb3_train.py '{"spec": {...}, "env_id": "CartPole-v1", "seed": 0,
                                                 "budget": 100000, "threshold": 475, "vec_env": "dummy"}'
 
-``spec`` is a tools/sb3_settings.py Sb3Spec as JSON. Training stops once the
+``spec`` is a tools/sb3_settings.py Sb3Spec as JSON; an optional ``curve`` path receives every finished
+episode (env steps, return, mean of the last 100). Training stops once the
 mean return of the last 100 finished training episodes reaches the threshold,
 the rule of flare2's --stop-return, or when learn() has spent the budget. Runs
 in the virtualenv that holds stable-baselines3 (bench_peers.py --install).
@@ -11,6 +12,7 @@ in the virtualenv that holds stable-baselines3 (bench_peers.py --install).
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 import time
@@ -55,12 +57,15 @@ class StopAtReturn(BaseCallback):
         self.threshold = threshold
         self.returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.steps_at_threshold: int | None = None
+        self.curve: list[tuple[int, float, float]] = []  # env steps, return, mean of the window
 
     def _on_step(self) -> bool:
         ended = [info["episode"]["r"] for info in self.locals["infos"] if "episode" in info]
         if not ended:
             return True
-        self.returns.extend(float(value) for value in ended)
+        for value in ended:
+            self.returns.append(float(value))
+            self.curve.append((int(self.model.num_timesteps), float(value), float(np.mean(self.returns))))
         if len(self.returns) == RETURN_WINDOW and np.mean(self.returns) >= self.threshold:
             self.steps_at_threshold = int(self.model.num_timesteps)
             return False
@@ -109,6 +114,11 @@ def main() -> None:
     model.learn(total_timesteps=job["budget"], callback=callback)
     train_s = time.perf_counter() - start
     env.close()
+    if job.get("curve"):
+        with open(job["curve"], "w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(["env_steps", "return", "return_mean"])
+            writer.writerows(callback.curve)
     print(
         json.dumps(
             {

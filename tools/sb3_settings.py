@@ -368,32 +368,22 @@ def _sac(fields: _Fields, options: Mapping[str, Any], budget: int) -> Sb3Spec:
     spec = Sb3Spec("SAC", _env_count(options), {})
     _replay(fields, options, spec)
     _continuous_replay(fields, spec, one_lr="actor, critics and entropy coefficient")
-    hidden = fields.take("hidden")
-    if hidden is None:
-        spec.differences.append("flare2's SAC config names no hidden sizes: SB3 keeps its default net, [256, 256]")
-    else:
-        spec.kwargs["policy_kwargs"] = {"net_arch": list(hidden)}
+    spec.kwargs["policy_kwargs"] = {"net_arch": list(fields.take("hidden"))}
     spec.kwargs["ent_coef"] = _entropy_coef(fields)
-    target = fields.first("target_entropy", default=None)
-    spec.kwargs["target_entropy"] = "auto" if target in (None, "auto") else target
-    every = fields.first("target_update_every", "target_update_interval", default=1)
-    spec.kwargs["target_update_interval"] = every
-    if every != 1:
-        spec.differences.append(
-            f"flare2 updates the target every {every} gradient steps; SB3's SAC counts them within each train() call"
-        )
+    target = fields.take("target_entropy")
+    # None is minus the action dimensions on both sides (SB3's "auto").
+    spec.kwargs["target_entropy"] = "auto" if target is None else target
+    # flare2's SAC moves its targets after every gradient step, as SB3's with target_update_interval=1.
+    spec.kwargs["target_update_interval"] = 1
     return spec
 
 
 def _entropy_coef(fields: _Fields) -> str | float:
     """SB3's ent_coef: ``"auto"`` (learned from 1.0), ``"auto_X"`` (learned from X) or a fixed float."""
-    autotune = fields.first("autotune", "learn_alpha", "auto_alpha", default=None)
-    value = fields.first("ent_coef", "alpha", default="auto")
-    initial = fields.first("init_alpha", "initial_alpha", "alpha_init", default=None)
-    if value in (None, "auto") or autotune:
-        start = initial if initial is not None else (value if isinstance(value, (int, float)) else None)
-        return "auto" if start in (None, 1.0) else f"auto_{start:g}"
-    return float(value)
+    fixed, initial = fields.take("fixed_alpha"), fields.take("initial_alpha")
+    if fixed is not None:
+        return float(fixed)
+    return "auto" if initial == 1.0 else f"auto_{initial:g}"
 
 
 MAPPINGS: dict[str, Callable[[_Fields, Mapping[str, Any], int], Sb3Spec]] = {

@@ -17,8 +17,9 @@ import pytest
 import flare2.commands.train
 from flare2.errors import ConfigError
 from flare2.zoo import registry
-from flare2.zoo.record import BOX, VECTOR_BOX, AlgorithmRecord, ReplaySettings
+from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.ppo import RECORD as PPO_RECORD
+from flare2.zoo.records.sac import SACConfig
 from flare2.zoo.records.td3 import TD3Config
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -265,24 +266,11 @@ def test_what_sb3_cannot_set_is_a_difference_never_dropped(bench):
     assert "flare2's mystery=3 has no counterpart in this mapping" in spec.differences
 
 
-@dataclasses.dataclass(frozen=True)
-class SACConfig:
-    """A SAC config as the zoo's is expected to be: SB3's defaults but for the learning rate."""
-
-    lr: float = 1e-3
-    gamma: float = 0.99
-    tau: float = 0.005
-    minibatch_size: int = 256
-    hidden: tuple[int, ...] = (256, 256)
-    alpha: float | None = None
-    target_entropy: float | None = None
-    random_steps: int = 100
-
-
 def test_sac_maps_to_sb3s_defaults_with_a_learned_entropy_coefficient(bench):
     sb3_spec = bench.sb3_spec
     settings = ReplaySettings(buffer=1_000_000, warmup=100, sample_interval=1, batch_size=256)
-    spec = sb3_spec("sac", SACConfig(), settings, {"num_agents": 1, "envs_per_agent": 1}, budget=20_000)
+    config = SACConfig(lr=1e-3, random_steps=100)
+    spec = sb3_spec("sac", config, settings, {"num_agents": 1, "envs_per_agent": 1}, budget=20_000)
     assert (spec.algo, spec.n_envs, spec.action_noise) == ("SAC", 1, None)
     assert spec.kwargs == {
         "buffer_size": 1_000_000,
@@ -300,32 +288,25 @@ def test_sac_maps_to_sb3s_defaults_with_a_learned_entropy_coefficient(bench):
         "target_update_interval": 1,
     }
     assert spec.differences == []
-    fixed = sb3_spec("sac", SACConfig(alpha=0.2), settings, {"num_agents": 1, "envs_per_agent": 1}, budget=20_000)
-    assert fixed.kwargs["ent_coef"] == 0.2
-
-
-def test_sac_rows_race_once_its_record_is_registered(bench, monkeypatch):
-    sac = AlgorithmRecord(
-        name="sac",
-        config_class=SACConfig,
-        settings_class=ReplaySettings,
-        build="flare2.zoo.td3:build",  # never called here
-        observations=(BOX,),
-        actions=(VECTOR_BOX,),
-        run={"num_agents": 1, "envs_per_agent": 1, "max_steps": 1_000_000},
-        agent={"buffer": 1_000_000, "sample_interval": 1, "batch_size": 256},
-        derived={"random_steps": "warmup"},
-        presets={"Pendulum-v1": {"agent": {"warmup": 100}, "run": {"max_steps": 20_000}}},
+    options = {"num_agents": 1, "envs_per_agent": 1}
+    assert (
+        sb3_spec("sac", dataclasses.replace(config, fixed_alpha=0.2), settings, options, budget=20_000).kwargs[
+            "ent_coef"
+        ]
+        == 0.2
+    )
+    assert (
+        sb3_spec("sac", dataclasses.replace(config, initial_alpha=0.1), settings, options, budget=20_000).kwargs[
+            "ent_coef"
+        ]
+        == "auto_0.1"
     )
 
-    def lookup(name):
-        return sac if name == "sac" else registry.lookup(name)
 
-    monkeypatch.setattr(bench, "lookup", lookup)
-    monkeypatch.setattr(flare2.commands.train, "lookup", lookup)
-    (row,), skipped = bench.race_rows([("sac", None)])
+def test_the_sac_pendulum_row_races_the_zoo_settings(bench):
+    (row,), skipped = bench.race_rows([("sac", "Pendulum-v1")])
     assert (row.name, row.threshold, row.budget, skipped) == ("sac/Pendulum-v1", -200.0, 20_000, [])
-    assert row.spec.algo == "SAC" and row.spec.differences == []
+    assert row.spec.algo == "SAC"
     assert {key: row.spec.kwargs[key] for key in ("learning_rate", "learning_starts", "buffer_size", "ent_coef")} == {
         "learning_rate": 1e-3,
         "learning_starts": 100,

@@ -2,7 +2,7 @@
 -200 before 20k env steps (minutes: marked slow).
 
 Greedy evaluation episodes (one after every training episode of each agent) judge it, as a deterministic
-evaluation gives rl-baselines3-zoo's -176 at 20k: the training return_mean, over the last 100 episodes, cannot
+evaluation gives rl-baselines3-zoo's -157 at 20k (benchmark.md): the training return_mean, over the last 100 episodes, cannot
 show it, since 100 Pendulum episodes are 20k steps, every episode of the run, the random ones of the start included.
 """
 

@@ -195,6 +195,18 @@ def test_the_docs_table_has_a_row_per_algorithm_with_its_spaces_and_preset_envs(
     assert "| `small` | Box, Discrete | Discrete | `CartPole-v1` |" in rows
 
 
+def test_the_zoo_page_shows_the_table_the_tool_prints(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("algorithms_table", root / "tools" / "algorithms_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([]) == 0
+    assert capsys.readouterr().out.strip() in (root / "docs" / "zoo.md").read_text()
+
+
 def test_a_record_that_derives_a_setting_from_no_option_is_refused_by_flare2_train(tmp_path, capsys):
     registry.register(small_record(derived={"gamma": "max_step"}, search_space={}))
     with pytest.raises(SystemExit):

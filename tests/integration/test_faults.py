@@ -104,8 +104,8 @@ def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restar
 @pytest.mark.parametrize(
     "sleep_s",
     [
-        # Five heartbeat timeouts: what the default run checks.
-        15,
+        # More than three heartbeat timeouts: what the default run checks.
+        10,
         # Past the 60 s an agent used to wait before it took the compute process for dead.
         pytest.param(65, marks=pytest.mark.slow),
     ],

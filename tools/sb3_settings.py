@@ -114,11 +114,6 @@ class _Fields:
         self.read.add(name)
         return self.values.get(name, default)
 
-    def first(self, *names: str, default: Any = None) -> Any:
-        """The value of the first of ``names`` the config has (all of them marked read)."""
-        self.read.update(names)
-        return next((self.values[name] for name in names if name in self.values), default)
-
     def unread(self) -> dict[str, Any]:
         return {name: value for name, value in self.values.items() if name not in self.read}
 
@@ -248,8 +243,7 @@ def _replay(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec) -> Fract
     """
     n_envs, agents = spec.n_envs, int(options["num_agents"])
     batch, interval = fields.take("batch_size"), fields.take("sample_interval")
-    # A config without a minibatch size takes one gradient step per learn request.
-    minibatch = fields.take("minibatch_size") or batch
+    minibatch = fields.take("minibatch_size")
     steps_per_request = math.ceil(batch / minibatch)
     if batch % minibatch:
         spec.differences.append(
@@ -325,7 +319,7 @@ def _dqn(fields: _Fields, options: Mapping[str, Any], budget: int) -> Sb3Spec:
 
 def _continuous_replay(fields: _Fields, spec: Sb3Spec, *, one_lr: str) -> None:
     """What TD3 and SAC share: tau, the uniform actions of the warm-up, no gradient clipping."""
-    spec.kwargs["tau"] = fields.first("tau", "target_tau")
+    spec.kwargs["tau"] = fields.take("tau")
     warmup = spec.kwargs["learning_starts"]
     random_steps = fields.take("random_steps", warmup)
     if random_steps != warmup:
@@ -336,10 +330,9 @@ def _continuous_replay(fields: _Fields, spec: Sb3Spec, *, one_lr: str) -> None:
         spec.differences.append(
             f"flare2 clips gradients to {fields.values['max_grad_norm']:g}; SB3's {spec.algo} does not"
         )
-    lrs = {name: fields.take(name) for name in ("actor_lr", "critic_lr", "alpha_lr") if name in fields}
-    lr = fields.first("lr", *lrs, default=None)
-    if lr is None:
-        raise KeyError(f"no learning rate among the {spec.algo} config's fields {sorted(fields.values)}")
+    # SAC has one learning rate; TD3 one for the actor and one for the critics, of which SB3 takes the actor's.
+    lrs = {name: fields.take(name) for name in ("actor_lr", "critic_lr") if name in fields}
+    lr = fields.take("lr") if "lr" in fields else lrs["actor_lr"]
     spec.kwargs["learning_rate"] = lr
     apart = {name: value for name, value in lrs.items() if value != lr}
     if apart:

@@ -76,19 +76,27 @@ class DQN(Algorithm):
 
     @torch.no_grad()
     def targets(self, experience: Experience, index: torch.Tensor) -> torch.Tensor:
-        """The n-step targets of the first steps of the sequences at ``index``."""
-        next_obs = experience.next_inputs["obs"][index]
+        """The n-step targets of the first steps of the sequences at ``index``.
+
+        A first step's return bootstraps from one observation only, the one after the sequence's first episode end
+        (or after its last step), so only that one is valued: a third of the forward passes for 3-step returns."""
+        terminated, truncated = experience.terminated[index], experience.truncated[index]
+        ends = terminated | truncated
+        ends[:, -1] = True
+        rows = torch.arange(len(index), device=ends.device)
+        bootstrap = ends.int().argmax(-1)  # the first end of each sequence
+        next_obs = experience.next_inputs["obs"][index, bootstrap]
         next_q = self.target(next_obs)
         if self.config.double_q:
             next_value = next_q.gather(-1, self.model(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
         else:
             next_value = next_q.max(-1).values
+        # n_step_returns reads the next values of later steps only for the steps after the first end, which the
+        # first step's return never reaches.
+        next_values = torch.zeros_like(experience.rewards["reward"][index])
+        next_values[rows, bootstrap] = next_value
         returns = n_step_returns(
-            experience.rewards["reward"][index],
-            next_value,
-            experience.terminated[index],
-            experience.truncated[index],
-            self.config.gamma,
+            experience.rewards["reward"][index], next_values, terminated, truncated, self.config.gamma
         )
         return returns[:, 0]
 

@@ -119,6 +119,25 @@ def test_sequences_give_n_step_targets_that_stop_at_an_episode_end():
     torch.testing.assert_close(targets, expected)
 
 
+def test_double_q_sequences_value_only_the_observation_each_first_step_bootstraps_from():
+    algorithm = dqn(gamma=0.5)
+    next_obs = torch.tensor([[[0.2, -0.3], [0.6, 0.1], [-0.4, 0.9]]] * 3)
+    experience = Experience(
+        inputs={"obs": torch.zeros(3, 3, 2)},
+        next_inputs={"obs": next_obs},
+        actions={"action": torch.zeros(3, 3, dtype=torch.int64)},
+        rewards={"reward": torch.tensor([[1.0, 2.0, 4.0]] * 3)},
+        states={},
+        # Row 0 runs on; row 1 is truncated after its first step; row 2 terminates there.
+        terminated=torch.tensor([[False, False, False], [False, False, False], [True, False, False]]),
+        truncated=torch.tensor([[False, False, False], [True, False, False], [False, False, False]]),
+    )
+    chosen = algorithm.model(next_obs[0]).argmax(-1, keepdim=True)
+    value = algorithm.target(next_obs[0]).gather(-1, chosen).squeeze(-1).tolist()
+    expected = torch.tensor([1.0 + 0.5 * 2.0 + 0.25 * 4.0 + 0.125 * value[2], 1.0 + 0.5 * value[0], 1.0])
+    torch.testing.assert_close(algorithm.targets(experience, torch.arange(3)), expected)
+
+
 def test_one_step_sequences_give_the_double_q_target():
     algorithm = dqn(gamma=0.9)
     experience = transitions(2, obs=[0.1, 0.2], next_obs=[0.5, -0.5], action=1, reward=1.0, terminated=False)

@@ -16,7 +16,7 @@ setup(
     packages=find_packages(include=["flare2", "flare2.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "torch>=2.0",
+        "torch>=2.4",  # Adam's fused kernel on CPU (flare2.core.algorithm.adam)
         "numpy>=1.24",
         "pyzmq>=25",
         "msgpack>=1.0",

@@ -14,7 +14,7 @@ import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.algorithm import Algorithm, Experience, Tensors, adam
 from flare2.zoo.models import MLPActorCritic
 from flare2.zoo.record import ActorCriticSettings
 from flare2.zoo.records.a2c import A2CConfig
@@ -31,7 +31,7 @@ class A2C(Algorithm):
         if config.optimizer == "rmsprop":
             self.optimizer = torch.optim.RMSprop(model.parameters(), lr=config.lr, alpha=0.99, eps=1e-5)
         else:
-            self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+            self.optimizer = adam(model.parameters(), config.lr)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         return {"action": self.model.sample(self.model.policy(inputs))}, {}
@@ -56,13 +56,13 @@ class A2C(Algorithm):
         entropy_mean = entropy.mean()
         loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
         grad_norm = self.optimize(loss)
-        return {
+        costs = {
             "loss": loss.item(),
             "policy_loss": policy_loss.item(),
             "value_loss": value_loss.item(),
             "entropy": entropy_mean.item(),
-            "grad_norm": grad_norm,
         }
+        return costs if grad_norm is None else {**costs, "grad_norm": grad_norm}
 
 
 def build(env: gym.Env, config: A2CConfig, settings: ActorCriticSettings) -> A2C:

@@ -18,7 +18,7 @@ import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
+from flare2.core.algorithm import Algorithm, Experience, Tensors, adam, polyak_update
 from flare2.zoo.models import QNetwork
 from flare2.zoo.record import DQNSettings
 from flare2.zoo.records.dqn import DQNConfig
@@ -32,7 +32,7 @@ class DQN(Algorithm):
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config
         self.target = copy.deepcopy(model).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        self.optimizer = adam(model.parameters(), config.lr)
         self.predicted = 0
         self.gradient_steps = 0
 

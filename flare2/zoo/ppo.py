@@ -24,7 +24,7 @@ import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.algorithm import Algorithm, Experience, Tensors, adam
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.core.specs import Spec
@@ -106,7 +106,7 @@ class ClippedObjective(Algorithm):
 
     def __init__(self, model: Model, config: ClippedObjectiveConfig) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=1e-5)
+        self.optimizer = adam(model.parameters(), config.lr, eps=1e-5)
         self.steps_seen = 0
 
     def count_steps(self, samples: int, config: ClippedObjectiveConfig) -> None:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Experience, Tensors, polyak_update
+from flare2.core.algorithm import Experience, Tensors, adam, polyak_update
 from flare2.zoo.models import BoxActorCritic
 from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.sac import SACConfig
@@ -106,7 +106,7 @@ class SAC(TwinCriticAlgorithm):
         self.config = config
         if config.fixed_alpha is None:
             self.alpha = EntropyCoefficient(config.initial_alpha)
-            self.alpha_optimizer: torch.optim.Optimizer | None = torch.optim.Adam(self.alpha.parameters(), lr=config.lr)
+            self.alpha_optimizer: torch.optim.Optimizer | None = adam(self.alpha.parameters(), config.lr)
         else:
             self.alpha, self.alpha_optimizer = EntropyCoefficient(config.fixed_alpha), None
         action_dims = len(model.action_scale)

@@ -25,7 +25,7 @@ import gymnasium as gym
 import torch
 from torch.nn import functional as F
 
-from flare2.core.algorithm import Algorithm, Experience, Tensors, polyak_update
+from flare2.core.algorithm import Algorithm, Experience, Tensors, adam, polyak_update
 from flare2.zoo.models import BoxActorCritic
 from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.td3 import TD3Config
@@ -56,8 +56,8 @@ class TwinCriticAlgorithm(Algorithm):
     ) -> None:
         super().__init__(model, max_grad_norm=max_grad_norm)
         self.target = copy.deepcopy(model).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(model.actor.parameters(), lr=actor_lr)
-        self.critic_optimizer = torch.optim.Adam(model.critic_parameters(), lr=critic_lr)
+        self.actor_optimizer = adam(model.actor.parameters(), actor_lr)
+        self.critic_optimizer = adam(model.critic_parameters(), critic_lr)
         self.gradient_steps = 0
 
     @staticmethod

@@ -5,6 +5,7 @@
     python tools/bench_peers.py --only ppo/CartPole-v1 --seeds 0                      # one row, one seed
     python tools/bench_peers.py --dry-run                                             # the rows and SB3's settings
     python tools/bench_peers.py --only td3 --seeds 0 --max-steps 4000                 # a quick check of a row
+    python tools/bench_peers.py --parallel 8                  # 8 runs at a time, each on 2 cores of its own
 
 The rows come from the registry (flare2.zoo.registry): each preset of each
 flare2 algorithm SB3 also has (PPO, A2C, DQN, TD3, SAC), and APPO's presets
@@ -22,7 +23,10 @@ processes of their own that act on while learn() runs, replay buffers shared
 out among them).
 
 For each seed (3 by default) and each row, flare2 runs and then SB3, so that
-slow drift of a shared machine falls on both alike:
+slow drift of a shared machine falls on both alike. On a machine of many cores,
+--parallel N runs N at a time in that order, each pinned to cores of its own
+(--cpus-per-run, 2 by default): every run then has the cores of a small
+machine to itself, and the others' load is counted on its cores alone:
 
 - flare2: `flare2 train --algo A --env E --seed S --stop-return T --device cpu --log-dir D`,
   its figures from D/progress.csv;
@@ -54,10 +58,12 @@ docs/results.md.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import json
 import math
 import os
+import queue
 import shlex
 import shutil
 import statistics
@@ -191,10 +197,12 @@ def race_rows(
                 rows.append(_row(algo, env_id, max_steps))
             except Exception as exc:  # a missing env dependency (MuJoCo), a preset resolve() refuses: name it, go on
                 skipped.append(f"{algo}/{env_id}: skipped, {type(exc).__name__}: {exc}")
-    for algo, env_id in only or []:
-        if algo not in unknown and env_id is not None and env_id not in lookup(algo).presets:
+    for algo, wanted_env in only or []:
+        if algo not in unknown and wanted_env is not None and wanted_env not in lookup(algo).presets:
             presets = ", ".join(lookup(algo).presets)
-            raise ValueError(f"--only {algo}/{env_id}: {algo} has no preset for {env_id} (its presets: {presets})")
+            raise ValueError(
+                f"--only {algo}/{wanted_env}: {algo} has no preset for {wanted_env} (its presets: {presets})"
+            )
     return rows, skipped
 
 
@@ -330,12 +338,14 @@ def curve_path(curves: Path, row: Row, side: str, seed: int) -> Path:
     return curves / f"{row.algo}_{row.env_id.replace('/', '_')}_{side}_s{seed}.csv"
 
 
-def run_flare2(row: Row, seed: int, *, timeout_s: float, curves: Path | None = None) -> Run:
+def run_flare2(
+    row: Row, seed: int, *, timeout_s: float, curves: Path | None = None, cpus: frozenset[int] | None = None
+) -> Run:
     with tempfile.TemporaryDirectory(prefix=f"bench_peers_{row.algo}_s{seed}_") as log_dir:
         main = "import sys; from flare2.cli import main; sys.exit(main())"
         command = [sys.executable, "-c", main, "train", *row.flare2_args(seed, log_dir)]
         try:
-            measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s)
+            measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s, cpus=cpus)
         except MeasureTimeout as exc:
             return Run(row.name, "flare2", seed, None, None, None, error=str(exc))
         run = _measured_run(row, "flare2", seed, measured)
@@ -350,7 +360,16 @@ def run_flare2(row: Row, seed: int, *, timeout_s: float, curves: Path | None = N
     return run
 
 
-def run_sb3(row: Row, seed: int, *, venv_dir: Path, vec_env: str, timeout_s: float, curves: Path | None = None) -> Run:
+def run_sb3(
+    row: Row,
+    seed: int,
+    *,
+    venv_dir: Path,
+    vec_env: str,
+    timeout_s: float,
+    curves: Path | None = None,
+    cpus: frozenset[int] | None = None,
+) -> Run:
     side = "sb3" if vec_env == "dummy" else f"sb3-{vec_env}"
     job = {
         "spec": row.spec.to_json(),
@@ -363,7 +382,7 @@ def run_sb3(row: Row, seed: int, *, venv_dir: Path, vec_env: str, timeout_s: flo
     }
     command = [str(venv_python(venv_dir)), str(SB3_RUNNER), json.dumps(job)]
     try:
-        measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s)
+        measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s, cpus=cpus)
     except MeasureTimeout as exc:
         return Run(row.name, side, seed, None, None, None, error=str(exc))
     run = _measured_run(row, side, seed, measured)
@@ -580,6 +599,14 @@ def main(argv: list[str] | None = None) -> int:
         "cores busy on average during it; the least disturbed attempt is kept",
     )
     parser.add_argument("--retries", type=int, default=2, help="repeats allowed per run by --max-others-load")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N runs at a time, each pinned to --cpus-per-run cores of its own (default 1: one at a time, unpinned)",
+    )
+    parser.add_argument("--cpus-per-run", type=int, default=2, help="cores of each run with --parallel (default 2)")
     parser.add_argument("--dry-run", action="store_true", help="print the rows and SB3's settings, run nothing")
     parser.add_argument("--json", type=Path, help="also write every run, the settings and the figures here")
     parser.add_argument("--markdown", type=Path, help="also write the table and each row's settings here")
@@ -597,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
 
+    cpu_slots = _cpu_slots(args.parallel, args.cpus_per_run)
+    if isinstance(cpu_slots, str):
+        parser.error(cpu_slots)
     for line in skipped:
         print(line)
     for row in rows:
@@ -616,14 +646,28 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
+    free_cpus: queue.Queue[frozenset[int] | None] = queue.Queue()
+    for slot in cpu_slots:
+        free_cpus.put(slot)
+
     def run_once(row: Row, side: str, seed: int) -> Run:
         timeout_s = args.timeout if args.timeout is not None else 120.0 + 0.02 * row.budget
-        if side == "flare2":
-            run = run_flare2(row, seed, timeout_s=timeout_s, curves=args.curves)
-        else:
-            run = run_sb3(
-                row, seed, venv_dir=venv_dir, vec_env=args.sb3_vec_env, timeout_s=timeout_s, curves=args.curves
-            )
+        cpus = free_cpus.get()
+        try:
+            if side == "flare2":
+                run = run_flare2(row, seed, timeout_s=timeout_s, curves=args.curves, cpus=cpus)
+            else:
+                run = run_sb3(
+                    row,
+                    seed,
+                    venv_dir=venv_dir,
+                    vec_env=args.sb3_vec_env,
+                    timeout_s=timeout_s,
+                    curves=args.curves,
+                    cpus=cpus,
+                )
+        finally:
+            free_cpus.put(cpus)
         status = (
             f"FAILED: {run.error}"
             if run.error
@@ -641,24 +685,30 @@ def main(argv: list[str] | None = None) -> int:
     def disturbed(run: Run) -> bool:
         return args.max_others_load is not None and (run.others_load or 0.0) > args.max_others_load
 
+    def kept_run(row: Row, side: str, seed: int) -> Run:
+        attempts = [run_once(row, side, seed)]
+        while disturbed(attempts[-1]) and not attempts[-1].error and len(attempts) <= args.retries:
+            attempts.append(run_once(row, side, seed))
+        kept = min(attempts, key=lambda run: (run.error is not None, run.others_load or 0.0))
+        kept.attempts = len(attempts)
+        return kept
+
     started = time.strftime("%Y-%m-%d %H:%M")
-    runs: list[Run] = []
     # Seed by seed, each row's two sides one after the other: slow drift of the machine falls on both alike.
-    for seed in args.seeds:
-        for row in rows:
-            for side in SIDES:
-                attempts = [run_once(row, side, seed)]
-                while disturbed(attempts[-1]) and not attempts[-1].error and len(attempts) <= args.retries:
-                    attempts.append(run_once(row, side, seed))
-                kept = min(attempts, key=lambda run: (run.error is not None, run.others_load or 0.0))
-                kept.attempts = len(attempts)
-                runs.append(kept)
+    order = [(row, side, seed) for seed in args.seeds for row in rows for side in SIDES]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cpu_slots)) as pool:
+        runs = list(pool.map(lambda job: kept_run(*job), order))
 
     summary = summarize(rows, runs)
     table = markdown_table(rows, summary, runs)
     command = shlex.join(["python", "tools/bench_peers.py", *(sys.argv[1:] if argv is None else argv)])
+    layout = (
+        f"{args.parallel} runs at a time, each pinned to {args.cpus_per_run} cores of its own"
+        if args.parallel > 1
+        else "one run at a time"
+    )
     footer = (
-        f"Measured with `{command}` on {started}: {os.cpu_count()} cores, flare2 at {_git_commit()}, "
+        f"Measured with `{command}` on {started}: {os.cpu_count()} cores, {layout}, flare2 at {_git_commit()}, "
         f"stable-baselines3 {version} ({'DummyVecEnv' if args.sb3_vec_env == 'dummy' else 'SubprocVecEnv'}), "
         f"seeds {', '.join(map(str, args.seeds))}."
     )
@@ -685,6 +735,22 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2))
     return 1 if any(run.error for run in runs) else 0
+
+
+def _cpu_slots(parallel: int, cpus_per_run: int) -> list[frozenset[int] | None] | str:
+    """The cores of each of ``parallel`` runs at a time (None: unpinned, for one at a time), or why they cannot be
+    had: the runs would share cores."""
+    if parallel < 1 or cpus_per_run < 1:
+        return f"--parallel and --cpus-per-run must be >= 1, got {parallel} and {cpus_per_run}"
+    if parallel == 1:
+        return [None]
+    cpus = sorted(os.sched_getaffinity(0))
+    if parallel * cpus_per_run > len(cpus):
+        return (
+            f"--parallel {parallel} x --cpus-per-run {cpus_per_run} needs {parallel * cpus_per_run} cores, and this "
+            f"process may use {len(cpus)}: run fewer at a time"
+        )
+    return [frozenset(cpus[i * cpus_per_run : (i + 1) * cpus_per_run]) for i in range(parallel)]
 
 
 def _finite(value: Any) -> Any:

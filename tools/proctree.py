@@ -15,7 +15,9 @@ systems that are built alike, not against a single process's footprint.
 It also adds up the CPU time of the tree and what the rest of the machine
 used meanwhile (all busy CPU time in /proc/stat less the tree's and this
 process's own): a benchmark run on a shared machine can then tell whether
-others competed with it for the cores.
+others competed with it for the cores. ``cpus`` pins the tree to some cores
+(its processes inherit the affinity); "the rest of the machine" is then what
+else ran on those cores, so several pinned runs can share a machine.
 
 Linux only (/proc); standard library only.
 """
@@ -26,10 +28,11 @@ import os
 import resource
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 SAMPLE_INTERVAL_S = 0.1
@@ -105,11 +108,18 @@ def tree_pids(root: int) -> set[int]:
     return {pid for pid, (state, _) in _tree(root).items() if state != "Z"}
 
 
-def machine_busy_s() -> float:
-    """CPU seconds all cores have spent busy since boot (/proc/stat: all but idle and iowait)."""
+def machine_busy_s(cpus: Collection[int] | None = None) -> float:
+    """CPU seconds the cores (all, or those numbered in ``cpus``) have spent busy since boot (/proc/stat: all but
+    idle and iowait)."""
+    wanted = None if cpus is None else {f"cpu{cpu}" for cpu in cpus}
+    busy = 0
     with open("/proc/stat") as file:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in file.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) * _TICK_S
+        for line in file:
+            name, *fields = line.split()
+            if (name == "cpu") if wanted is None else (name in wanted):
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+                busy += user + nice + system + irq + softirq + steal
+    return busy * _TICK_S
 
 
 def _own_cpu_s() -> float:
@@ -149,6 +159,14 @@ def _kill_tree(root: int, wait_s: float = 2.0) -> None:
         time.sleep(0.01)
 
 
+def _pinned(command: list[str], cpus: Collection[int]) -> list[str]:
+    """``command`` started by a python that first pins itself to ``cpus`` (inherited by all it starts), then
+    becomes the command: no preexec_fn, which is unsafe in a process with threads."""
+    cores = ", ".join(str(int(cpu)) for cpu in cpus)
+    pin = f"import os, sys; os.sched_setaffinity(0, {{{cores}}}); os.execvp(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", pin, *command]
+
+
 def _read_text(file) -> str:
     file.seek(0)
     return file.read().decode("utf-8", errors="replace")
@@ -161,19 +179,21 @@ def run_measured(
     env: Mapping[str, str] | None = None,
     timeout_s: float,
     exit_grace_s: float = EXIT_GRACE_S,
+    cpus: Collection[int] | None = None,
 ) -> Measured:
     """Run command to exit in its own session; return its exit code, wall time and the peak RSS of its tree.
 
     stdout and stderr go to temporary files, not pipes, so a chatty child never blocks on a full
     pipe. Past timeout_s the whole tree is killed and MeasureTimeout is raised. Processes of the tree
     still alive exit_grace_s after the command exited are killed and named in leftover_pids. Whatever
-    happens, nothing of the tree is left running when this returns or raises.
+    happens, nothing of the tree is left running when this returns or raises. With ``cpus`` the tree runs on
+    those cores alone, and others_cpu_s counts what else ran on them.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        busy_before, own_before = machine_busy_s(), _own_cpu_s()
+        busy_before, own_before = machine_busy_s(cpus), _own_cpu_s()
         start = time.monotonic()
         proc = subprocess.Popen(
-            command,
+            command if cpus is None else _pinned(command, cpus),
             cwd=cwd,
             env=None if env is None else dict(env),
             stdin=subprocess.DEVNULL,
@@ -206,7 +226,7 @@ def run_measured(
             sampler.start()
             returncode = proc.wait()
             wall_s = time.monotonic() - start
-            busy_s = machine_busy_s() - busy_before
+            busy_s = machine_busy_s(cpus) - busy_before
             exited.set()
             sampler.join()
             deadline = time.monotonic() + exit_grace_s
@@ -224,7 +244,9 @@ def run_measured(
                 f"{' '.join(command)} ran past its {timeout_s:g} s limit and was killed; its stderr ended with:\n{tail}"
             )
         cpu_s = sum(cpu_ticks.values()) * _TICK_S
-        others_cpu_s = max(0.0, busy_s - cpu_s - (_own_cpu_s() - own_before))
+        # This process's own CPU counts as others' on pinned cores it may have run on: it cannot be told apart there.
+        own_s = _own_cpu_s() - own_before if cpus is None else 0.0
+        others_cpu_s = max(0.0, busy_s - cpu_s - own_s)
         return Measured(
             returncode, wall_s, peak, _read_text(out), _read_text(err), tuple(sorted(leftovers)), cpu_s, others_cpu_s
         )
@@ -232,7 +254,6 @@ def run_measured(
 
 if __name__ == "__main__":
     import json
-    import sys
 
     result = run_measured(sys.argv[1:], timeout_s=float(os.environ.get("PROCTREE_TIMEOUT_S", "3600")))
     print(

@@ -29,7 +29,7 @@ class A2C(Algorithm):
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config
         if config.optimizer == "rmsprop":
-            self.optimizer = torch.optim.RMSprop(model.parameters(), lr=config.lr, alpha=0.99, eps=1e-5)
+            self.optimizer = torch.optim.RMSprop(model.parameters(), lr=config.lr, alpha=0.99, eps=1e-5, foreach=True)
         else:
             self.optimizer = adam(model.parameters(), config.lr)
 

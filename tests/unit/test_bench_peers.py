@@ -440,3 +440,18 @@ def test_run_measured_kills_a_child_left_behind_by_the_command(proctree, tmp_pat
     state = Path(f"/proc/{child_pid}/stat")
     assert not state.exists() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z"
     assert os.getpid() not in measured.leftover_pids
+
+
+def test_run_measured_pins_the_whole_tree_to_the_cores_it_is_given(proctree):
+    core = min(os.sched_getaffinity(0))
+    child = "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)))"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    measured = proctree.run_measured([sys.executable, "-c", parent], timeout_s=30, cpus=[core])
+    assert measured.returncode == 0 and measured.stdout.strip() == str([core])
+
+
+def test_parallel_runs_get_cores_of_their_own_or_a_line_saying_there_are_too_few(bench, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    assert bench._cpu_slots(1, 2) == [None]
+    assert bench._cpu_slots(3, 2) == [frozenset({0, 1}), frozenset({2, 3}), frozenset({4, 5})]
+    assert "needs 8 cores" in bench._cpu_slots(4, 2)

@@ -177,7 +177,12 @@ def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *,
         spec.equivalents.append(f"flare2's frame-stack view of {frames} observations: SB3's VecFrameStack({frames})")
     if fields.take("complete_episodes", False):
         spec.differences.append("flare2 sends whole episodes (complete_episodes); SB3 cuts rollouts of n_steps")
-    if options.get("learner") == "inline" or options.get("serial"):
+    if options.get("serial"):
+        spec.equivalents.append(
+            "flare2 runs in one process (--serial) and learns between predictions: each rollout is played by the "
+            "weights of the update before it, as SB3's (lag about 0)"
+        )
+    elif options.get("learner") == "inline":
         spec.equivalents.append(
             "flare2 learns between predictions (--learner inline): each rollout is played by the "
             "weights of the update before it, as SB3's (lag about 0)"

@@ -268,13 +268,14 @@ class RunConfig:
             raise ConfigError(f"learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
         if self.serial and self.learner in ("process", "thread"):
             raise ConfigError(
-                f"--serial runs learn() in this process, between predictions: drop --learner {self.learner} "
-                "(or drop --serial)"
+                f"--serial runs learn() in this process, between predictions: drop --learner {self.learner}, or "
+                "give --no-serial (the env's preset may run serially)"
             )
         if self.serial and not is_loopback(self.bind):
             raise ConfigError(
                 f"--serial runs the whole run in this process, so nothing listens on --bind {self.bind}: "
-                "drop --bind (or drop --serial to let agents on other machines attach)"
+                "drop --bind, or give --no-serial (the env's preset may run serially) to let agents on other machines "
+                "attach"
             )
         if self.bind in ("0.0.0.0", "::", "*") and not self.advertise:
             raise ConfigError(

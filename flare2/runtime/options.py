@@ -62,7 +62,9 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     ("run", "--envs-per-agent", _AGENTS, "envs_per_agent", dict(
         type=number_option(int, least=1), help="environments each agent process plays, asked for in one request per step")),
     ("run", "--serial", _RUN, "serial", dict(
-        action="store_true", help="run everything in this one process (one agent with all the envs): for debuggers")),
+        action=argparse.BooleanOptionalAction, help="run everything in this one process (one agent with all the envs): "
+        "for debuggers, and the fastest schedule where the agents wait for learn() anyway (presets that do set it; "
+        "--no-serial undoes that)")),
     ("run", "--max-steps", _RUN, "max_steps", dict(type=number_option(int, least=1), help="stop after this many env steps in total")),
     ("run", "--max-episodes", _RUN, "max_episodes", dict(type=number_option(int, least=1), help="stop after this many episodes in total")),
     ("run", "--stop-return", _RUN, "stop_return", dict(

@@ -21,8 +21,8 @@ def flare2(*argv: str) -> subprocess.CompletedProcess:
     "algo, env, options",
     [
         ("ppo", "CartPole-v1", ["--learner", "process", "--envs-per-agent", "4", "--epochs", "2"]),
-        ("a2c", "CartPole-v1", ["--learner", "thread"]),
-        ("a2c", "CartPole-v1", ["--learner", "inline", "--normalize-observations"]),
+        ("a2c", "CartPole-v1", ["--no-serial", "--learner", "thread"]),
+        ("a2c", "CartPole-v1", ["--no-serial", "--learner", "inline", "--normalize-observations"]),
         ("dqn", "CartPole-v1", ["--serial", "--warmup", "200"]),
         ("td3", "Pendulum-v1", ["--serial", "--warmup", "200", "--batch-size", "32"]),
         ("sac", "Pendulum-v1", ["--learner", "process", "--warmup", "200", "--batch-size", "32"]),

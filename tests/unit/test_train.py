@@ -117,3 +117,11 @@ def test_flare2_train_from_python_names_a_setting_it_does_not_know_and_the_close
 def test_flare2_train_from_python_refuses_a_setting_out_of_range_with_the_command_lines_message(tmp_path):
     with pytest.raises(flare2.ConfigError, match="num_agents must be >= 0"):
         flare2.train("CartPole-v1", algo="ppo", num_agents=-1, log_dir=str(tmp_path))
+
+
+def test_a_preset_that_runs_serially_is_undone_with_no_serial_and_a_conflict_names_it(capsys, tmp_path):
+    command = ["--env", "CartPole-v1", "--algo", "a2c", "--log-dir", str(tmp_path)]
+    assert resolve(command).run.serial
+    assert "drop --learner process, or give --no-serial" in usage_error(capsys, [*command, "--learner", "process"])
+    plan = resolve([*command, "--no-serial", "--learner", "process"])
+    assert not plan.run.serial and plan.run.learner == "process"

@@ -30,8 +30,9 @@ class APPOConfig(PPOConfig):
 
 
 def _beside_acting(preset: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """``preset`` without the ``learner`` it may set."""
-    return {**preset, "run": {key: value for key, value in preset.get("run", {}).items() if key != "learner"}}
+    """``preset`` without the schedule it may set (``learner``, ``serial``)."""
+    run = {key: value for key, value in preset.get("run", {}).items() if key not in ("learner", "serial")}
+    return {**preset, "run": run}
 
 
 RECORD = AlgorithmRecord(
@@ -44,7 +45,7 @@ RECORD = AlgorithmRecord(
     run=PPO_RECORD.run,
     agent=PPO_RECORD.agent,
     derived=PPO_RECORD.derived,
-    # PPO's own presets, but never its --learner inline: APPO is for learning beside acting.
+    # PPO's own presets, but never their --serial or --learner inline: APPO is for learning beside acting.
     presets={env_id: _beside_acting(preset) for env_id, preset in PPO_RECORD.presets.items()},
     search_space={**PPO_RECORD.search_space, "rho_bar": ("choice", (1.0, 1.5, 2.0))},
 )

@@ -70,6 +70,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import venv
 from dataclasses import asdict, dataclass
@@ -96,6 +97,8 @@ RETURN_WINDOW = 100  # episodes in the training mean: flare2's --stop-return win
 SIDES = ("flare2", "sb3")
 # Runs during which the rest of the machine kept more than this many cores busy on average are named under the table.
 SHARED_LOAD = 0.25
+STOPPING = threading.Event()
+"""Set when the race ends: the runs still under way are killed."""
 
 THRESHOLDS: dict[str, float] = {
     # Envs whose Gymnasium spec has no reward_threshold (gymnasium.spec(env).reward_threshold is None).
@@ -345,7 +348,7 @@ def run_flare2(
         main = "import sys; from flare2.cli import main; sys.exit(main())"
         command = [sys.executable, "-c", main, "train", *row.flare2_args(seed, log_dir)]
         try:
-            measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s, cpus=cpus)
+            measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s, cpus=cpus, stop=STOPPING)
         except MeasureTimeout as exc:
             return Run(row.name, "flare2", seed, None, None, None, error=str(exc))
         run = _measured_run(row, "flare2", seed, measured)
@@ -382,7 +385,7 @@ def run_sb3(
     }
     command = [str(venv_python(venv_dir)), str(SB3_RUNNER), json.dumps(job)]
     try:
-        measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s, cpus=cpus)
+        measured = run_measured(command, cwd=ROOT, env=_child_env(), timeout_s=timeout_s, cpus=cpus, stop=STOPPING)
     except MeasureTimeout as exc:
         return Run(row.name, side, seed, None, None, None, error=str(exc))
     run = _measured_run(row, side, seed, measured)
@@ -696,8 +699,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M")
     # Seed by seed, each row's two sides one after the other: slow drift of the machine falls on both alike.
     order = [(row, side, seed) for seed in args.seeds for row in rows for side in SIDES]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cpu_slots)) as pool:
+    STOPPING.clear()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(cpu_slots))
+    try:
         runs = list(pool.map(lambda job: kept_run(*job), order))
+    finally:
+        # On Ctrl+C: no run starts after it, and those under way are killed (their trees are in sessions of their
+        # own, out of the terminal's reach).
+        STOPPING.set()
+        pool.shutdown(cancel_futures=True)
 
     summary = summarize(rows, runs)
     table = markdown_table(rows, summary, runs)

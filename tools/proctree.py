@@ -180,6 +180,7 @@ def run_measured(
     timeout_s: float,
     exit_grace_s: float = EXIT_GRACE_S,
     cpus: Collection[int] | None = None,
+    stop: threading.Event | None = None,
 ) -> Measured:
     """Run command to exit in its own session; return its exit code, wall time and the peak RSS of its tree.
 
@@ -187,7 +188,8 @@ def run_measured(
     pipe. Past timeout_s the whole tree is killed and MeasureTimeout is raised. Processes of the tree
     still alive exit_grace_s after the command exited are killed and named in leftover_pids. Whatever
     happens, nothing of the tree is left running when this returns or raises. With ``cpus`` the tree runs on
-    those cores alone, and others_cpu_s counts what else ran on them.
+    those cores alone, and others_cpu_s counts what else ran on them. Setting ``stop`` (from another thread) kills
+    the tree as a timeout does, and MeasureTimeout says it was stopped.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         busy_before, own_before = machine_busy_s(cpus), _own_cpu_s()
@@ -214,7 +216,7 @@ def run_measured(
                 for pid, (_, ticks) in tree.items():
                     cpu_ticks[pid] = max(ticks, cpu_ticks.get(pid, 0))
                 peak = max(peak, sum(rss_bytes(pid) for pid, (state, _) in tree.items() if state != "Z"))
-                if time.monotonic() - start > timeout_s:
+                if time.monotonic() - start > timeout_s or (stop is not None and stop.is_set()):
                     timed_out.set()
                     _kill_tree(proc.pid)
                     return
@@ -240,9 +242,8 @@ def run_measured(
             sampler.join()
         if timed_out.is_set():
             tail = _read_text(err)[-2000:]
-            raise MeasureTimeout(
-                f"{' '.join(command)} ran past its {timeout_s:g} s limit and was killed; its stderr ended with:\n{tail}"
-            )
+            why = "was stopped" if stop is not None and stop.is_set() else f"ran past its {timeout_s:g} s limit"
+            raise MeasureTimeout(f"{' '.join(command)} {why} and was killed; its stderr ended with:\n{tail}")
         cpu_s = sum(cpu_ticks.values()) * _TICK_S
         # This process's own CPU counts as others' on pinned cores it may have run on: it cannot be told apart there.
         own_s = _own_cpu_s() - own_before if cpus is None else 0.0

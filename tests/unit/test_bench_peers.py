@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -455,3 +456,12 @@ def test_parallel_runs_get_cores_of_their_own_or_a_line_saying_there_are_too_few
     assert bench._cpu_slots(1, 2) == [None]
     assert bench._cpu_slots(3, 2) == [frozenset({0, 1}), frozenset({2, 3}), frozenset({4, 5})]
     assert "needs 8 cores" in bench._cpu_slots(4, 2)
+
+
+def test_a_stopped_measurement_kills_the_whole_tree_and_says_it_was_stopped(proctree):
+    stop = threading.Event()
+    stop.set()
+    child = "import time; time.sleep(60)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    with pytest.raises(proctree.MeasureTimeout, match="was stopped and was killed"):
+        proctree.run_measured([sys.executable, "-c", parent], timeout_s=60, stop=stop)

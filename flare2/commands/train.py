@@ -170,15 +170,16 @@ def resolve(
         algo = chosen.algo or file_preset.get("algo")
         env_id = chosen.env or file_preset.get("env")
         if algo is None or env_id is None:
-            if "-h" in argv or "--help" in argv:
-                algo, env_id = algo or "ppo", env_id or "CartPole-v1"  # the options of one pair, as an example
-            else:
+            if "-h" not in argv and "--help" not in argv:
                 usage.error("give --env ENV_ID and --algo ALGO (or a --preset that names them); --help lists the rest")
+            algo = algo or "ppo"  # --help alone shows the options of one algorithm, as an example
         try:
             record = lookup(algo)
         except ConfigError as exc:
             source = "argument --algo" if chosen.algo else f"preset {chosen.preset}: algo"
             raise ConfigError(f"{source}: {exc}") from None
+        # --help without --env: the options with the algorithm's first preset env, one it takes.
+        env_id = env_id or next(iter(record.presets))
         check_env_id(env_id)
         env = make_gym_env(env_id)
         check_spaces(record, env_id, env.observation_space, env.action_space)

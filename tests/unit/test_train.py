@@ -125,3 +125,11 @@ def test_a_preset_that_runs_serially_is_undone_with_no_serial_and_a_conflict_nam
     assert "drop --learner process, or give --no-serial" in usage_error(capsys, [*command, "--learner", "process"])
     plan = resolve([*command, "--no-serial", "--learner", "process"])
     assert not plan.run.serial and plan.run.learner == "process"
+
+
+@pytest.mark.parametrize("algo", names())
+def test_help_without_an_env_lists_the_options_with_an_env_the_algorithm_takes(capsys, algo):
+    with pytest.raises(SystemExit) as exit_info:
+        resolve(["--algo", algo, "--help"])
+    assert exit_info.value.code == 0
+    assert f"with {algo}" in capsys.readouterr().out

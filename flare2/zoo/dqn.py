@@ -80,7 +80,11 @@ class DQN(Algorithm):
 
         A first step's return bootstraps from one observation only, the one after the sequence's first episode end
         (or after its last step), so only that one is valued: a third of the forward passes for 3-step returns."""
-        terminated, truncated = experience.terminated[index], experience.truncated[index]
+        rewards, terminated, truncated = (
+            experience.rewards["reward"][index],
+            experience.terminated[index],
+            experience.truncated[index],
+        )
         ends = terminated | truncated
         ends[:, -1] = True
         rows = torch.arange(len(index), device=ends.device)
@@ -93,11 +97,9 @@ class DQN(Algorithm):
             next_value = next_q.max(-1).values
         # n_step_returns reads the next values of later steps only for the steps after the first end, which the
         # first step's return never reaches.
-        next_values = torch.zeros_like(experience.rewards["reward"][index])
+        next_values = torch.zeros_like(rewards)
         next_values[rows, bootstrap] = next_value
-        returns = n_step_returns(
-            experience.rewards["reward"][index], next_values, terminated, truncated, self.config.gamma
-        )
+        returns = n_step_returns(rewards, next_values, terminated, truncated, self.config.gamma)
         return returns[:, 0]
 
     def _refresh_target(self) -> None:

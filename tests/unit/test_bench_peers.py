@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -14,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from tool_modules import load_tool
 
 import flare2.commands.train
 from flare2.errors import ConfigError
@@ -22,16 +22,6 @@ from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.ppo import RECORD as PPO_RECORD
 from flare2.zoo.records.sac import SACConfig
 from flare2.zoo.records.td3 import TD3Config
-
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-
-
-def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,28 @@ def transitions(count: int, *, obs, next_obs, action: int, reward: float, termin
     )
 
 
+def three_sequences(obs, next_obs, *, terminated, truncated) -> Experience:
+    """Three sequences of three steps with rewards 1, 2, 4; ``terminated`` and ``truncated`` give, per row, the
+    step that ends it that way (None: none)."""
+
+    def ends(steps) -> torch.Tensor:
+        flags = torch.zeros(3, 3, dtype=torch.bool)
+        for row, step in enumerate(steps):
+            if step is not None:
+                flags[row, step] = True
+        return flags
+
+    return Experience(
+        inputs={"obs": obs},
+        next_inputs={"obs": next_obs},
+        actions={"action": torch.zeros(3, 3, dtype=torch.int64)},
+        rewards={"reward": torch.tensor([[1.0, 2.0, 4.0]] * 3)},
+        states={},
+        terminated=ends(terminated),
+        truncated=ends(truncated),
+    )
+
+
 def q_value(algorithm: DQN, obs, action: int) -> float:
     return algorithm.model(torch.tensor([obs], dtype=torch.float32))[0, action].item()
 
@@ -97,16 +119,8 @@ def test_sequences_give_n_step_targets_that_stop_at_an_episode_end():
     algorithm = dqn(gamma=0.5, double_q=False)
     obs = torch.tensor([[[0.1, 0.1], [0.2, 0.2], [0.3, 0.3]]] * 3)
     next_obs = torch.tensor([[[0.2, 0.2], [0.3, 0.3], [0.4, 0.4]]] * 3)
-    experience = Experience(
-        inputs={"obs": obs},
-        next_inputs={"obs": next_obs},
-        actions={"action": torch.zeros(3, 3, dtype=torch.int64)},
-        rewards={"reward": torch.tensor([[1.0, 2.0, 4.0]] * 3)},
-        states={},
-        # Row 0 runs on; row 1 terminates after its second step; row 2 is truncated there.
-        terminated=torch.tensor([[False, False, False], [False, True, False], [False, False, False]]),
-        truncated=torch.tensor([[False, False, False], [False, False, False], [False, True, False]]),
-    )
+    # Row 0 runs on; row 1 terminates after its second step; row 2 is truncated there.
+    experience = three_sequences(obs, next_obs, terminated=(None, 1, None), truncated=(None, None, 1))
     value = algorithm.target(next_obs[0]).max(-1).values.tolist()  # the value after each step of a row
     targets = algorithm.targets(experience, torch.arange(3))
     expected = torch.tensor(
@@ -122,16 +136,8 @@ def test_sequences_give_n_step_targets_that_stop_at_an_episode_end():
 def test_double_q_sequences_value_only_the_observation_each_first_step_bootstraps_from():
     algorithm = dqn(gamma=0.5)
     next_obs = torch.tensor([[[0.2, -0.3], [0.6, 0.1], [-0.4, 0.9]]] * 3)
-    experience = Experience(
-        inputs={"obs": torch.zeros(3, 3, 2)},
-        next_inputs={"obs": next_obs},
-        actions={"action": torch.zeros(3, 3, dtype=torch.int64)},
-        rewards={"reward": torch.tensor([[1.0, 2.0, 4.0]] * 3)},
-        states={},
-        # Row 0 runs on; row 1 is truncated after its first step; row 2 terminates there.
-        terminated=torch.tensor([[False, False, False], [False, False, False], [True, False, False]]),
-        truncated=torch.tensor([[False, False, False], [True, False, False], [False, False, False]]),
-    )
+    # Row 0 runs on; row 1 is truncated after its first step; row 2 terminates there.
+    experience = three_sequences(torch.zeros(3, 3, 2), next_obs, terminated=(None, None, 0), truncated=(None, 0, None))
     chosen = algorithm.model(next_obs[0]).argmax(-1, keepdim=True)
     value = algorithm.target(next_obs[0]).gather(-1, chosen).squeeze(-1).tolist()
     expected = torch.tensor([1.0 + 0.5 * 2.0 + 0.25 * 4.0 + 0.125 * value[2], 1.0 + 0.5 * value[0], 1.0])

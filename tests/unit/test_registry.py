@@ -7,6 +7,7 @@ import pickle
 import textwrap
 
 import pytest
+from tool_modules import ROOT, load_tool
 
 from flare2.commands.train import resolve
 from flare2.commands.tune import search_space
@@ -178,13 +179,7 @@ def test_an_entry_point_of_an_installed_package_is_found_by_its_name(tmp_path, m
 
 
 def test_the_docs_table_has_a_row_per_algorithm_with_its_spaces_and_preset_envs(capsys):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "tools" / "algorithms_table.py"
-    spec = importlib.util.spec_from_file_location("algorithms_table", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("algorithms_table")
     registry.register(small_record())
     assert tool.main([]) == 0
     rows = capsys.readouterr().out.splitlines()
@@ -196,15 +191,8 @@ def test_the_docs_table_has_a_row_per_algorithm_with_its_spaces_and_preset_envs(
 
 
 def test_the_zoo_page_shows_the_table_the_tool_prints(capsys):
-    import importlib.util
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("algorithms_table", root / "tools" / "algorithms_table.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    assert tool.main([]) == 0
-    assert capsys.readouterr().out.strip() in (root / "docs" / "zoo.md").read_text()
+    assert load_tool("algorithms_table").main([]) == 0
+    assert capsys.readouterr().out.strip() in (ROOT / "docs" / "zoo.md").read_text()
 
 
 def test_a_record_that_derives_a_setting_from_no_option_is_refused_by_flare2_train(tmp_path, capsys):

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
-
-
-def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from tool_modules import load_tool
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:

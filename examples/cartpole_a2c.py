@@ -39,10 +39,10 @@ from flare2.zoo.records.a2c import A2CConfig
 def build_a2c(env_id: str, config: A2CConfig):
     from flare2.core.envs import make_gym_env
     from flare2.zoo.a2c import A2C
-    from flare2.zoo.models import MLPActorCritic
+    from flare2.zoo.models import ActorCritic
 
     env = make_gym_env(env_id)
-    model = MLPActorCritic(env.observation_space, env.action_space, hidden=(64, 64))
+    model = ActorCritic(env.observation_space, env.action_space, hidden=(64, 64))
     return A2C(model, config)
 
 

@@ -34,7 +34,7 @@ from flare2.runtime.options import (
     run_config_from_args,
 )
 from flare2.zoo.a2c import A2C
-from flare2.zoo.models import MLPActorCritic, mlp
+from flare2.zoo.models import ActorCritic, mlp
 from flare2.zoo.records.a2c import A2CConfig
 
 AGENT_PATH = f"{Path(__file__).with_name('multi_ct_agent.py')}:PolicyAndAuxAgent"
@@ -51,7 +51,7 @@ def shared_body() -> nn.Module:
 # 2. The policy: the stock actor-critic with its policy head on the shared body. The value network
 #    keeps its own layers: on the shared body too, its regression gradients swamped the policy's
 #    (return_mean 138 after 200k steps).
-class SharedBodyActorCritic(MLPActorCritic):
+class SharedBodyActorCritic(ActorCritic):
     def __init__(self) -> None:
         env = make_gym_env("CartPole-v1")
         super().__init__(env.observation_space, env.action_space)

@@ -13,7 +13,7 @@ summary of three ratios (and writes everything with ``--json FILE``):
     round trips/s of 8 client processes in lock-step against one server that
     drains everything waiting before it answers each.
 (b) The in-process baseline: ``gymnasium.vector.SyncVectorEnv`` of N CartPole
-    envs stepped with flare2's A2C model (``MLPActorCritic``, hidden 64-64, one
+    envs stepped with flare2's A2C model (``ActorCritic``, hidden 64-64, one
     torch thread) in one process: env steps/s for each N that a configuration
     of (c) plays, and the act path alone (``model.sample(model.policy({"obs": x}))`` at
     batch 1) in µs.
@@ -332,12 +332,12 @@ def syncvec_steps_per_s(num_envs: int, duration_s: float, device: str, seed: int
     import gymnasium as gym
     import torch
 
-    from flare2.zoo.models import MLPActorCritic
+    from flare2.zoo.models import ActorCritic
 
     torch.set_num_threads(1)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(num_envs)])
     try:
-        model = MLPActorCritic(envs.single_observation_space, envs.single_action_space).to(device)
+        model = ActorCritic(envs.single_observation_space, envs.single_action_space).to(device)
         obs, _ = envs.reset(seed=seed)
 
         def act(obs: Any) -> Any:
@@ -362,11 +362,11 @@ def act_batch1_us(calls: int, device: str) -> float:
     import numpy as np
     import torch
 
-    from flare2.zoo.models import MLPActorCritic
+    from flare2.zoo.models import ActorCritic
 
     torch.set_num_threads(1)
     env = gym.make(ENV_ID)
-    model = MLPActorCritic(env.observation_space, env.action_space).to(device)
+    model = ActorCritic(env.observation_space, env.action_space).to(device)
     obs = np.zeros((1, 4), np.float32)
 
     def act() -> Any:
@@ -450,10 +450,10 @@ def build_rollout_a2c() -> Any:
     """The CT of the rollout runs: flare2's A2C with its default MLP (runs in the compute process)."""
     from flare2.core.envs import make_gym_env
     from flare2.zoo.a2c import A2C
-    from flare2.zoo.models import MLPActorCritic
+    from flare2.zoo.models import ActorCritic
 
     env = make_gym_env(ENV_ID)
-    return A2C(MLPActorCritic(env.observation_space, env.action_space))
+    return A2C(ActorCritic(env.observation_space, env.action_space))
 
 
 class GpuLoad:

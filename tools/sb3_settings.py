@@ -168,7 +168,7 @@ def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *,
         ent_coef=fields.take("entropy_coef"),
         vf_coef=fields.take("value_coef"),
         max_grad_norm=fields.take("max_grad_norm"),
-        # Separate tanh MLPs for the policy and the value, orthogonal init: flare2's MLPActorCritic and SB3's default.
+        # Separate tanh MLPs for the policy and the value, orthogonal init: flare2's ActorCritic and SB3's default.
         policy_kwargs={"net_arch": {"pi": hidden, "vf": hidden}},
     )
     frames = fields.take("frames", 1)

@@ -25,7 +25,8 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
-from flare2.core.envs import DEFAULT_CT, GymAgent, make_gym_env
+from flare2.core.env_making import make_gym_env
+from flare2.core.envs import DEFAULT_CT, GymAgent
 from flare2.core.transforms import RunningMoments, Transforms
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.checkpoints import resume_checkpoint_path
@@ -55,6 +56,8 @@ class TrainedPolicy:
     def __init__(self, run: dict[str, Any], ct: Any) -> None:
         self.algo, self.env_id, self.ct = run["algo"], run["env"], ct
         self.env_kwargs = _env_kwargs(run)
+        self.preprocessing = _preprocessing(run)
+        """Whether the env is played with its published preprocessing (Atari's), as the run played it."""
         self.transforms = transform_options(run["run"])
         """The run's data transforms, as GymAgent's ``transforms`` option."""
         env = self.make_env()
@@ -73,8 +76,9 @@ class TrainedPolicy:
         self._reply: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     def make_env(self, **kwargs: Any) -> gym.Env:
-        """The run's env (with its time limit); ``kwargs`` go to ``gymnasium.make`` (``render_mode="rgb_array"``)."""
-        return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs})
+        """The run's env (with its time limit and preprocessing); ``kwargs`` go to ``gymnasium.make``
+        (``render_mode="rgb_array"``)."""
+        return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs}, preprocessing=self.preprocessing)
 
     def predict(
         self, observation: Any, *, reward: float = 0.0, episode_start: bool = False, greedy: bool = True
@@ -168,7 +172,8 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
 
     from flare2.core.computation_task import ComputationTask
 
-    ct = ComputationTask(DEFAULT_CT, record.builder(run["env"], _env_kwargs(run), config, settings)(), device=device)
+    build = record.builder(run["env"], _env_kwargs(run), config, settings, preprocessing=_preprocessing(run))
+    ct = ComputationTask(DEFAULT_CT, build(), device=device)
     ct.load(path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, DEFAULT_CT))
     return TrainedPolicy(run, ct)
 
@@ -180,6 +185,10 @@ def _not_as_written(train_file: Path, exc: Exception) -> ConfigError:
 def _env_kwargs(run: dict[str, Any]) -> dict[str, Any]:
     steps = run["run"].get("max_episode_steps")
     return {"max_episode_steps": steps} if steps else {}
+
+
+def _preprocessing(run: dict[str, Any]) -> bool:
+    return bool(run["run"].get("env_preprocessing", True))
 
 
 def _tuples(values: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +246,9 @@ def play(
         frames=video is not None,
         env_id=policy.env_id,
     )
-    agent = GymAgent(policy.env_id, env_kwargs=policy.env_kwargs, transforms=policy.transforms)
+    agent = GymAgent(
+        policy.env_id, env_kwargs=policy.env_kwargs, transforms=policy.transforms, preprocessing=policy.preprocessing
+    )
     agent.envs, agent.evaluating = [env], True
     ct = policy.ct
     try:

@@ -27,7 +27,8 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
-from flare2.core.envs import DEFAULT_CT, make_gym_env
+from flare2.core.env_making import make_gym_env, register_env_package
+from flare2.core.envs import DEFAULT_CT
 from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import CTConfig, RunConfig
@@ -51,7 +52,9 @@ _TRANSFORM_OPTIONS = ("normalize_observations", "scale_rewards", "clip_rewards")
 # Where this run writes and listens belongs to the command line, not to a preset that another run reuses.
 _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_dir", "insecure"}
 _RUN_OPTIONS = (
-    tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY) + _TRANSFORM_OPTIONS + ("max_episode_steps",)
+    tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY)
+    + _TRANSFORM_OPTIONS
+    + ("max_episode_steps", "env_preprocessing")
 )
 
 
@@ -203,6 +206,14 @@ def resolve(
         metavar="STEPS",
         help="truncate episodes after STEPS steps (the env's own time limit otherwise)",
     )
+    parser.add_argument(
+        "--env-preprocessing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="play games that have a published preprocessing with it (Atari's, as SB3's AtariWrapper and CleanRL: "
+        "no-op starts, 4 frames per step max-pooled, FIRE to start, 84x84 grayscale, a lost life ends the episode "
+        "for learning; the returns reported are whole games' scores); --no-env-preprocessing plays the raw env",
+    )
     derived = {name: "--" + source.replace("_", "-") for name, source in record.derived.items()}
     add_config_options(parser, record.config_class, derived=derived)
     add_config_options(parser, record.settings_class, title="how its agents send experience, and its network")
@@ -227,12 +238,12 @@ def resolve(
         parser, args, record.config_class, **{name: sources[source] for name, source in record.derived.items()}
     )
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    ct = CTConfig(
-        name=DEFAULT_CT, build=record.builder(env_id, env_kwargs, config, settings), batching=batching_from_args(args)
-    )
+    build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
+    ct = CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))
     kwargs = {
         "env_id": env_id,
         "env_kwargs": env_kwargs,
+        "preprocessing": args.env_preprocessing,
         "ct": DEFAULT_CT,
         "transforms": transforms_from_args(args),
         **settings.helper_kwargs(args.num_agents),
@@ -270,6 +281,7 @@ def check_env_id(env_id: str) -> None:
     """A ConfigError naming an env id Gymnasium does not know, with the registered ids closest to it."""
     if ":" in env_id:
         return  # gymnasium.make imports the module first: the agent's own message names what is wrong
+    register_env_package(env_id)
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "gymnasium.pprint_registry() lists the ids"

@@ -12,6 +12,7 @@ import numpy as np
 
 from flare2.core.acting import Acting
 from flare2.core.agent import AgentHelper, EvaluationSchedule, PendingPrediction, VectorAgent
+from flare2.core.env_making import LEARNING_EPISODE_ENDS, make_gym_env
 from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import CTSpecs
@@ -21,17 +22,6 @@ from flare2.wire.ragged import concat_rows
 
 DEFAULT_CT = "RL"
 """The CT a GymAgent asks unless told another: the one CT that ``flare2 train`` runs."""
-
-
-def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
-    """``gymnasium.make`` with an error that names the id and the fix."""
-    try:
-        return gym.make(env_id, **dict(env_kwargs or {}))
-    except gym.error.Error as exc:
-        raise ConfigError(
-            f"cannot make Gymnasium environment {env_id!r} ({exc}): check the id "
-            "(gymnasium.pprint_registry() lists them) or install the package that registers it"
-        ) from None
 
 
 class GymAgent(VectorAgent):
@@ -78,6 +68,14 @@ class GymAgent(VectorAgent):
     asked with, and learns from, the transformed ones. The episode returns the
     run reports stay the env's own.
 
+    ``env_id`` may be one whose package registers it on import (``ALE/Breakout-v5``,
+    ``MinAtar/Breakout-v1``); ``preprocessing`` plays Atari games as the
+    published results do (``flare2.core.env_making``; False: the raw env). A
+    step whose ``info`` holds ``LEARNING_EPISODE_ENDS`` (an Atari game's lost
+    life) is stored as a termination and the env plays on: its trajectory views
+    start afresh from the next observation, and the return it reports runs to the
+    env's own end (a whole game).
+
     ``infos`` names entries of the env's ``info`` dict that travel with each
     step to learning: each must be one of the CT's ``extra_specs`` (with its
     shape and dtype); a step whose ``info`` lacks it stores zeros.
@@ -95,8 +93,10 @@ class GymAgent(VectorAgent):
         transforms: list[Any] | None = None,
         infos: list[str] | None = None,
         complete_episodes: bool = False,
+        preprocessing: bool = True,
     ) -> None:
         self.env_id = env_id
+        self.preprocessing = preprocessing
         self.double_buffer = double_buffer
         self.env_kwargs = env_kwargs or {}
         self.ct = ct
@@ -107,7 +107,7 @@ class GymAgent(VectorAgent):
         self.complete_episodes = complete_episodes
 
     def make_env(self) -> gym.Env:
-        return make_gym_env(self.env_id, self.env_kwargs)
+        return make_gym_env(self.env_id, self.env_kwargs, preprocessing=self.preprocessing)
 
     def helpers(self) -> dict[str, AgentHelper]:
         if self.replay is not None:
@@ -242,6 +242,7 @@ class _EnvGroup:
         terminated, truncated = np.empty(count, bool), np.empty(count, bool)
         only = next_obs.only_array
         extras: dict[str, Any] = {name: self.extra_specs[name].zeros(count) for name in self.agent.infos}
+        playing_on: dict[int, Any] = {}
         for index, env in enumerate(envs):
             observation, rewards[index], terminated[index], truncated[index], info = env.step(per_env[index])
             if only is not None:
@@ -250,6 +251,9 @@ class _EnvGroup:
                 next_obs.set(index, observation)
             if extras:
                 self._keep_infos(extras, index, info)
+            if LEARNING_EPISODE_ENDS in info and not (terminated[index] or truncated[index]):
+                terminated[index] = info[LEARNING_EPISODE_ENDS]
+                playing_on[index] = observation
         next_inputs = acting.stepped(next_obs, rewards, actions, next_states)
         if evaluation is not None and evaluation_reply is not None:
             evaluation.play(*evaluation_reply)
@@ -266,8 +270,9 @@ class _EnvGroup:
         }
         ended = np.flatnonzero(terminated | truncated)
         if ended.size:
-            acting.restart(ended, [envs[index].reset()[0] for index in ended])
-        return step, ended.size
+            starts = [playing_on[index] if index in playing_on else envs[index].reset()[0] for index in ended]
+            acting.restart(ended, starts)
+        return step, ended.size - sum(index in playing_on for index in ended)
 
     def _keep_infos(self, extras: dict[str, np.ndarray], index: int, info: dict[str, Any]) -> None:
         for name, rows in extras.items():
@@ -314,9 +319,12 @@ class _EvaluationEpisodes:
 
     def play(self, actions: dict[str, Any], next_states: dict[str, Any]) -> None:
         """Step ``eval_env`` with its row of a reply."""
-        observation, reward, terminated, truncated, _ = self.env.step(self.acting.env_actions(actions)[0])
+        observation, reward, terminated, truncated, info = self.env.step(self.acting.env_actions(actions)[0])
         next_obs = self.acting.next_rows()
         next_obs.set(0, observation)
         self.acting.stepped(next_obs, np.array([reward], self.acting.reward_dtype), actions, next_states)
         if terminated or truncated:
             self.playing = False
+        elif info.get(LEARNING_EPISODE_ENDS):
+            # As in training: the views start afresh after a lost life.
+            self.acting.restart(np.array([0]), [observation])

@@ -1,6 +1,7 @@
 """Gymnasium spaces as flare2 specs, and the observations of several envs as the rows of one request.
 
-A Box, Discrete, MultiBinary or MultiDiscrete space is one fixed-shape spec;
+A Box, Discrete, MultiBinary or MultiDiscrete space is one fixed-shape spec
+(a Box of ``uint8`` or ``bool``, an image, keeps its dtype; any other Box is ``float32``);
 ``Sequence(Box)`` and ``Sequence(Discrete)`` (a varying number of entities,
 or one action per entity) are ragged specs. A ``Dict`` space gives one spec
 per key; any other space is the single input ``obs`` or the single action
@@ -26,7 +27,8 @@ ACTION_KEY = "action"
 def space_spec(space: gym.Space, where: str) -> Spec:
     """The spec of one (non-Dict) space; ``where`` names it in the error for a space flare2 cannot carry."""
     if isinstance(space, gym.spaces.Box):
-        return Spec(space.shape, "float32")
+        # Pixels stay bytes all the way to the device (a quarter of float32's size); any other Box is float32.
+        return Spec(space.shape, space.dtype.name if space.dtype in (np.uint8, np.bool_) else "float32")
     if isinstance(space, gym.spaces.Discrete):
         return Spec((), "int64")
     if isinstance(space, gym.spaces.MultiBinary) and isinstance(space.n, (int, np.integer)):

@@ -15,17 +15,17 @@ import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, adam
-from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.models import ActorCritic
 from flare2.zoo.record import ActorCriticSettings
 from flare2.zoo.records.a2c import A2CConfig
 from flare2.zoo.returns import n_step_returns
 
 
 class A2C(Algorithm):
-    model: MLPActorCritic
+    model: ActorCritic
     may_learn_in_own_process = True
 
-    def __init__(self, model: MLPActorCritic, config: A2CConfig = A2CConfig()) -> None:
+    def __init__(self, model: ActorCritic, config: A2CConfig = A2CConfig()) -> None:
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config
         if config.optimizer == "rmsprop":
@@ -68,5 +68,12 @@ class A2C(Algorithm):
 def build(env: gym.Env, config: A2CConfig, settings: ActorCriticSettings) -> A2C:
     """A2C with the zoo's MLP actor-critic for ``env``, as ``flare2 train --algo a2c`` builds it."""
     return A2C(
-        MLPActorCritic(env.observation_space, env.action_space, hidden=settings.hidden, frames=settings.frames), config
+        ActorCritic(
+            env.observation_space,
+            env.action_space,
+            hidden=settings.hidden,
+            frames=settings.frames,
+            encoder=settings.encoder,
+        ),
+        config,
     )

@@ -64,5 +64,11 @@ class APPO(PPO):
 
 def build(env: gym.Env, config: APPOConfig, settings: ActorCriticSettings) -> APPO:
     """APPO for ``env`` as ``flare2 train --algo appo`` builds it."""
-    model = PPOActorCritic(env.observation_space, env.action_space, frames=settings.frames, hidden=settings.hidden)
+    model = PPOActorCritic(
+        env.observation_space,
+        env.action_space,
+        frames=settings.frames,
+        hidden=settings.hidden,
+        encoder=settings.encoder,
+    )
     return APPO(model, config)

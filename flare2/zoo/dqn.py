@@ -37,8 +37,19 @@ class DQN(Algorithm):
         self.gradient_steps = 0
 
     @classmethod
-    def for_env(cls, env: gym.Env, config: DQNConfig = DQNConfig(), hidden: tuple[int, ...] = (128, 128)) -> DQN:
-        return cls(QNetwork(env.observation_space, env.action_space, hidden=hidden), config)
+    def for_env(
+        cls,
+        env: gym.Env,
+        config: DQNConfig = DQNConfig(),
+        hidden: tuple[int, ...] = (128, 128),
+        *,
+        frames: int = 1,
+        encoder: str = "auto",
+    ) -> DQN:
+        """DQN with the zoo's Q-network for ``env`` (an MLP, or a CNN for images; over its last ``frames``
+        observations)."""
+        model = QNetwork(env.observation_space, env.action_space, hidden=hidden, frames=frames, encoder=encoder)
+        return cls(model, config)
 
     @property
     def epsilon(self) -> float:
@@ -47,20 +58,20 @@ class DQN(Algorithm):
         return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        q = self.model(inputs["obs"])
+        q = self.model(inputs[self.model.input_key])
         greedy = q.argmax(-1)
         explore = torch.rand(greedy.shape, device=q.device) < self.epsilon
         self.predicted += greedy.shape[0]
         return {"action": torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy)}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        return {"action": self.model(inputs["obs"]).argmax(-1)}, {}
+        return {"action": self.model(inputs[self.model.input_key]).argmax(-1)}, {}
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config = self.config
         # The first step of each sampled sequence is learned; the steps after it (up to an episode end)
         # make its n-step return. Sequences of one step give the usual one-step target.
-        obs = experience.inputs["obs"][:, 0]
+        obs = experience.inputs[self.model.input_key][:, 0]
         actions = experience.actions["action"][:, 0]
         self.anneal_lr(config.lr, self.predicted, config.anneal_steps)
         losses = []
@@ -89,7 +100,7 @@ class DQN(Algorithm):
         ends[:, -1] = True
         rows = torch.arange(len(index), device=ends.device)
         bootstrap = ends.int().argmax(-1)  # the first end of each sequence
-        next_obs = experience.next_inputs["obs"][index, bootstrap]
+        next_obs = experience.next_inputs[self.model.input_key][index, bootstrap]
         next_q = self.target(next_obs)
         if self.config.double_q:
             next_value = next_q.gather(-1, self.model(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
@@ -121,4 +132,4 @@ class DQN(Algorithm):
 
 def build(env: gym.Env, config: DQNConfig, settings: DQNSettings) -> DQN:
     """DQN for ``env`` as ``flare2 train --algo dqn`` builds it."""
-    return DQN.for_env(env, config, settings.hidden)
+    return DQN.for_env(env, config, settings.hidden, frames=settings.frames, encoder=settings.encoder)

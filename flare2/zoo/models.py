@@ -1,4 +1,5 @@
-"""Stock models: an MLP actor-critic and an MLP Q-network, for Box or Discrete observations."""
+"""Stock models: an actor-critic and a Q-network over vectors (MLPs) or images (a CNN encoder, ``flare2.zoo.encoders``),
+and the actor and critics of TD3 and SAC."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from flare2.core.model import Model
 from flare2.core.spaces import space_spec
 from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError
+from flare2.zoo.encoders import ENCODERS, ImageEncoder, image_layout
 
 
 def mlp(
@@ -103,12 +105,28 @@ def features(obs: torch.Tensor, obs_spec: Spec, one_hot: int) -> torch.Tensor:
     return obs.flatten(start_dim=obs.dim() - len(obs_spec.shape)).float()
 
 
-class MLPActorCritic(Model):
-    """Separate policy and value MLPs over one observation ``obs``.
+def observation_encoder(space: gym.Space, kind: str, frames: int = 1) -> ImageEncoder | None:
+    """The CNN of an image observation space (``flare2.zoo.encoders``); None for a vector one, which is flattened."""
+    layout = image_layout(space)
+    if layout is None:
+        if kind not in ENCODERS:
+            raise ConfigError(f"--encoder {kind!r} is no image encoder: use one of {', '.join(ENCODERS)}")
+        return None
+    return ImageEncoder(layout, kind, frames=frames)
+
+
+class ActorCritic(Model):
+    """Policy and value heads over one observation ``obs``, through an encoder chosen from its space.
+
+    A vector observation (a Box of floats, or Discrete one-hot encoded) feeds
+    separate policy and value MLPs of sizes ``hidden``. An image (a Box of
+    ``uint8`` or ``bool``, ``flare2.zoo.encoders``) goes through one CNN
+    (``encoder``: the Nature network for Atari-sized frames) whose features
+    feed both heads, each an MLP of sizes ``hidden`` (none: linear), as in
+    CleanRL's ``ppo_atari``.
 
     Discrete actions get logits; Box actions get a Gaussian mean with a learned,
-    state-independent log standard deviation. A Discrete observation is
-    one-hot encoded.
+    state-independent log standard deviation.
 
     An observation space ``Dict(obs=..., action_mask=MultiBinary(n))`` over
     Discrete(n) actions adds the input ``action_mask``: the actions it marks
@@ -117,7 +135,8 @@ class MLPActorCritic(Model):
 
     ``frames`` above 1 makes it see the last ``frames`` observations (a
     trajectory view the agent assembles, ``obs_frames``) instead of the
-    current one alone: enough to tell velocities from positions.
+    current one alone: enough to tell velocities from positions; an image
+    encoder takes the frames as channels (Atari's stack of 4).
     """
 
     def __init__(
@@ -128,16 +147,22 @@ class MLPActorCritic(Model):
         hidden: Sequence[int] = (64, 64),
         initial_log_std: float = 0.0,
         frames: int = 1,
+        encoder: str = "auto",
     ) -> None:
         super().__init__()
         if type(frames) is not int or frames < 1:
-            raise ConfigError(f"MLPActorCritic frames must be an int >= 1, got {frames!r}")
+            raise ConfigError(f"ActorCritic frames must be an int >= 1, got {frames!r}")
         self.frames = frames
         observation_space, self._mask_spec = split_action_mask(observation_space, action_space)
         self._obs_spec = observation_spec(observation_space)
         self._action_spec = action_spec(action_space)
         self.one_hot_size = one_hot_size(observation_space)
-        obs_size = (self.one_hot_size or math.prod(self._obs_spec.fixed_shape)) * frames
+        self.encoder = observation_encoder(observation_space, encoder, frames)
+        obs_size = (
+            self.encoder.features
+            if self.encoder is not None
+            else (self.one_hot_size or math.prod(self._obs_spec.fixed_shape)) * frames
+        )
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         # action_spec took only Discrete or a 1-d Box: logits per action, or the Gaussian mean per dim.
         if isinstance(action_space, gym.spaces.Discrete):
@@ -158,10 +183,13 @@ class MLPActorCritic(Model):
         return {"obs_frames": View.last_observations(self.frames)} if self.frames > 1 else {}
 
     def _features(self, inputs: Tensors) -> torch.Tensor:
+        obs = inputs["obs"] if self.frames == 1 else inputs["obs_frames"]
+        if self.encoder is not None:
+            return self.encoder(obs)
         if self.frames == 1:
-            return features(inputs["obs"], self._obs_spec, self.one_hot_size)
+            return features(obs, self._obs_spec, self.one_hot_size)
         # [..., frames, *obs] to [..., frames * features]: each frame as the current observation would be.
-        frames = features(inputs["obs_frames"], self._obs_spec, self.one_hot_size)
+        frames = features(obs, self._obs_spec, self.one_hot_size)
         return frames.flatten(start_dim=frames.dim() - 2)
 
     def policy(self, inputs: Tensors) -> torch.Tensor:
@@ -196,21 +224,42 @@ class MLPActorCritic(Model):
 
 
 class QNetwork(Model):
-    """One Q-value per Discrete action from an observation ``obs`` (Box, or Discrete one-hot encoded).
+    """One Q-value per Discrete action from an observation ``obs``: a Box of floats, Discrete (one-hot encoded) or
+    an image (a CNN encoder, ``flare2.zoo.encoders``, then the MLP: Mnih et al.'s DQN with ``hidden=()``).
 
-    ``hidden=()`` makes it linear. Over a one-hot observation that is a
+    ``hidden=()`` makes it linear over the features. Over a one-hot observation that is a
     Q-table (``is_table``): one weight per state and action and no bias, so
     that learning a state's value moves no other state's.
+
+    ``frames`` above 1 makes it see the last ``frames`` observations (the view ``obs_frames``; its ``input_key``).
     """
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden: Sequence[int] = (64, 64)) -> None:
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden: Sequence[int] = (64, 64),
+        *,
+        frames: int = 1,
+        encoder: str = "auto",
+    ) -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"QNetwork needs a Discrete action space, got {action_space}: use TD3 for Box actions")
+        if type(frames) is not int or frames < 1:
+            raise ConfigError(f"QNetwork frames must be an int >= 1, got {frames!r}")
+        self.frames = frames
+        self.input_key = "obs" if frames == 1 else "obs_frames"
+        """The input ``forward`` takes: the observation, or the view of the last ``frames`` of them."""
         self._obs_spec = observation_spec(observation_space)
         self.one_hot_size = one_hot_size(observation_space)
-        obs_size = self.one_hot_size or math.prod(self._obs_spec.fixed_shape)
-        self.is_table = not hidden and bool(self.one_hot_size)
+        self.encoder = observation_encoder(observation_space, encoder, frames)
+        obs_size = (
+            self.encoder.features
+            if self.encoder is not None
+            else (self.one_hot_size or math.prod(self._obs_spec.fixed_shape)) * frames
+        )
+        self.is_table = not hidden and bool(self.one_hot_size) and frames == 1
         # ReLU is the usual choice for value-based methods.
         self.q = mlp([obs_size, *hidden, int(action_space.n)], activation=nn.ReLU, bias=not self.is_table)
 
@@ -220,8 +269,15 @@ class QNetwork(Model):
     def action_specs(self) -> dict[str, Spec]:
         return {"action": Spec((), "int64")}
 
+    def view_specs(self) -> dict[str, View]:
+        return {"obs_frames": View.last_observations(self.frames)} if self.frames > 1 else {}
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.q(features(obs, self._obs_spec, self.one_hot_size))
+        """Q-values of ``inputs[self.input_key]``."""
+        if self.encoder is not None:
+            return self.q(self.encoder(obs))
+        flat = features(obs, self._obs_spec, self.one_hot_size)
+        return self.q(flat if self.frames == 1 else flat.flatten(start_dim=flat.dim() - 2))
 
 
 class BoxActorCritic(Model):

@@ -28,7 +28,7 @@ from flare2.core.algorithm import Algorithm, Experience, Tensors, adam
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.core.specs import Spec
-from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.models import ActorCritic
 from flare2.zoo.record import ActorCriticSettings
 from flare2.zoo.records.ppo import ClippedObjectiveConfig, PPOConfig
 from flare2.zoo.returns import gae
@@ -91,8 +91,8 @@ def importance_weights(
     return ratios.clamp(max=rho_bar), report
 
 
-class PPOActorCritic(MLPActorCritic):
-    """The MLP actor-critic with the acting policy's log-probability as a second action output."""
+class PPOActorCritic(ActorCritic):
+    """The actor-critic with the acting policy's log-probability as a second action output."""
 
     def action_specs(self) -> dict[str, Spec]:
         return {**super().action_specs(), "log_prob": Spec((), "float32")}
@@ -131,10 +131,18 @@ class PPO(ClippedObjective):
 
     @classmethod
     def for_env(
-        cls, env: gym.Env, config: PPOConfig = PPOConfig(), *, frames: int = 1, hidden: tuple[int, ...] = (64, 64)
+        cls,
+        env: gym.Env,
+        config: PPOConfig = PPOConfig(),
+        *,
+        frames: int = 1,
+        hidden: tuple[int, ...] = (64, 64),
+        encoder: str = "auto",
     ) -> PPO:
-        """PPO with the zoo's MLP actor-critic for ``env`` (over its last ``frames`` observations)."""
-        return cls(PPOActorCritic(env.observation_space, env.action_space, frames=frames, hidden=hidden), config)
+        """PPO with the zoo's actor-critic for ``env`` (MLPs, or a CNN for images; over its last ``frames``
+        observations)."""
+        model = PPOActorCritic(env.observation_space, env.action_space, frames=frames, hidden=hidden, encoder=encoder)
+        return cls(model, config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         policy = self.model.policy(inputs)
@@ -217,4 +225,4 @@ class PPO(ClippedObjective):
 
 def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:
     """PPO for ``env`` as ``flare2 train --algo ppo`` builds it."""
-    return PPO.for_env(env, config, frames=settings.frames, hidden=settings.hidden)
+    return PPO.for_env(env, config, frames=settings.frames, hidden=settings.hidden, encoder=settings.encoder)

@@ -19,12 +19,13 @@ import dataclasses
 import importlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
+from flare2.core.env_making import is_atari, make_gym_env, registered_id
 from flare2.errors import ConfigError
 
 # Observation spaces a record may take. MASKED is a Dict of "obs" (one of the record's other kinds) and the
@@ -36,6 +37,10 @@ OBSERVATION_KINDS = (BOX, DISCRETE, MASKED)
 # Action spaces a record may take: DISCRETE, or a Box of one dimension.
 VECTOR_BOX = "1-d Box"
 ACTION_KINDS = (DISCRETE, VECTOR_BOX)
+
+PRESET_FAMILIES: dict[str, Callable[[str], bool]] = {"Atari": is_atari}
+"""Kinds of env that share one preset (``AlgorithmRecord.family_presets``), by the test of an env id: ``Atari`` is
+every game of ale-py (``ALE/Breakout-v5``, ``PongNoFrameskip-v4``...), played with its published preprocessing."""
 
 PRESET_GROUPS = ("algorithm", "agent", "run")
 """The parts of a preset: the config's fields, the agent settings' fields, run options."""
@@ -64,9 +69,11 @@ class OnlineSettings:
 @dataclass(frozen=True)
 class ActorCriticSettings(OnlineSettings):
     hidden: tuple[int, ...] = (64, 64)
-    """Hidden layer sizes of the actor-critic MLP."""
+    """Hidden layer sizes of the actor-critic MLPs (over an image: of its heads, after the CNN)."""
     frames: int = 1
-    """Observations the MLP sees at once, the current one last (a frame-stack view)."""
+    """Observations the model sees at once, the current one last (a frame-stack view)."""
+    encoder: str = "auto"
+    """The CNN of image observations: auto, nature, impala or minatar (flare2.zoo.encoders)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,11 @@ class ReplaySettings:
 @dataclass(frozen=True)
 class DQNSettings(ReplaySettings):
     hidden: tuple[int, ...] = (128, 128)
-    """Hidden layer sizes of the Q-network."""
+    """Hidden layer sizes of the Q-network (over an image: after the CNN)."""
+    frames: int = 1
+    """Observations the Q-network sees at once, the current one last (a frame-stack view)."""
+    encoder: str = "auto"
+    """The CNN of image observations: auto, nature, impala or minatar (flare2.zoo.encoders)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +157,9 @@ class AlgorithmRecord:
     """Config fields whose default is another option's value (``{"anneal_steps": "max_steps"}``)."""
     presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
     """Known-good settings per env id (``{"algorithm": ..., "agent": ..., "run": ...}``) over its starting point."""
+    family_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)
+    """Known-good settings per kind of env (a key of ``PRESET_FAMILIES``: ``Atari``), for the ids without a preset
+    of their own."""
     search_space: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
     """What ``flare2 tune`` searches: config or agent setting name to ``(kind, bounds)`` of SEARCH_KINDS."""
 
@@ -176,7 +190,12 @@ class AlgorithmRecord:
         config_fields, settings_fields = field_names(self.config_class), field_names(self.settings_class)
         _check_names(f"{where}: agent", self.agent, settings_fields)
         _check_names(f"{where}: derived", self.derived, config_fields)
-        for env_id, preset in self.presets.items():
+        unknown_families = sorted(set(self.family_presets) - set(PRESET_FAMILIES))
+        if unknown_families:
+            raise ConfigError(
+                f"{where}: family_presets names {unknown_families}, which are not among {sorted(PRESET_FAMILIES)}"
+            )
+        for env_id, preset in {**self.presets, **self.family_presets}.items():
             if not set(preset) <= set(PRESET_GROUPS):
                 raise ConfigError(
                     f"{where}: the preset of {env_id} must be a map of {', '.join(PRESET_GROUPS)}, got {sorted(preset)}"
@@ -217,17 +236,24 @@ class AlgorithmRecord:
         )
 
     def preset(self, env_id: str) -> dict[str, dict[str, Any]]:
-        """Its starting point on ``env_id``: its own, then the env's preset when it has one."""
-        chosen = self.presets.get(registered_id(env_id), {})
+        """Its starting point on ``env_id``: its own, then the env's preset when it has one, else the preset of its
+        kind of env (``family_presets``) when it has one."""
+        chosen = self.presets.get(registered_id(env_id))
+        if chosen is None:
+            families = [preset for family, preset in self.family_presets.items() if PRESET_FAMILIES[family](env_id)]
+            chosen = families[0] if families else {}
         return {
             "algorithm": dict(chosen.get("algorithm", {})),
             "agent": {**self.agent, **chosen.get("agent", {})},
             "run": {**self.run, **chosen.get("run", {})},
         }
 
-    def builder(self, env_id: str, env_kwargs: dict[str, Any], config: Any, settings: Any) -> Any:
-        """A picklable function of no arguments that builds the Algorithm (a CT's ``build``)."""
-        return _Build(self.build, env_id, env_kwargs, config, settings)
+    def builder(
+        self, env_id: str, env_kwargs: dict[str, Any], config: Any, settings: Any, *, preprocessing: bool = True
+    ) -> Any:
+        """A picklable function of no arguments that builds the Algorithm (a CT's ``build``) for the env as the
+        agents play it (``preprocessing``: ``flare2.core.env_making.make_gym_env``)."""
+        return _Build(self.build, env_id, env_kwargs, config, settings, preprocessing)
 
 
 @dataclass(frozen=True)
@@ -239,9 +265,9 @@ class _Build:
     env_kwargs: dict[str, Any]
     config: Any
     settings: Any
+    preprocessing: bool
 
     def __call__(self) -> Any:
-        from flare2.core.envs import make_gym_env
 
         module_name, _, attr = self.path.partition(":")
         try:
@@ -253,12 +279,8 @@ class _Build:
                 f"cannot import the build function {self.path!r} of the algorithm ({exc}): check the "
                 "record's build path and that its package is installed"
             ) from None
-        return function(make_gym_env(self.env_id, self.env_kwargs), self.config, self.settings)
-
-
-def registered_id(env_id: str) -> str:
-    """The id without a ``module:`` prefix (Gymnasium imports the module, which registers it)."""
-    return env_id.rsplit(":", 1)[-1]
+        env = make_gym_env(self.env_id, self.env_kwargs, preprocessing=self.preprocessing)
+        return function(env, self.config, self.settings)
 
 
 def field_names(dataclass_type: type) -> set[str]:

@@ -14,7 +14,7 @@ from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args
 from flare2.zoo.a2c import A2C
-from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.models import ActorCritic
 
 
 class BrokenA2C(A2C):
@@ -41,7 +41,7 @@ def build(fail_after: int, sleep_once_s: float, build_after: str | None) -> Brok
     while build_after and not Path(build_after).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     env = make_gym_env("CartPole-v1")
-    return BrokenA2C(MLPActorCritic(env.observation_space, env.action_space), fail_after, sleep_once_s)
+    return BrokenA2C(ActorCritic(env.observation_space, env.action_space), fail_after, sleep_once_s)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ ALGORITHM = '''
 import torch
 
 from flare2 import Algorithm
-from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.models import ActorCritic
 from flare2.zoo.returns import n_step_returns
 
 
@@ -68,7 +68,7 @@ class Reinforce(Algorithm):
 
 
 def build(env, config, settings):
-    return Reinforce(MLPActorCritic(env.observation_space, env.action_space, hidden=settings.hidden), config)
+    return Reinforce(ActorCritic(env.observation_space, env.action_space, hidden=settings.hidden), config)
 '''
 
 

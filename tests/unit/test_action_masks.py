@@ -12,7 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from flare2.core.computation_task import ComputationTask
 from flare2.errors import ConfigError
-from flare2.zoo.models import MLPActorCritic, masked_logits
+from flare2.zoo.models import ActorCritic, masked_logits
 from flare2.zoo.ppo import PPO
 
 ACTIONS = 6
@@ -26,7 +26,7 @@ MASKED_SPACE = gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,)), "action_mask
 )
 def test_masked_sampling_never_picks_an_illegal_action(logits, mask):
     mask[:, 0] |= ~mask.any(axis=1)  # at least one legal action per row
-    model = MLPActorCritic(MASKED_SPACE, gym.spaces.Discrete(ACTIONS))
+    model = ActorCritic(MASKED_SPACE, gym.spaces.Discrete(ACTIONS))
     policy = masked_logits(torch.from_numpy(logits), torch.from_numpy(mask))
     for _ in range(20):
         sampled = model.sample(policy).numpy()
@@ -55,9 +55,9 @@ def test_ppo_on_a_masked_space_declares_the_mask_and_acts_legally_through_the_co
 
 def test_a_mask_that_does_not_fit_the_actions_is_refused_naming_both():
     with pytest.raises(ConfigError, match="needs Discrete actions with one entry per action"):
-        MLPActorCritic(MASKED_SPACE, gym.spaces.Discrete(ACTIONS + 1))
+        ActorCritic(MASKED_SPACE, gym.spaces.Discrete(ACTIONS + 1))
     with pytest.raises(ConfigError, match=r"holds 'obs' and optionally 'action_mask', got \['mines', 'obs'\]"):
-        MLPActorCritic(
+        ActorCritic(
             gym.spaces.Dict({"obs": gym.spaces.Box(-1, 1, (3,)), "mines": gym.spaces.Box(-1, 1, (3,))}),
             gym.spaces.Discrete(2),
         )

@@ -14,15 +14,15 @@ from flare2.core.model import Model
 from flare2.core.specs import Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
 from flare2.zoo.a2c import A2C
-from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.models import ActorCritic
 
 OBS_SPACE = gym.spaces.Box(-1, 1, (4,))
 ACTION_SPACE = gym.spaces.Discrete(2)
 
 
-def make_model(seed: int = 0) -> MLPActorCritic:
+def make_model(seed: int = 0) -> ActorCritic:
     torch.manual_seed(seed)
-    return MLPActorCritic(OBS_SPACE, ACTION_SPACE, hidden=(8,))
+    return ActorCritic(OBS_SPACE, ACTION_SPACE, hidden=(8,))
 
 
 def make_ct(seed: int = 0, name: str = "RL") -> ComputationTask:
@@ -144,7 +144,7 @@ def test_learn_hands_the_algorithm_batch_by_time_tensors_with_the_episode_flags(
 def test_the_models_extras_reach_learn_as_tensors_and_a_request_without_them_is_refused():
     seen = {}
 
-    class WithReturns(MLPActorCritic):
+    class WithReturns(ActorCritic):
         def extra_specs(self):
             return {"returns": Spec((), "float32")}
 
@@ -280,7 +280,7 @@ def test_an_algorithm_whose_predict_breaks_the_specs_gets_an_error_naming_it(alg
 
 
 def test_a_ct_needs_an_algorithm():
-    with pytest.raises(ConfigError, match="needs a flare2 Algorithm, got MLPActorCritic"):
+    with pytest.raises(ConfigError, match="needs a flare2 Algorithm, got ActorCritic"):
         ComputationTask("RL", make_model())
 
 
@@ -455,14 +455,14 @@ def test_resuming_from_a_checkpoint_of_another_algorithm_or_other_specs_is_refus
     assert make_ct().load(path)["env_steps"] == 10
     with pytest.raises(ConfigError, match=r"written by algorithm flare2\.zoo\.a2c\.A2C, this run builds .*OtherA2C"):
         ComputationTask("RL", OtherA2C(make_model()), device="cpu").load(path)
-    wider = MLPActorCritic(gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(2))
+    wider = ActorCritic(gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(2))
     with pytest.raises(ConfigError, match=r"inputs\['obs'\] = \{'shape': \[4\], 'dtype': 'float32'\}, .*\[6\]"):
         ComputationTask("RL", A2C(wider), device="cpu").load(path)
     # Same specs, other layers: torch's own complaint, inside flare2's message.
-    other_layers = MLPActorCritic(OBS_SPACE, ACTION_SPACE, hidden=(8, 8))
+    other_layers = ActorCritic(OBS_SPACE, ACTION_SPACE, hidden=(8, 8))
     with pytest.raises(
         ConfigError,
         match=r"does not fit this run's A2C \(Error\(s\) in loading state_dict for "
-        r"MLPActorCritic: .*\): it was written with other network settings",
+        r"ActorCritic: .*\): it was written with other network settings",
     ):
         ComputationTask("RL", A2C(other_layers), device="cpu").load(path)

@@ -17,7 +17,7 @@ from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.runtime.manager import serial
 from flare2.runtime.manager.manager import Manager
 from flare2.zoo.a2c import A2C
-from flare2.zoo.models import MLPActorCritic
+from flare2.zoo.models import ActorCritic
 
 HOOK_CALLS: list[tuple[str, int, int]] = []
 
@@ -39,7 +39,7 @@ class HookedA2C(A2C):
 
 def build_hooked() -> HookedA2C:
     env = gym.make("CartPole-v1")
-    return HookedA2C(MLPActorCritic(env.observation_space, env.action_space, hidden=(16,)))
+    return HookedA2C(ActorCritic(env.observation_space, env.action_space, hidden=(16,)))
 
 
 def serial_config(tmp_path, **agents) -> RunConfig:
@@ -96,7 +96,7 @@ class InterruptedA2C(HookedA2C):
 
 def build_interrupted() -> InterruptedA2C:
     env = gym.make("CartPole-v1")
-    return InterruptedA2C(MLPActorCritic(env.observation_space, env.action_space, hidden=(16,)))
+    return InterruptedA2C(ActorCritic(env.observation_space, env.action_space, hidden=(16,)))
 
 
 def test_ctrl_c_stops_a_serial_run_as_it_stops_a_parallel_one_with_a_final_checkpoint(tmp_path, caplog):

@@ -47,5 +47,6 @@ RECORD = AlgorithmRecord(
     derived=PPO_RECORD.derived,
     # PPO's own presets, but never their --serial or --learner inline: APPO is for learning beside acting.
     presets={env_id: _beside_acting(preset) for env_id, preset in PPO_RECORD.presets.items()},
+    family_presets={family: _beside_acting(preset) for family, preset in PPO_RECORD.family_presets.items()},
     search_space={**PPO_RECORD.search_space, "rho_bar": ("choice", (1.0, 1.5, 2.0))},
 )

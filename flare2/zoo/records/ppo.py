@@ -124,6 +124,26 @@ RECORD = AlgorithmRecord(
             "run": {"envs_per_agent": 16, "max_steps": 1_000_000, **_ON_POLICY},
         },
     },
+    family_presets={
+        # CleanRL's ppo_atari and rl-baselines3-zoo's hyperparams/ppo.yml (atari): 8 envs x 128 steps, 4 epochs of
+        # minibatches of 256, the learning rate 2.5e-4 annealed to 0 over the run, clip 0.1 (CleanRL's constant
+        # one; the zoo anneals it too), entropy 0.01, value 0.5, rewards clipped, 4 stacked frames, the Nature CNN
+        # with a linear policy and value head on its 512 features. Each update is 16 gradient steps over 1024 env
+        # steps, so the agents wait for learn(), which runs in the compute process (on the GPU where there is one).
+        "Atari": {
+            "algorithm": {
+                "lr": 2.5e-4,
+                "gamma": 0.99,
+                "gae_lambda": 0.95,
+                "clip": 0.1,
+                "epochs": 4,
+                "minibatch_size": 256,
+                "entropy_coef": 0.01,
+            },
+            "agent": {"sample_interval": 128, "frames": 4, "hidden": ()},
+            "run": {"envs_per_agent": 8, "clip_rewards": 1.0, "max_steps": 10_000_000, "learner": "inline"},
+        },
+    },
     search_space={
         **CLIPPED_OBJECTIVE_SEARCH,
         "entropy_coef": ("log", (1e-8, 1e-2)),

@@ -1,0 +1,188 @@
+"""Making Gymnasium envs: ids of packages that register them on import, and the published preprocessing of the games
+that have one (Atari). Imports no torch: agent processes import this module.
+
+**Env packages.** ale-py registers ``ALE/...`` ids and MinAtar ``MinAtar/...``
+ids only once imported: ``make_gym_env`` imports the package of an id's
+namespace first, and names the package and flare2's extra to install when it
+is missing. ``module:EnvId`` works as Gymnasium makes it (the module is imported).
+
+**Atari** (``atari_game``): the preprocessing of SB3's ``AtariWrapper`` and
+CleanRL's ``ppo_atari`` (Mnih et al., Nature 2015; Machado et al., JAIR 2018):
+
+- up to 30 no-op actions at the start of a game,
+- each action repeated for 4 frames, the observation the pixel-wise max of the
+  last two (sprites flicker),
+- FIRE (then action 2) at the start of a game and after a lost life, in games
+  that have FIRE (Breakout waits for it),
+- 84x84 grayscale frames, ``uint8``,
+- ALE's own frame skip and sticky actions off, as in the ``NoFrameskip-v4``
+  games the published tables were made on (``env_kwargs`` may set them again).
+
+A lost life ends the episode *for learning* (``LEARNING_EPISODE_ENDS`` in the
+step's ``info``: learning sees a termination there, as with SB3's
+``EpisodicLifeEnv``) while the game goes on, so every return flare2 reports
+(the progress line, progress.csv, ``flare2 eval``) is the score of a whole
+game, as in the published tables. The presets clip rewards for learning
+(``--clip-rewards 1``), which leaves the reported scores raw, and stack frames
+as the model's view of the last 4 observations (``--frames 4``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from flare2.errors import ConfigError
+
+LEARNING_EPISODE_ENDS = "learning_episode_ends"
+"""An ``info`` key an env sets (to True) on a step after which learning should see the episode end, as a termination,
+though the env plays on without a reset: a lost life of an Atari game. The stock agent then starts the episode's
+trajectory views afresh; the returns it reports run to the env's own end."""
+
+ENV_PACKAGES: dict[str, tuple[str, str | None, str, str]] = {
+    "ALE": ("ale_py", None, "ale-py", "atari"),
+    "MinAtar": ("minatar.gym", "register_envs", "minatar", "minatar"),
+}
+"""Namespaces of env ids whose package registers them: (module to import, the function of it to call after, if
+importing it is not enough; the package; flare2's extra that installs it)."""
+
+NOOP_MAX = 30
+FRAME_SKIP = 4
+SCREEN_SIZE = 84
+_ATARI_BASE_KWARGS = {"frameskip": 1, "repeat_action_probability": 0.0}
+"""ALE's settings under the preprocessing, which skips frames itself (v5 games default to 4 and 0.25)."""
+
+
+def registered_id(env_id: str) -> str:
+    """The id without a ``module:`` prefix (Gymnasium imports the module, which registers it)."""
+    return env_id.rsplit(":", 1)[-1]
+
+
+def namespace(env_id: str) -> str | None:
+    """The namespace of an id (``ALE`` of ``ALE/Breakout-v5``), None for an id without one."""
+    name = registered_id(env_id)
+    return name.split("/", 1)[0] if "/" in name else None
+
+
+def register_env_package(env_id: str) -> None:
+    """Import the package that registers ``env_id``: the one of its namespace (a ConfigError naming the package and
+    the extra to install when it is missing), or, for an id without a known namespace that is not registered yet,
+    each known package that is installed (ale-py also registers ``BreakoutNoFrameskip-v4`` and the like)."""
+    if registered_id(env_id) in gym.registry or ":" in env_id:
+        return
+    space = namespace(env_id)
+    if space not in ENV_PACKAGES:
+        for known in ENV_PACKAGES:
+            try:
+                _register(known)
+            except ImportError:
+                continue
+        return
+    try:
+        _register(space)
+    except ImportError:
+        _, _, package, extra = ENV_PACKAGES[space]
+        raise ConfigError(
+            f"env {env_id!r} is one of the {space} environments of the {package} package, which is not installed: "
+            f'pip install "flare2[{extra}]" (or pip install {package})'
+        ) from None
+
+
+def _register(space: str) -> None:
+    """Register the ids of namespace ``space`` (an ImportError when its package is missing)."""
+    module_name, function, _, _ = ENV_PACKAGES[space]
+    module = importlib.import_module(module_name)
+    if function is not None and not any(key.startswith(space + "/") for key in gym.registry):
+        getattr(module, function)()
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is one of ale-py's games (``ALE/Breakout-v5``, ``BreakoutNoFrameskip-v4``...)."""
+    spec = gym.registry.get(registered_id(env_id))
+    entry_point = spec.entry_point if spec is not None else ""
+    return isinstance(entry_point, str) and entry_point.startswith("ale_py")
+
+
+def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, preprocessing: bool = True) -> gym.Env:
+    """``gymnasium.make`` of ``env_id`` with the published preprocessing of its kind of game (Atari's; none for the
+    others), ``preprocessing=False`` for the raw env; an error that names the id and the fix."""
+    register_env_package(env_id)
+    try:
+        if preprocessing and is_atari(env_id):
+            return atari_game(env_id, env_kwargs)
+        return gym.make(env_id, **dict(env_kwargs or {}))
+    except gym.error.Error as exc:
+        raise ConfigError(
+            f"cannot make Gymnasium environment {env_id!r} ({exc}): check the id "
+            "(gymnasium.pprint_registry() lists them) or install the package that registers it"
+        ) from None
+
+
+class AtariLives(gym.Wrapper):
+    """FIRE at the start of a game and after each lost life where the game has FIRE; marks each lost life in the
+    step's ``info`` (``LEARNING_EPISODE_ENDS``) while the game goes on. The rewards of the FIRE steps count."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        meanings = env.unwrapped.get_action_meanings()  # type: ignore[attr-defined]
+        self._fire = "FIRE" in meanings and len(meanings) >= 3
+        self._lives = 0
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        observation, info = self.env.reset(**kwargs)
+        if self._fire:
+            observation, _, terminated, truncated, info = self._press_fire(info)
+            if terminated or truncated:
+                observation, info = self.env.reset(**kwargs)
+        self._lives = self._lives_of(info)
+        return observation, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        reward = float(reward)
+        lives = self._lives_of(info)
+        if lives < self._lives and not (terminated or truncated):
+            if self._fire:
+                observation, fire_reward, terminated, truncated, info = self._press_fire(info)
+                reward += fire_reward
+            info = {**info, LEARNING_EPISODE_ENDS: True}
+        self._lives = lives
+        return observation, reward, terminated, truncated, info
+
+    def _press_fire(self, info: dict[str, Any]) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """FIRE, then action 2 (as SB3's ``FireResetEnv``): the last observation, the rewards, how the game ended
+        on the way if it did, and the last info."""
+        total, observation, terminated, truncated = 0.0, None, False, False
+        for action in (1, 2):
+            observation, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        return observation, total, terminated, truncated, info
+
+    def _lives_of(self, info: dict[str, Any]) -> int:
+        return int(info["lives"]) if "lives" in info else int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]
+
+
+def atari_game(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
+    """The game ``env_id`` with the published preprocessing (the module docstring)."""
+    env = gym.make(env_id, **{**_ATARI_BASE_KWARGS, **dict(env_kwargs or {})})
+    try:
+        import cv2  # noqa: F401  (AtariPreprocessing resizes with it)
+    except ImportError:
+        raise ConfigError(
+            f'env {env_id!r}: the Atari preprocessing resizes frames with OpenCV: pip install "flare2[atari]"'
+        ) from None
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=NOOP_MAX,
+        frame_skip=FRAME_SKIP,
+        screen_size=SCREEN_SIZE,
+        terminal_on_life_loss=False,
+        grayscale_obs=True,
+        scale_obs=False,
+    )
+    return AtariLives(env)

@@ -270,7 +270,7 @@ class _EnvGroup:
         }
         ended = np.flatnonzero(terminated | truncated)
         if ended.size:
-            starts = [playing_on[index] if index in playing_on else envs[index].reset()[0] for index in ended]
+            starts = [playing_on[int(i)] if i in playing_on else envs[i].reset()[0] for i in ended]
             acting.restart(ended, starts)
         return step, ended.size - sum(index in playing_on for index in ended)
 

@@ -81,7 +81,8 @@ def image_layout(space: gym.Space) -> ImageLayout | None:
 
 def _conv(conv: nn.Conv2d) -> nn.Conv2d:
     nn.init.orthogonal_(conv.weight, math.sqrt(2))
-    nn.init.zeros_(conv.bias)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
     return conv
 
 

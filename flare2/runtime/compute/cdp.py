@@ -27,11 +27,12 @@ while predictions go on; its reply comes back through ``learned``.
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -141,6 +142,10 @@ class CDPStats:
     policy_lag_sum: int = 0
     """Over every learned step: learner version minus the version that acted (see ``policy_lag_steps``)."""
     policy_lag_steps: int = 0
+    predict_seconds: float = 0.0
+    """Time in ``predict()`` (the forward passes and their copies to and from the device)."""
+    learn_seconds: float = 0.0
+    """Time in ``learn()``, wherever it runs."""
     costs_sum: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     costs_count: int = 0
 
@@ -158,6 +163,8 @@ class CDPStats:
             "max_predict_wait_ms": self.max_predict_wait_ms,
             "policy_lag_sum": self.policy_lag_sum,
             "policy_lag_steps": self.policy_lag_steps,
+            "predict_seconds": self.predict_seconds,
+            "learn_seconds": self.learn_seconds,
             "costs": {key: value / self.costs_count for key, value in self.costs_sum.items()}
             if self.costs_count
             else {},
@@ -180,16 +187,28 @@ class LearnBatch:
     requests: list[_Request]
     experience: dict[str, Any]
 
-    def run(self) -> tuple[dict[str, float], int, int]:
+    def run(self) -> Learned:
         """``learn()`` on it (in whatever thread the learner uses); see ``learn_with_lag``."""
         return learn_with_lag(self.cdp.ct, self.experience)
 
 
-def learn_with_lag(ct: ComputationTask, experience: dict[str, Any]) -> tuple[dict[str, float], int, int]:
-    """``ct.learn(experience)``; returns its costs, the policy lag summed over the steps, and the number of steps."""
+class Learned(NamedTuple):
+    """What one ``learn()`` call gave: its costs, the policy lag summed over its steps, the number of steps, and the
+    seconds it took."""
+
+    costs: dict[str, float]
+    lag_sum: int
+    lag_steps: int
+    seconds: float
+
+
+def learn_with_lag(ct: ComputationTask, experience: dict[str, Any]) -> Learned:
+    """``ct.learn(experience)``, with the policy lag of its steps and its time."""
     versions = experience["policy_version"]
     lag_sum = ct.version * versions.size - int(versions.sum())
-    return ct.learn(experience), lag_sum, versions.size
+    start = time.perf_counter()
+    costs = ct.learn(experience)
+    return Learned(costs, lag_sum, versions.size, time.perf_counter() - start)
 
 
 class ComputationDataProcessor:
@@ -374,10 +393,12 @@ class ComputationDataProcessor:
         greedy: bool | np.ndarray = False
         if any("evaluation" in r.payload for r in batch):
             greedy = np.concatenate([r.payload.get("evaluation", np.zeros(r.size, bool)) for r in batch])
+        started = time.perf_counter()
         try:
             actions, next_states = self.ct.predict(inputs, states, greedy=greedy)
         except Exception:
             self._fail(batch, False, "predict", traceback.format_exc())
+        self.stats.predict_seconds += time.perf_counter() - started
         version = self.ct.predicted_version
         start = 0
         for request in batch:
@@ -408,17 +429,18 @@ class ComputationDataProcessor:
             experience[flag] = np.concatenate([r.payload[flag] for r in batch])
         return experience
 
-    def learned(self, batch: LearnBatch, costs: dict[str, float], lag_sum: int, lag_steps: int) -> None:
+    def learned(self, batch: LearnBatch, result: Learned) -> None:
         """Reply to the requests of a learned batch and count it."""
         stats = self.stats
         # The CT's count, which a resumed run continues.
         stats.learn_calls = self.ct.learn_calls
-        stats.policy_lag_sum += lag_sum
-        stats.policy_lag_steps += lag_steps
-        for key, value in costs.items():
+        stats.policy_lag_sum += result.lag_sum
+        stats.policy_lag_steps += result.lag_steps
+        stats.learn_seconds += result.seconds
+        for key, value in result.costs.items():
             stats.costs_sum[key] += value
         stats.costs_count += 1
-        reply = {"costs": costs, "learn_calls": self.ct.learn_calls}
+        reply = {"costs": result.costs, "learn_calls": self.ct.learn_calls}
         for request in batch.requests:
             self.reply(request.reply_to, True, Message(LEARNED, reply, seq=request.seq, ct=self.ct.name))
 

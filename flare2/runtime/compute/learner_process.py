@@ -33,7 +33,7 @@ import torch
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.transforms import RunningMoments
 from flare2.errors import LearnerDiedError
-from flare2.runtime.compute.cdp import LearnBatch, learn_with_lag
+from flare2.runtime.compute.cdp import LearnBatch, Learned, learn_with_lag
 from flare2.runtime.compute.cts import build_cts, resume
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import (
@@ -180,7 +180,9 @@ class LearnerProcess:
             batch.cdp.learn_failed(batch, answer["traceback"])
         ct = batch.cdp.ct
         ct.adopt_weights(self._weights[self._cts.index(ct)], learn_calls=answer["learn_calls"])
-        batch.cdp.learned(batch, answer["costs"], answer["lag_sum"], answer["lag_steps"])
+        batch.cdp.learned(
+            batch, Learned(answer["costs"], answer["lag_sum"], answer["lag_steps"], answer["seconds"])
+        )
 
 
 def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list[torch.Tensor]]) -> None:
@@ -227,7 +229,7 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
             for key, value in experience.items()
         }
         try:
-            costs, lag_sum, lag_steps = learn_with_lag(ct, experience)
+            result = learn_with_lag(ct, experience)
         except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
             pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
             continue
@@ -236,9 +238,10 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
             encode(
                 {
                     "kind": "learned",
-                    "costs": costs,
-                    "lag_sum": lag_sum,
-                    "lag_steps": lag_steps,
+                    "costs": result.costs,
+                    "lag_sum": result.lag_sum,
+                    "lag_steps": result.lag_steps,
+                    "seconds": result.seconds,
                     "learn_calls": ct.learn_calls,
                 }
             )

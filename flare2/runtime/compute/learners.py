@@ -91,10 +91,10 @@ class InlineLearner:
 
     def submit(self, batch: LearnBatch) -> None:
         try:
-            costs, lag_sum, lag_steps = batch.run()
+            result = batch.run()
         except Exception:  # noqa: BLE001 - user code: its traceback goes back to the agents that asked
             batch.cdp.learn_failed(batch, traceback.format_exc())
-        batch.cdp.learned(batch, costs, lag_sum, lag_steps)
+        batch.cdp.learned(batch, result)
 
     def deliver(self) -> None:
         """Nothing is ever waiting."""
@@ -153,7 +153,7 @@ class LearnerThread:
             self._busy = False
             if failure:
                 batch.cdp.learn_failed(batch, failure)
-            batch.cdp.learned(batch, *result)
+            batch.cdp.learned(batch, result)
 
     def finish(self) -> None:
         """Wait for the batch being learned and reply for it, so none is lost at a stop."""

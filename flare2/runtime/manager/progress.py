@@ -45,8 +45,18 @@ PROGRESS_COLUMNS = (
     "predict_rtt_p99_ms",
     "closed_connections",
 )
-CT_COLUMNS = ("wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean")
-"""cts.csv: per CT, the batches since the last row and their mean size (requests per forward pass or learn call)."""
+CT_COLUMNS = (
+    "wall_time",
+    "ct",
+    "predict_batches",
+    "predict_batch_mean",
+    "learn_calls",
+    "learn_batch_mean",
+    "predict_s",
+    "learn_s",
+)
+"""cts.csv: per CT, the batches since the last row and their mean size (requests per forward pass or learn call),
+and the seconds spent in predict() and in learn() since the last row (the compute side's split)."""
 RETURN_WINDOW = 100
 EVAL_RETURN_WINDOW = 20
 
@@ -415,10 +425,17 @@ class ProgressLog:
 
     def _write_ct_rows(self, wall_time: float, totals: RunTotals) -> None:
         for ct, report in totals.ct_reports.items():
-            keys = ("predict_rows", "predict_batches", "learn_requests", "learn_calls")
+            keys = (
+                "predict_rows",
+                "predict_batches",
+                "learn_requests",
+                "learn_calls",
+                "predict_seconds",
+                "learn_seconds",
+            )
             counts = tuple(float(report.get(key, 0)) for key in keys)
-            rows, batches, learn_requests, learn_calls = (
-                now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * 4))
+            rows, batches, learn_requests, learn_calls, predict_s, learn_s = (
+                now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * len(keys)))
             )
             self._last_ct_counts[ct] = counts
             self._cts.writerow(
@@ -429,6 +446,8 @@ class ProgressLog:
                     round(rows / batches, 3) if batches else float("nan"),
                     int(learn_calls),
                     round(learn_requests / learn_calls, 3) if learn_calls else float("nan"),
+                    round(predict_s, 3),
+                    round(learn_s, 3),
                 )
             )
         self._cts_file.flush()

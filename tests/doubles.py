@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from flare2.core.learn_requests import check_learn, pack, unpack
 from flare2.core.model import Model
-from flare2.core.specs import Spec
+from flare2.core.specs import CTSpecs, Spec
 from flare2.runtime.agents.agent_process import StopRequested
 
 
@@ -26,19 +27,33 @@ class Scale(Model):
         return {"y": Spec((2,), "float32")}
 
 
+SCALE_SPECS = CTSpecs(
+    inputs={"x": Spec((2,), "float32")},
+    actions={"y": Spec((2,), "float32")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+)
+"""The specs of a CT of ``Scale`` (with the default reward)."""
+
+
 def learn_payload(sequences: int, steps: int, *, fill: float = 0.0, version: int = 0) -> dict:
-    """A learn request of ``Scale``'s CT: inputs full of ``fill``, every step acted by weights ``version``."""
+    """A learn request of ``Scale``'s CT as an agent sends it (``pack``): inputs full of ``fill``, every step acted
+    by weights ``version``."""
     lead = (sequences, steps)
-    return {
-        "inputs": {"x": np.full((*lead, 2), fill, np.float32)},
-        "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
-        "actions": {"y": np.zeros((*lead, 2), np.float32)},
-        "rewards": {"reward": np.zeros(lead, np.float32)},
-        "states": {},
-        "terminated": np.zeros(lead, bool),
-        "truncated": np.zeros(lead, bool),
-        "policy_version": np.full(lead, version, np.int64),
-    }
+    return pack(
+        SCALE_SPECS,
+        {
+            "inputs": {"x": np.full((*lead, 2), fill, np.float32)},
+            "next_inputs": {"x": np.zeros((*lead, 2), np.float32)},
+            "actions": {"y": np.zeros((*lead, 2), np.float32)},
+            "rewards": {"reward": np.zeros(lead, np.float32)},
+            "states": {},
+            "terminated": np.zeros(lead, bool),
+            "truncated": np.zeros(lead, bool),
+            "policy_version": np.full(lead, version, np.int64),
+        },
+        0,
+    )
 
 
 class KeepingHelper:
@@ -77,3 +92,9 @@ class AnsweringPort:
     def version(self, ticket: int) -> int:
         """The weights version of answer ``ticket``."""
         return 0
+
+
+def received(specs: CTSpecs, payload: dict) -> dict:
+    """A learn request as learn() gets it: checked as the CDP checks it, then spelled out (``unpack``)."""
+    check_learn(specs, payload)
+    return unpack(specs, payload)

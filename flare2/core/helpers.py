@@ -7,20 +7,16 @@ from typing import Any, cast
 import numpy as np
 
 from flare2.core.agent import AgentHelper
+from flare2.core.learn_requests import pack
 from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
 from flare2.core.views import EpisodeAges, view_context, with_views
 from flare2.errors import ConfigError
 from flare2.wire.ragged import Ragged, concat_time, stack_time
 
 
-def stack_steps(
-    steps: list[dict[str, Any]], specs: CTSpecs, ages: list[np.ndarray] | None = None, context: int = 0
-) -> dict[str, Any]:
-    """Stack T steps of K rows into a learn payload of K sequences, ``[K, T, ...]``, with the spec dtypes.
-
-    A CT with views needs each step's ``ages`` in its episode (``EpisodeAges``); the first ``context`` steps then
-    only give the views their frames (``with_views``).
-    """
+def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
+    """T stored steps of K rows as K sequences ``[K, T, ...]`` in the spec dtypes: every group a helper keeps
+    (``CTSpecs.stored_specs``: no views) and the step flags. ``pack`` makes the learn request of them."""
     payload: dict[str, Any] = {
         group: {
             name: stack_time([step[group][name] for step in steps]).astype(spec.dtype, copy=False)
@@ -30,11 +26,16 @@ def stack_steps(
     }
     for flag, spec in STEP_FLAG_SPECS.items():
         payload[flag] = np.stack([step[flag] for step in steps], axis=1).astype(spec.dtype, copy=False)
-    if specs.views:
-        if ages is None:
-            raise ValueError("stack_steps of a CT with views needs the steps' ages in their episodes (EpisodeAges)")
-        payload = with_views(specs, payload, np.stack(ages, axis=1), context)
     return payload
+
+
+def spelled_out(specs: CTSpecs, stored: dict[str, Any], ages: np.ndarray | None, context: int) -> dict[str, Any]:
+    """Stored steps ``[K, context + T, ...]`` as learn() will see them, ``[K, T, ...]`` with the views: what
+    ``postprocess`` gets (every group but the views are views of ``stored``, so that what it writes is sent)."""
+    if not specs.views:
+        return stored  # no step is kept for views alone: context is 0
+    assert ages is not None, "a CT with views keeps its steps' ages"
+    return with_views(specs, stored, ages, context)
 
 
 class OnlineHelper(AgentHelper):
@@ -78,7 +79,7 @@ class OnlineHelper(AgentHelper):
         # Complete episodes: the steps kept start at step _first; env i's episode started at step _starts[i].
         self._first = 0
         self._starts = np.zeros(1, np.int64)
-        self._ended: list[dict[str, Any]] = []
+        self._ended: list[tuple[dict[str, Any], np.ndarray | None]] = []
         self._ended_steps = 0
 
     def attach(self, ct: str, specs: CTSpecs, port: Any, *, num_envs: int = 1) -> None:
@@ -97,25 +98,29 @@ class OnlineHelper(AgentHelper):
         if self.complete_episodes:
             self._store_for_episodes(step)
         elif len(self._steps) - self._context >= self.sample_interval:
-            payload = stack_steps(self._steps, self.specs, self._ages, self._context)
+            stored = stack_steps(self._steps, self.specs)
+            ages = np.stack(self._ages, axis=1) if self.specs.views else None
+            if self._postprocessing:
+                steps = spelled_out(self.specs, stored, ages, self._context)
+                for env in range(self.num_envs):
+                    self.postprocess(_sequence(steps, lambda value, env=env: _only_sequence(value[env : env + 1])))
+            payload = pack(self.specs, stored, self._context, ages)
             # The next request's first views reach back into these steps.
             self._context = min(view_context(self.specs), len(self._steps))
             self._steps = self._steps[len(self._steps) - self._context :]
             self._ages = self._ages[len(self._ages) - self._context :]
-            if self._postprocessing:
-                for env in range(self.num_envs):
-                    self.postprocess(_sequence(payload, lambda value, env=env: _only_sequence(value[env : env + 1])))
             self.port.learn(payload)
 
     def _store_for_episodes(self, step: dict[str, Any]) -> None:
         now = self._first + len(self._steps) - 1
         for env in np.flatnonzero(step["terminated"] | step["truncated"]):
             start = self._starts[env] - self._first
-            window = stack_steps(self._steps[start:], self.specs, self._ages[start:])
+            window = stack_steps(self._steps[start:], self.specs)
             episode = _sequence(window, lambda value, env=env: value[[env]])
+            ages = np.stack(self._ages[start:], axis=1)[[env]] if self.specs.views else None
             if self._postprocessing:
-                self.postprocess(_sequence(episode, _only_sequence))
-            self._ended.append(episode)
+                self.postprocess(_sequence(spelled_out(self.specs, episode, ages, 0), _only_sequence))
+            self._ended.append((episode, ages))
             self._ended_steps += len(episode["terminated"][0])
             self._starts[env] = now + 1
         done = int(self._starts.min()) - self._first
@@ -125,14 +130,15 @@ class OnlineHelper(AgentHelper):
             self._first += done
         if self._ended_steps >= self.sample_interval * self.num_envs:
             ended, self._ended, self._ended_steps = self._ended, [], 0
-            self.port.learn(
-                {
-                    key: {name: concat_time([e[key][name] for e in ended]) for name in value}
-                    if isinstance(value, dict)
-                    else concat_time([e[key] for e in ended])
-                    for key, value in ended[0].items()
-                }
-            )
+            episodes = [episode for episode, _ in ended]
+            stored = {
+                key: {name: concat_time([e[key][name] for e in episodes]) for name in value}
+                if isinstance(value, dict)
+                else concat_time([e[key] for e in episodes])
+                for key, value in episodes[0].items()
+            }
+            ages = np.concatenate([ages for _, ages in ended], axis=1) if self.specs.views else None
+            self.port.learn(pack(self.specs, stored, 0, ages))
 
 
 def _sequence(payload: dict[str, Any], take: Any) -> dict[str, Any]:
@@ -252,7 +258,7 @@ class ExpReplayHelper(AgentHelper):
             self.port.learn(self.sample(due * self.batch_size))
 
     def sample(self, count: int) -> dict[str, Any]:
-        """A learn payload of ``count`` random sequences, ``[count, sequence_length, ...]``, oldest step first."""
+        """A learn request (``pack``) of ``count`` random sequences of ``sequence_length`` steps, oldest step first."""
         length = self.sequence_length
         if self.size < self._least_size:
             raise ValueError(
@@ -272,9 +278,7 @@ class ExpReplayHelper(AgentHelper):
             for group, arrays in self._buffers.items()
         }
         payload.update({name: array[rows, envs] for name, array in self._flags.items()})
-        if self.specs.views:
-            payload = with_views(self.specs, payload, self._ages[rows, envs], context)
-        return payload
+        return pack(self.specs, payload, context, self._ages[rows, envs] if self.specs.views else None)
 
     @property
     def _least_size(self) -> int:

@@ -311,24 +311,6 @@ class CTSpecs:
                 groups[group] = self.acting_inputs
         return groups
 
-    def check_learn(self, payload: dict[str, Any]) -> tuple[int, int]:
-        """Validate a learn request: N sequences of T steps, every array ``[N, T, ...]`` (see ``Experience``); returns (N, T)."""
-        leading: tuple[int, ...] | None = None
-        for group, specs in self.experience_specs().items():
-            leading = check_arrays(
-                group,
-                specs,
-                payload.get(group, {} if group in _OPTIONAL_GROUPS else None),
-                leading_ndim=2,
-                leading=leading,
-            )
-        flags = {name: payload.get(name) for name in STEP_FLAG_SPECS}
-        # The step flags always count the sequences and steps, even of a CT whose groups hold no arrays.
-        leading = check_arrays("step flags", STEP_FLAG_SPECS, flags, leading_ndim=2, leading=leading)
-        assert leading is not None, "STEP_FLAG_SPECS is never empty"
-        sequences, steps = leading
-        return sequences, steps
-
 
 EXPERIENCE_GROUPS = ("inputs", "next_inputs", "actions", "rewards", "states", "extras")
 """The array groups of a step, a learn request and ``Experience``; ``CTSpecs.experience_specs`` gives their specs."""

@@ -8,6 +8,7 @@ from doubles import Scale, learn_payload
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
+from flare2.core.learn_requests import unpack
 from flare2.errors import UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
@@ -80,7 +81,7 @@ def test_the_queued_requests_of_an_agent_that_left_are_discarded_never_served_or
     served.cdp.serve_predictions(1e9)
     batch = served.cdp.take_learn_batch(1e9, flush=True)
     assert [request.agent_id for request in batch.requests] == ["a"]
-    assert batch.experience["inputs"]["x"].shape == (2, 3, 2)
+    assert unpack(served.cdp.ct.specs, batch.experience)["inputs"]["x"].shape == (2, 3, 2)
     [reply] = served.replies_to("a")
     assert reply.kind == PREDICTION and reply.payload["actions"]["y"].tolist() == [[2.0, 2.0]]
     assert served.replies_to("b") == []

@@ -10,6 +10,7 @@ import torch
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.devices import AUTO_CUDA_MIN_PARAMETERS, choose_device, count_parameters, resolve_device
+from flare2.core.learn_requests import check_learn, pack, unpack
 from flare2.core.model import Model
 from flare2.core.specs import Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
@@ -161,10 +162,11 @@ def test_the_models_extras_reach_learn_as_tensors_and_a_request_without_them_is_
     assert ct.specs.extras == {"returns": Spec((), "float32")}
     batch = learn_batch(batch=2, steps=5)
     with pytest.raises(SpecError, match="extras keys do not match the specs.*missing \\['returns'\\]"):
-        ct.specs.check_learn(batch)
+        check_learn(ct.specs, pack(ct.specs, batch, 0))
     batch["extras"] = {"returns": np.arange(10, dtype=np.float32).reshape(2, 5)}
-    assert ct.specs.check_learn(batch) == (2, 5)
-    ct.learn(batch)
+    payload = pack(ct.specs, batch, 0)
+    assert check_learn(ct.specs, payload) == (2, 5)
+    ct.learn(unpack(ct.specs, payload))
     assert torch.equal(seen["experience"].extras["returns"], torch.arange(10.0).reshape(2, 5))
     # The specs say so on the wire too, so remote agents fill them.
     assert type(ct.specs).from_wire(ct.specs.to_wire()) == ct.specs

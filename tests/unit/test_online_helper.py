@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from doubles import received
 
 from flare2.core.helpers import OnlineHelper, stack_steps
+from flare2.core.learn_requests import pack
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 
@@ -18,11 +20,14 @@ SPECS = CTSpecs(
 
 
 class Port:
-    def __init__(self) -> None:
+    """Keeps each learn request as learn() would get it."""
+
+    def __init__(self, specs: CTSpecs = SPECS) -> None:
+        self.specs = specs
         self.learned: list[dict] = []
 
     def learn(self, payload: dict) -> None:
-        self.learned.append(payload)
+        self.learned.append(received(self.specs, payload))
 
 
 def step(t: int, envs: int, *, terminated_env: int | None = None) -> dict:
@@ -41,8 +46,7 @@ def step(t: int, envs: int, *, terminated_env: int | None = None) -> dict:
 
 
 def test_steps_stack_into_one_sequence_per_env_with_the_spec_dtypes():
-    payload = stack_steps([step(t, 3) for t in range(4)], SPECS)
-    assert SPECS.check_learn(payload) == (3, 4)
+    payload = received(SPECS, pack(SPECS, stack_steps([step(t, 3) for t in range(4)], SPECS), 0))
     obs = payload["inputs"]["obs"]
     assert obs.dtype == np.float32 and obs.shape == (3, 4, 2)
     # Sequence k is env k, oldest step first.
@@ -118,14 +122,14 @@ class Returns(OnlineHelper):
 
 
 def test_complete_episodes_go_whole_one_after_another_in_one_sequence_once_enough_steps_ended():
-    helper, port = Returns(sample_interval=2, complete_episodes=True), Port()
+    helper, port = Returns(sample_interval=2, complete_episodes=True), Port(EXTRA_SPECS)
     ends = [2, 3, 5]
     helper.attach("RL", EXTRA_SPECS, port, num_envs=3)
     for t in range(30):
         helper.store(episodic_step(t, ends))
     sent = []
     for payload in port.learned:
-        assert EXTRA_SPECS.check_learn(payload)[0] == 1
+        assert len(payload["terminated"]) == 1
         flags = payload["terminated"][0] | payload["truncated"][0]
         # At least sample_interval * 3 steps of ended episodes, and only whole ones: the sequence ends with an end.
         assert len(flags) >= 6 and flags[-1]
@@ -154,7 +158,7 @@ def test_complete_episodes_go_whole_one_after_another_in_one_sequence_once_enoug
 
 
 def test_with_fragments_the_hook_sees_each_envs_part_of_a_request_and_writes_into_it():
-    helper, port = Returns(sample_interval=4), Port()
+    helper, port = Returns(sample_interval=4), Port(EXTRA_SPECS)
     helper.attach("RL", EXTRA_SPECS, port, num_envs=3)
     for t in range(8):
         helper.store(episodic_step(t, [2, 3, 5]))

@@ -11,6 +11,7 @@ from flare2.core.agent import Agent
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.helpers import ExpReplayHelper, stack_steps
+from flare2.core.learn_requests import pack, unpack
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import RaggedTensor, pad_rows
 from flare2.core.specs import CTSpecs, Spec, check_arrays
@@ -260,12 +261,12 @@ def test_stored_steps_of_several_envs_become_ragged_sequences_that_learn_receive
                 "policy_version": np.zeros(2, np.int64),
             }
         )
-    payload = stack_steps(steps, ct.specs)
+    payload = pack(ct.specs, stack_steps(steps, ct.specs), 0)
     assert payload["inputs"]["mines"].lengths.tolist() == [[0, 1, 2], [1, 1, 1]]
     cdp.accept(Message(LEARN, decode(encode(payload)), "a", 1, "RL"), "a", 0.0, learn=True)
     batch = cdp.take_learn_batch(0.0, flush=True)
     assert batch is not None and not [m for _, m in replies if m.kind == ERROR]
-    costs = ct.learn(batch.experience)
+    costs = ct.learn(unpack(ct.specs, batch.experience))
     learned = ct.algorithm.learned.inputs["mines"]
     assert isinstance(learned, RaggedTensor) and learned.shape == (2, 3)
     # Env 0: no mine at t=0, one at t=1 (100), two at t=2 (200, 201); env 1 one mine per step.

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from doubles import received
 
 from flare2.core.algorithm import Experience
 from flare2.errors import ConfigError
@@ -280,7 +281,7 @@ def test_sequences_replayed_from_a_buffer_unroll_to_the_states_the_agent_carried
             )
             hidden = np.where(ended[:, None], 0.0, next_hidden.numpy()).astype(np.float32)
 
-        sample = replay.sample(32)
+        sample = received(specs, replay.sample(32))
         ends = torch.from_numpy(sample["terminated"] | sample["truncated"])
         assert ends[:, :-1].any(), "the samples should cross episode ends"
         stored = torch.from_numpy(sample["states"]["hidden"])

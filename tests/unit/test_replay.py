@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from doubles import received
 
 from flare2.core.helpers import ExpReplayHelper
 from flare2.core.specs import CTSpecs, Spec
@@ -25,8 +26,7 @@ class RecordingPort:
         raise AssertionError("not used")
 
     def learn(self, payload):
-        SPECS.check_learn(payload)  # what the CDP would check
-        self.learned.append(payload)
+        self.learned.append(received(SPECS, payload))
 
 
 def step(t: int, terminated: bool = False, truncated: bool = False) -> dict:
@@ -56,7 +56,7 @@ def test_sequences_are_consecutive_steps_and_keep_where_and_how_episodes_ended()
     replay, _ = helper(sequence_length=4)
     for t in range(10):
         replay.store(step(t, terminated=t == 3, truncated=t == 7))
-    sample = replay.sample(200)
+    sample = received(SPECS, replay.sample(200))
     actions = sample["actions"]["action"]
     assert actions.shape == (200, 4)
     assert (np.diff(actions, axis=1) == 1).all()  # consecutive in time
@@ -71,7 +71,7 @@ def test_a_full_buffer_keeps_the_newest_steps_and_never_wraps_a_sequence_from_ne
     replay, _ = helper(sequence_length=3)
     for t in range(25):
         replay.store(step(t))
-    actions = replay.sample(500)["actions"]["action"]
+    actions = received(SPECS, replay.sample(500))["actions"]["action"]
     assert actions.min() == 15 and actions.max() == 24
     assert (np.diff(actions, axis=1) == 1).all()
 
@@ -119,7 +119,7 @@ def test_sequences_of_several_envs_are_consecutive_steps_of_one_env():
         )
     # 3 env steps per store and one request per 3 steps, once 6 are stored and each env holds a sequence.
     assert len(port.learned) == 10 and port.learned[0]["actions"]["action"].shape == (4, 3)
-    actions = replay.sample(300)["actions"]["action"]
+    actions = received(SPECS, replay.sample(300))["actions"]["action"]
     assert (np.diff(actions, axis=1) == 1).all()
     assert set(np.unique(actions[:, 0] // 100)) == {0, 1, 2}
     assert replay.nbytes == 10 * 3 * (4 * 2 * 2 + 8 + 4 + 4 * 3 + 2 + 8)

@@ -24,21 +24,6 @@ def predict_payload(rows: int = 3) -> dict:
     }
 
 
-def learn_payload(steps: int = 5, sequences: int = 1) -> dict:
-    lead = (sequences, steps)
-    inputs = {"obs": np.zeros((*lead, 4), np.float32), "mask": np.ones((*lead, 2), bool)}
-    return {
-        "inputs": inputs,
-        "next_inputs": {key: value.copy() for key, value in inputs.items()},
-        "actions": {"action": np.zeros(lead, np.int64)},
-        "rewards": {"reward": np.zeros(lead, np.float32)},
-        "states": {"h": np.zeros((*lead, 8), np.float32)},
-        "terminated": np.zeros(lead, bool),
-        "truncated": np.zeros(lead, bool),
-        "policy_version": np.zeros(lead, np.int64),
-    }
-
-
 # --- Spec --------------------------------------------------------------------------------------------
 
 
@@ -213,58 +198,6 @@ def test_a_predict_request_to_a_ct_without_inputs_is_a_spec_error_not_a_crash():
     specs = CTSpecs(inputs={}, actions={"action": Spec((), "int64")}, states={}, rewards={})
     with pytest.raises(SpecError, match="counts its rows by its inputs"):
         specs.check_predict({"inputs": {}})
-
-
-def test_a_learn_request_to_a_ct_without_arrays_is_counted_by_its_step_flags():
-    specs = CTSpecs(inputs={}, actions={}, states={}, rewards={})
-    flags = {
-        "terminated": np.zeros((2, 3), bool),
-        "truncated": np.zeros((2, 3), bool),
-        "policy_version": np.zeros((2, 3), np.int64),
-    }
-    assert specs.check_learn({"inputs": {}, "next_inputs": {}, "actions": {}, "rewards": {}, **flags}) == (2, 3)
-
-
-def test_check_learn_returns_the_sequence_and_step_counts():
-    assert CT_SPECS.check_learn(learn_payload(steps=5)) == (1, 5)
-    assert CT_SPECS.check_learn(learn_payload(steps=5, sequences=3)) == (3, 5)
-
-
-@pytest.mark.parametrize(
-    "group, key, bad, expected",
-    [
-        (
-            "next_inputs",
-            "obs",
-            np.zeros((1, 4, 4), np.float32),
-            r"next_inputs\['obs'\]: expected leading dims \(1, 5\)",
-        ),
-        ("actions", "action", np.zeros((1, 5), np.int32), r"actions\['action'\]: expected dtype int64, got int32"),
-        ("rewards", "reward", np.zeros((1, 5, 2), np.float32), r"rewards\['reward'\]: expected shape \(N, T\) \+ \(\)"),
-        ("states", "h", np.zeros((1, 6, 8), np.float32), r"states\['h'\]: expected leading dims \(1, 5\)"),
-    ],
-)
-def test_check_learn_names_the_group_and_key_of_a_bad_array(group, key, bad, expected):
-    payload = learn_payload(steps=5)
-    payload[group][key] = bad
-    with pytest.raises(SpecError, match=expected):
-        CT_SPECS.check_learn(payload)
-
-
-@pytest.mark.parametrize("flag", ["terminated", "truncated"])
-def test_check_learn_requires_bool_episode_flags_of_the_same_length(flag):
-    payload = learn_payload(steps=5)
-    payload[flag] = np.zeros((1, 5), np.int8)
-    with pytest.raises(SpecError, match=rf"step flags\['{flag}'\]: expected dtype bool, got int8"):
-        CT_SPECS.check_learn(payload)
-
-    payload[flag] = np.zeros((1, 4), bool)
-    with pytest.raises(SpecError, match=rf"step flags\['{flag}'\]: expected leading dims \(1, 5\)"):
-        CT_SPECS.check_learn(payload)
-
-    del payload[flag]
-    with pytest.raises(SpecError, match=rf"step flags\['{flag}'\] must be an array of dtype bool"):
-        CT_SPECS.check_learn(payload)
 
 
 # --- wire form -------------------------------------------------------------------------------------

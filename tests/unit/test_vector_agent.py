@@ -10,6 +10,7 @@ from doubles import AnsweringPort, KeepingHelper
 from flare2.core.agent import Agent
 from flare2.core.envs import GymAgent
 from flare2.core.helpers import stack_steps
+from flare2.core.learn_requests import check_learn, pack
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 from flare2.runtime.agents.agent_process import StopRequested, check_envs_per_agent, make_envs
@@ -100,7 +101,7 @@ def test_every_step_carries_the_version_of_the_weights_that_chose_it():
     assert all(step["policy_version"].tolist() == [7, 7, 7] for step in helper.steps)
     payload = stack_steps(helper.steps, SPECS)
     assert payload["policy_version"].shape == (3, 2) and payload["inputs"]["obs"].shape == (3, 2, 1)
-    SPECS.check_learn(payload)
+    check_learn(SPECS, pack(SPECS, payload, 0))
 
 
 def test_each_env_reports_its_own_episodes_and_is_seeded_apart():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-from doubles import AnsweringPort, KeepingHelper
+from doubles import AnsweringPort, KeepingHelper, received
 
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
@@ -104,7 +104,7 @@ class LearningPort(AnsweringPort):
         self.learned: list[dict] = []
 
     def learn(self, payload):
-        self.learned.append(payload)
+        self.learned.append(received(view_specs(), payload))
 
 
 def play_learning(helper) -> LearningPort:
@@ -143,7 +143,7 @@ def test_replayed_steps_carry_the_views_their_actions_were_chosen_from(capacity,
         capacity=capacity, warmup=8, sample_interval=1_000_000, batch_size=4, sequence_length=3, seed=1
     )
     play(steps, replay)
-    sample = replay.sample(50)
+    sample = received(view_specs(), replay.sample(50))
     obs, stack = sample["inputs"]["obs"][..., 0], sample["inputs"]["stack"][..., 0]
     assert (stack[..., -1] == obs).all()
     for sequence in range(50):

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import numpy as np
 
-from flare2.core.specs import EXPERIENCE_GROUPS, STEP_FLAG_SPECS
+from flare2.core.learn_requests import check_learn, concatenate, unpack
+from flare2.core.specs import EXPERIENCE_GROUPS
 from flare2.core.transforms import check_statistics_request
 from flare2.errors import SpecError, UserCodeError
 from flare2.runtime.config import BatchingConfig
@@ -202,11 +203,13 @@ class Learned(NamedTuple):
     seconds: float
 
 
-def learn_with_lag(ct: ComputationTask, experience: dict[str, Any]) -> Learned:
-    """``ct.learn(experience)``, with the policy lag of its steps and its time."""
+def learn_with_lag(ct: ComputationTask, batch: dict[str, Any]) -> Learned:
+    """``ct.learn()`` of a batch of requests as they crossed (``flare2.core.learn_requests``), with the policy lag of
+    its steps and its time (spelling the batch out included)."""
+    start = time.perf_counter()
+    experience = unpack(ct.specs, batch)
     versions = experience["policy_version"]
     lag_sum = ct.version * versions.size - int(versions.sum())
-    start = time.perf_counter()
     costs = ct.learn(experience)
     return Learned(costs, lag_sum, versions.size, time.perf_counter() - start)
 
@@ -285,7 +288,7 @@ class ComputationDataProcessor:
             return
         try:
             if learn:
-                size, steps = self.ct.specs.check_learn(message.payload)
+                size, steps = check_learn(self.ct.specs, message.payload)
                 check_finite(message.payload)
             else:
                 size, steps = self.ct.specs.check_predict(message.payload), 0
@@ -419,15 +422,8 @@ class ComputationDataProcessor:
         stats.max_predict_wait_ms = max(stats.max_predict_wait_ms, (now - batch[0].arrived) * 1000)
 
     def _experience(self, batch: list[_Request]) -> dict[str, Any]:
-        def stacked(group: str, specs: dict) -> dict[str, np.ndarray]:
-            return {key: concat_rows([r.payload[group][key] for r in batch]) for key in specs}
-
-        experience: dict[str, Any] = {
-            group: stacked(group, specs) for group, specs in self.ct.specs.experience_specs().items()
-        }
-        for flag in STEP_FLAG_SPECS:
-            experience[flag] = np.concatenate([r.payload[flag] for r in batch])
-        return experience
+        """The batch's requests as one, still as they crossed: ``learn_with_lag`` spells it out just before learn()."""
+        return concatenate(self.ct.specs, [request.payload for request in batch])
 
     def learned(self, batch: LearnBatch, result: Learned) -> None:
         """Reply to the requests of a learned batch and count it."""

@@ -31,6 +31,7 @@ from typing import Any, cast
 import torch
 
 from flare2.core.computation_task import ComputationTask, copy_tensors
+from flare2.core.learn_requests import check_learn
 from flare2.core.transforms import RunningMoments
 from flare2.errors import LearnerDiedError
 from flare2.runtime.compute.cdp import LearnBatch, Learned, learn_with_lag
@@ -180,9 +181,7 @@ class LearnerProcess:
             batch.cdp.learn_failed(batch, answer["traceback"])
         ct = batch.cdp.ct
         ct.adopt_weights(self._weights[self._cts.index(ct)], learn_calls=answer["learn_calls"])
-        batch.cdp.learned(
-            batch, Learned(answer["costs"], answer["lag_sum"], answer["lag_steps"], answer["seconds"])
-        )
+        batch.cdp.learned(batch, Learned(answer["costs"], answer["lag_sum"], answer["lag_steps"], answer["seconds"]))
 
 
 def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list[torch.Tensor]]) -> None:
@@ -222,7 +221,7 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
         ct = cts[index]
         experience = request["experience"]
         # Ragged arrays come down the pipe as their wire maps, which this turns back into Ragged.
-        ct.specs.check_learn(experience)
+        check_learn(ct.specs, experience)
         # Decoded arrays are views of the message: learn() gets writable copies of its own.
         experience = {
             key: {name: array.copy() for name, array in value.items()} if isinstance(value, dict) else value.copy()

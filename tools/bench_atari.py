@@ -168,12 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=90.0, help="wall time of each run")
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds of each run left out of the rates")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--runs", type=Path, help="keep each run's log dir and log here (default: a temporary dir)")
     parser.add_argument("extra", nargs="*", help="more flare2 train options (after --)")
     args = parser.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_atari_") as scratch:
+        runs = args.runs or Path(scratch)
+        runs.mkdir(parents=True, exist_ok=True)
         for envs in args.envs:
-            results.append(measure(args, envs, Path(scratch) / f"run_{envs}"))
+            results.append(measure(args, envs, runs / f"{args.algo}_{envs}"))
             print(json.dumps(results[-1]), flush=True)
     print(table(results))
     if args.json:

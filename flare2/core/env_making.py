@@ -101,6 +101,7 @@ def _register(space: str) -> None:
 
 def is_atari(env_id: str) -> bool:
     """Whether ``env_id`` is one of ale-py's games (``ALE/Breakout-v5``, ``BreakoutNoFrameskip-v4``...)."""
+    register_env_package(env_id)
     spec = gym.registry.get(registered_id(env_id))
     entry_point = spec.entry_point if spec is not None else ""
     return isinstance(entry_point, str) and entry_point.startswith("ale_py")

@@ -53,6 +53,16 @@ RECORD = AlgorithmRecord(
     # waits for: in one process (--serial) CartPole reached 475 in 18.8 s median against 20.5 s with the agent in a
     # process of its own (3 seeds, 2 cores each; docs/results.md).
     presets={"CartPole-v1": {"run": {"serial": True}}},
+    family_presets={
+        # rl-baselines3-zoo's hyperparams/a2c.yml (atari): 16 envs, SB3's 5 steps each, entropy 0.01, value 0.25,
+        # RMSprop with eps 1e-5 (flare2's A2C always uses it), rewards clipped, 4 stacked frames, the Nature CNN
+        # with linear heads.
+        "Atari": {
+            "algorithm": {"entropy_coef": 0.01, "value_coef": 0.25},
+            "agent": {"sample_interval": 5, "frames": 4, "hidden": ()},
+            "run": {"envs_per_agent": 16, "clip_rewards": 1.0, "max_steps": 10_000_000},
+        },
+    },
     search_space={
         "lr": ("log", (1e-4, 3e-3)),
         "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),

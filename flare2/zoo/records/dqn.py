@@ -71,6 +71,34 @@ RECORD = AlgorithmRecord(
             "run": {"max_steps": 100_000},
         },
     },
+    family_presets={
+        # rl-baselines3-zoo's hyperparams/dqn.yml (atari): learning rate 1e-4, minibatches of 32, one gradient step
+        # per 4 env steps, learning from 100k steps on, the target network copied every 10k env steps (2,500
+        # gradient steps), epsilon from 1 to 0.1 over the first 1M steps, 1-step returns, no double Q (SB3 has
+        # none); 4 stacked frames into the Nature CNN and a linear Q head. The replay buffer holds 100k steps where
+        # the zoo's holds 1M (docs/pixels.md has the memory of both).
+        "Atari": {
+            "algorithm": {
+                "lr": 1e-4,
+                "minibatch_size": 32,
+                "target_update_every": 2_500,
+                "target_tau": 1.0,
+                "epsilon_end": 0.1,
+                "exploration_steps": 1_000_000,
+                "double_q": False,
+            },
+            "agent": {
+                "buffer": 100_000,
+                "warmup": 100_000,
+                "sample_interval": 4,
+                "batch_size": 32,
+                "n_step": 1,
+                "frames": 4,
+                "hidden": (),
+            },
+            "run": {"num_agents": 1, "envs_per_agent": 8, "clip_rewards": 1.0, "max_steps": 10_000_000},
+        },
+    },
     search_space={
         "lr": ("log", (1e-4, 3e-3)),
         "gamma": ("choice", (0.95, 0.98, 0.99, 0.995)),

@@ -9,6 +9,10 @@ Over the rows of progress.csv after ``--warmup`` seconds it reports env steps/s 
 the preprocessing's frame skip), the compute process's seconds in predict() and learn() per wall second
 (cts.csv), the mean predict batch, and the GPU's utilisation sampled by nvidia-smi over the same window (where
 there is one). Prints a Markdown table; ``--json FILE`` keeps the figures.
+
+With ``--sb3-python PYTHON`` (a Python that has stable-baselines3 and ale-py, such as the one
+``tools/bench_peers.py --install`` makes), each setting is run by SB3's PPO too (tools/sb3_atari.py, PPO's
+Atari settings only), right after flare2's, and the table gives SB3's env steps/s and flare2's ratio to it.
 """
 
 from __future__ import annotations
@@ -143,17 +147,34 @@ def measure(args: argparse.Namespace, envs: int, log_dir: Path) -> dict[str, flo
     }
 
 
+def measure_sb3(args: argparse.Namespace, envs: int) -> float:
+    """SB3's PPO env steps/s with ``envs`` envs over the same time (tools/sb3_atari.py in ``args.sb3_python``)."""
+    job = {"env_id": args.env, "envs": envs, "seconds": args.seconds, "warmup": args.warmup, "device": args.device}
+    script = Path(__file__).with_name("sb3_atari.py")
+    print(f"# SB3 PPO, {envs} envs", flush=True)
+    done = subprocess.run(
+        [args.sb3_python, str(script), json.dumps(job)], capture_output=True, text=True, timeout=args.seconds + 120
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        print(done.stderr[-2000:], file=sys.stderr)
+        return math.nan
+    return float(json.loads(lines[-1])["steps_per_s"])
+
+
 def table(results: list[dict[str, float]]) -> str:
     lines = [
         "| envs | agent processes | env steps/s | frames/s | predict() s/s | learn() s/s | rows per forward pass "
-        "| GPU util % |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| GPU util % | SB3 env steps/s | flare2 / SB3 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        sb3 = r.get("sb3_steps_per_s", math.nan)
         lines.append(
             f"| {r['envs']} | {r['agents']} | {r['steps_per_s']:.0f} | {r.get('frames_per_s', math.nan):.0f} "
             f"| {r.get('predict_share', math.nan):.2f} | {r.get('learn_share', math.nan):.2f} "
-            f"| {r.get('predict_batch_rows', math.nan):.1f} | {r.get('gpu_util_pct', math.nan):.0f} |"
+            f"| {r.get('predict_batch_rows', math.nan):.1f} | {r.get('gpu_util_pct', math.nan):.0f} "
+            f"| {sb3:.0f} | {r['steps_per_s'] / sb3:.2f} |"
         )
     return "\n".join(lines)
 
@@ -168,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=90.0, help="wall time of each run")
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds of each run left out of the rates")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--sb3-python", help="also run SB3's PPO with this Python, as the baseline of each setting")
     parser.add_argument("--runs", type=Path, help="keep each run's log dir and log here (default: a temporary dir)")
     parser.add_argument("extra", nargs="*", help="more flare2 train options (after --)")
     args = parser.parse_args(argv)
@@ -177,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         runs.mkdir(parents=True, exist_ok=True)
         for envs in args.envs:
             results.append(measure(args, envs, runs / f"{args.algo}_{envs}"))
+            if args.sb3_python:
+                results[-1]["sb3_steps_per_s"] = measure_sb3(args, envs)
             print(json.dumps(results[-1]), flush=True)
     print(table(results))
     if args.json:

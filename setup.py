@@ -24,7 +24,7 @@ setup(
     ],
     extras_require={
         # The tests also cover flare2 plot, flare2 eval --video (as a .gif: no ffmpeg needed), --tensorboard, --wandb
-        # (offline), flare2 tune and the docs site.
+        # (offline), flare2 tune, the docs site, and Atari and MinAtar games.
         "test": [
             "pytest>=7",
             "hypothesis>=6",
@@ -36,6 +36,9 @@ setup(
             "optuna>=3.4",
             "mkdocs>=1.6",
             "mkdocs-material>=9.5",
+            "ale-py>=0.9",
+            "opencv-python-headless>=4.10",
+            "minatar>=1.0.15",
         ],
         # the checks .ci/run makes before the tests: pinned, so that a new release cannot fail an unchanged tree
         "lint": ["ruff==0.17.6", "mypy==2.4.1"],
@@ -55,6 +58,10 @@ setup(
         # Gymnasium's Box2D envs (LunarLander-v3, BipedalWalker-v3) and MuJoCo envs (HalfCheetah-v5, Hopper-v5...)
         "box2d": ["gymnasium[box2d]>=1.0"],
         "mujoco": ["gymnasium[mujoco]>=1.0"],
+        # Atari games (ALE/Breakout-v5...) with ale-py, which ships the ROMs; OpenCV resizes the frames to 84x84
+        "atari": ["ale-py>=0.9", "opencv-python-headless>=4.10"],
+        # MinAtar's small games (MinAtar/Breakout-v1...)
+        "minatar": ["minatar>=1.0.15"],
     },
     entry_points={"console_scripts": ["flare2=flare2.cli:main"]},
 )

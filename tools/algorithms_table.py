@@ -1,4 +1,4 @@
-"""The Markdown table of the algorithms ``flare2 train --algo`` knows: the spaces each takes and its preset envs.
+"""The Markdown table of the algorithms ``flare2 train --algo`` knows: the spaces each takes and its presets.
 
     python tools/algorithms_table.py
 
@@ -15,10 +15,12 @@ from flare2.zoo.registry import lookup, names
 
 
 def table() -> str:
-    lines = ["| algorithm | observations | actions | presets (env ids) |", "|---|---|---|---|"]
+    lines = ["| algorithm | observations | actions | presets (env ids, kinds of env) |", "|---|---|---|---|"]
     for name in names():
         record = lookup(name)
-        presets = ", ".join(f"`{env_id}`" for env_id in sorted(record.presets)) or "none"
+        ids = [f"`{env_id}`" for env_id in sorted(record.presets)]
+        kinds = [f"{family} games" for family in sorted(record.family_presets)]
+        presets = ", ".join(ids + kinds) or "none"
         lines.append(f"| `{name}` | {', '.join(record.observations)} | {', '.join(record.actions)} | {presets} |")
     return "\n".join(lines)
 

@@ -225,7 +225,8 @@ class Requester:
             raise ConfigError(
                 f"a {kind} message to {self.endpoint} holds {len(frames[-1])} bytes, more than the run's "
                 f"max_message_bytes ({self._max_bytes}): send fewer or smaller arrays per message (fewer steps per "
-                "learn request, fewer envs per agent) or raise --max-message-bytes"
+                "learn request or envs per agent: --sample-interval, --batch-size, --envs-per-agent) or raise "
+                "--max-message-bytes"
             )
         self._seq += 1
         if self._stream is not None:

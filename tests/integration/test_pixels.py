@@ -1,0 +1,49 @@
+"""Pixels through ``flare2 train`` and ``flare2 eval`` as a user types them: an Atari game and a MinAtar one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from runs import read_csv
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+
+def flare2(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flare2.cli", *args], capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def test_an_atari_game_trains_with_its_preset_within_the_message_limit_and_eval_plays_whole_games(tmp_path):
+    # The preset's request shape, fewer envs and steps: 2 envs x 64 steps of 84x84 frames stacked by 4.
+    result = flare2(
+        "train", "--env", "ALE/Breakout-v5", "--algo", "ppo", "--envs-per-agent", "2", "--sample-interval", "64",
+        "--epochs", "1", "--max-steps", "640", "--device", "cpu", "--log-dir", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = read_csv(tmp_path / "progress.csv")
+    assert rows[-1]["env_steps"] >= 640 and rows[-1]["learn_steps"] >= 4
+    settings = json.loads((tmp_path / "train.json").read_text())
+    assert settings["agent"]["frames"] == 4 and settings["run"]["clip_rewards"] == 1.0
+    # Returns are whole games' raw scores (Breakout's bricks are worth 1 to 7 points, never clipped away).
+    episodes = read_csv(tmp_path / "episodes.csv")
+    assert episodes and all(row["length"] > 50 and row["return"] == int(row["return"]) for row in episodes)
+    played = flare2("eval", str(tmp_path), "--episodes", "1", "--video", str(tmp_path / "game.gif"))
+    assert played.returncode == 0, played.stderr[-4000:]
+    assert "1 greedy episode" in played.stdout and (tmp_path / "game.gif").stat().st_size > 0
+
+
+def test_a_minatar_game_trains_dqn_on_its_cnn(tmp_path):
+    pytest.importorskip("minatar")
+    result = flare2(
+        "train", "--env", "MinAtar/Breakout-v1", "--algo", "dqn", "--serial", "--max-steps", "800",
+        "--warmup", "300", "--device", "cpu", "--log-dir", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = read_csv(tmp_path / "progress.csv")
+    assert rows[-1]["learn_steps"] > 0 and rows[-1]["episodes"] > 0

@@ -1,0 +1,164 @@
+"""Pixels: env ids of packages that register on import, the published Atari preprocessing, image specs and CNNs."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from doubles import KeepingHelper
+
+from flare2.commands.train import check_env_id
+from flare2.core import env_making
+from flare2.core.env_making import LEARNING_EPISODE_ENDS, is_atari, make_gym_env
+from flare2.core.envs import GymAgent
+from flare2.core.spaces import input_specs
+from flare2.errors import ConfigError
+from flare2.runtime.agents.agent_process import StopRequested, make_envs
+from flare2.zoo.encoders import ImageEncoder, image_layout
+from flare2.zoo.models import ActorCritic, QNetwork
+from flare2.zoo.registry import lookup
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+
+def test_atari_and_minatar_ids_work_once_their_package_is_installed_and_a_wrong_one_names_the_close_ones():
+    check_env_id("ALE/Breakout-v5")
+    check_env_id("BreakoutNoFrameskip-v4")
+    with pytest.raises(ConfigError, match="did you mean ALE/Breakout-v5"):
+        check_env_id("ALE/Breakot-v5")
+    assert is_atari("ALE/Pong-v5") and is_atari("PongNoFrameskip-v4") and not is_atari("CartPole-v1")
+    pytest.importorskip("minatar")
+    check_env_id("MinAtar/Breakout-v1")
+
+
+def test_an_id_of_a_namespace_whose_package_is_missing_names_the_package_and_the_extra(monkeypatch):
+    monkeypatch.setitem(env_making.ENV_PACKAGES, "Nowhere", ("no_such_package_here", None, "nowhere-envs", "nowhere"))
+    with pytest.raises(
+        ConfigError, match=r'nowhere-envs package, which is not installed: pip install "flare2\[nowhere\]"'
+    ):
+        make_gym_env("Nowhere/Game-v0")
+
+
+def test_atari_games_come_preprocessed_as_bytes_and_raw_on_request():
+    env = make_gym_env("ALE/Breakout-v5")
+    assert env.observation_space == gym.spaces.Box(0, 255, (84, 84), np.uint8)
+    observation, _ = env.reset(seed=0)
+    assert observation.dtype == np.uint8 and observation.shape == (84, 84)
+    assert input_specs(env.observation_space)["obs"].dtype == "uint8"
+    raw = make_gym_env("ALE/Breakout-v5", preprocessing=False)
+    assert raw.observation_space.shape == (210, 160, 3)
+
+
+def test_a_lost_life_ends_the_episode_for_learning_while_the_return_reported_is_the_whole_games():
+    agent = GymAgent("ALE/Breakout-v5")
+    agent.num_envs = 2
+    stats = make_envs(agent, 0)
+    helper = KeepingHelper()
+    rng = np.random.default_rng(0)
+
+    class RandomPort:
+        learn_ahead = 0
+
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def send_predict(self, payload):
+            self.asked += 1
+            return self.asked
+
+        def wait_predict(self, ticket):
+            if ticket > 700:
+                raise StopRequested()
+            return {"actions": {"action": rng.integers(0, 4, 2)}, "states": {}, "version": 0}
+
+    spec = lookup("ppo").preset("ALE/Breakout-v5")
+    assert spec["agent"]["frames"] == 4 and spec["run"]["clip_rewards"] == 1.0
+    from flare2.core.specs import CTSpecs, Spec, View
+
+    specs = CTSpecs(
+        inputs={"obs": Spec((84, 84), "uint8"), "obs_frames": Spec((4, 84, 84), "uint8")},
+        actions={"action": Spec((), "int64")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+        views={"obs_frames": View.last_observations(4)},
+    )
+    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": RandomPort()}, helpers={"RL": helper})
+    with pytest.raises(StopRequested):
+        agent.run()
+    terminated = np.stack([step["terminated"] for step in helper.steps])
+    games = stats.take()["episodes"]
+    # Five lives a game: learning saw an episode end at each lost life, the report one return per whole game.
+    assert games and terminated.sum() >= 4 * len(games)
+    assert all(length > 50 for _, length in games)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, frames, kind",
+    [
+        ((84, 84), np.uint8, 4, "nature"),
+        ((64, 64, 3), np.uint8, 1, "nature"),
+        ((3, 64, 64), np.uint8, 2, "nature"),
+        ((10, 10, 4), np.bool_, 1, "minatar"),
+    ],
+)
+def test_image_observations_get_a_cnn_chosen_from_their_size_and_layout(shape, dtype, frames, kind):
+    space = gym.spaces.Box(0, 1 if dtype == np.bool_ else 255, shape, dtype)
+    encoder = ImageEncoder(image_layout(space), frames=frames)
+    assert encoder.kind == kind
+    batch = torch.zeros(
+        (5, 3, *((frames,) if frames > 1 else ()), *shape), dtype=torch.from_numpy(np.zeros(1, dtype)).dtype
+    )
+    assert encoder(batch).shape == (5, 3, encoder.features)
+
+
+def test_pixels_reach_the_network_scaled_to_one_whatever_the_layout():
+    gray = ImageEncoder(image_layout(gym.spaces.Box(0, 255, (40, 40), np.uint8)))
+    white = torch.full((2, 40, 40), 255, dtype=torch.uint8)
+    torch.testing.assert_close(gray(white), gray.head(gray.cnn(torch.ones(2, 1, 40, 40))))
+    last = ImageEncoder(image_layout(gym.spaces.Box(0, 255, (40, 40, 3), np.uint8)))
+    image = torch.randint(0, 256, (2, 40, 40, 3), dtype=torch.uint8)
+    torch.testing.assert_close(last(image), last.head(last.cnn(image.permute(0, 3, 1, 2).float() / 255)))
+
+
+def test_an_image_too_small_for_the_nature_network_or_an_unknown_encoder_is_refused_naming_the_choices():
+    small = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
+    with pytest.raises(ConfigError, match="at least 36 pixels a side.*use --encoder minatar or impala"):
+        ImageEncoder(image_layout(small), "nature")
+    with pytest.raises(ConfigError, match="--encoder 'resnet' is no image encoder: use one of auto, nature"):
+        ActorCritic(small, gym.spaces.Discrete(3), encoder="resnet")
+
+
+def test_every_zoo_model_of_discrete_actions_takes_atari_frames():
+    env = make_gym_env("ALE/Breakout-v5")
+    frames = torch.zeros((6, 4, 84, 84), dtype=torch.uint8)
+    actor_critic = ActorCritic(env.observation_space, env.action_space, hidden=(), frames=4)
+    assert actor_critic.policy({"obs_frames": frames}).shape == (6, 4)
+    q = QNetwork(env.observation_space, env.action_space, hidden=(), frames=4)
+    assert q(frames).shape == (6, 4) and q.input_key == "obs_frames"
+    # Mnih et al.'s DQN: 1.69M parameters over 4 actions.
+    assert sum(p.numel() for p in q.parameters()) == 1_686_180
+    impala = ActorCritic(env.observation_space, env.action_space, hidden=(), frames=4, encoder="impala")
+    assert impala.value({"obs_frames": frames}).shape == (6,)
+
+
+def test_atari_games_take_their_algorithms_atari_preset_whatever_the_id():
+    for env_id in ("ALE/Pong-v5", "PongNoFrameskip-v4"):
+        ppo = lookup("ppo").preset(env_id)
+        assert ppo["algorithm"]["clip"] == 0.1 and ppo["agent"]["sample_interval"] == 128
+        assert lookup("dqn").preset(env_id)["agent"]["frames"] == 4
+        assert "learner" not in lookup("appo").preset(env_id)["run"]
+    assert "frames" not in lookup("ppo").preset("Acrobot-v1")["agent"]
+
+
+def test_a_lost_life_flag_is_what_atari_lives_sets_and_the_game_plays_on():
+    env = make_gym_env("ALE/Breakout-v5")
+    env.reset(seed=3)
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        _, _, terminated, truncated, info = env.step(int(rng.integers(4)))
+        if info.get(LEARNING_EPISODE_ENDS):
+            assert not terminated and not truncated and info["lives"] == 4
+            return
+    pytest.fail("no life was lost in 2000 random steps")

@@ -90,7 +90,8 @@ def test_learning_starts_after_warmup_and_then_comes_every_sample_interval_steps
 
 def test_memory_is_preallocated_and_stated():
     replay, _ = helper(capacity=1000, warmup=10)
-    per_step = 4 * 2 * 2 + 8 + 4 + 4 * 3 + 2 + 8  # obs twice, action, reward, state, two flags, policy version
+    # obs once, action, reward, state, two flags, policy version, whether the next obs is kept apart
+    per_step = 4 * 2 + 8 + 4 + 4 * 3 + 2 + 8 + 1
     assert replay.nbytes == 1000 * per_step
 
 
@@ -122,4 +123,39 @@ def test_sequences_of_several_envs_are_consecutive_steps_of_one_env():
     actions = received(SPECS, replay.sample(300))["actions"]["action"]
     assert (np.diff(actions, axis=1) == 1).all()
     assert set(np.unique(actions[:, 0] // 100)) == {0, 1, 2}
-    assert replay.nbytes == 10 * 3 * (4 * 2 * 2 + 8 + 4 + 4 * 3 + 2 + 8)
+    # Each step's next observation is the following one's: only the newest step's is kept beside them.
+    assert replay.nbytes == 10 * 3 * (4 * 2 + 8 + 4 + 4 * 3 + 2 + 8 + 1) + 3 * 4 * 2
+
+
+@pytest.mark.parametrize("capacity", [40, 9])
+def test_the_final_observation_of_an_episode_is_kept_apart_and_sampled_as_its_steps_next(capacity):
+    # Episodes of 4 steps: observation (t, t) and, after the last step, the final observation (-t, -t) where
+    # a reset made the next step's (t + 1, t + 1). capacity 9 goes round the buffer several times.
+    replay, _ = helper(capacity=capacity, warmup=4, sequence_length=2)
+    for t in range(30):
+        ends = t % 4 == 3
+        row = step(t, terminated=ends)
+        if ends:
+            row["next_inputs"]["obs"] = np.array([[-t, -t]], np.float32)
+        replay.store(row)
+    sample = received(SPECS, replay.sample(300))
+    obs, following = sample["inputs"]["obs"][..., 0], sample["next_inputs"]["obs"][..., 0]
+    expected = np.where(obs % 4 == 3, -obs, obs + 1)
+    np.testing.assert_array_equal(following, expected)
+    assert (obs % 4 == 3).any() and (obs == 29).any()
+    # Only the finals of the steps still in the buffer are kept, one per episode end (the newest step, 29, ends none).
+    stored = replay._buffers["inputs"]["obs"][: replay.size, 0, 0]
+    assert len(replay._finals) == np.count_nonzero(stored % 4 == 3)
+
+
+def test_a_hundred_thousand_atari_steps_take_the_frames_once():
+    specs = CTSpecs(
+        inputs={"obs": Spec((84, 84), "uint8")},
+        actions={"action": Spec((), "int64")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+    )
+    replay = ExpReplayHelper(capacity=100_000, warmup=1_000, sample_interval=4, batch_size=32)
+    replay.attach("RL", specs, RecordingPort(), num_envs=8)
+    # 7,056 bytes of frame, 8 of action, 4 of reward, 10 of flags, 1 to say whether the next frame is kept apart.
+    assert replay.nbytes == 100_000 * (84 * 84 + 8 + 4 + 10 + 1)

@@ -267,7 +267,9 @@ class ExpReplayHelper(AgentHelper):
             for name, newest in self._newest_next.items():
                 differs |= (newest != step["inputs"][name]).reshape(self.num_envs, -1).any(-1)
             for env in np.flatnonzero(differs):
-                self._finals[(previous, int(env))] = {name: rows[env].copy() for name, rows in self._newest_next.items()}
+                self._finals[(previous, int(env))] = {
+                    name: rows[env].copy() for name, rows in self._newest_next.items()
+                }
             self._has_final[previous] = differs
         for env in np.flatnonzero(self._has_final[index]):
             del self._finals[(index, int(env))]

@@ -28,8 +28,8 @@ def runs():
 
 
 def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget(tmp_path, runs):
-    kills = 4
-    # One env per agent and a budget of many seconds at full speed (about 5k steps/s here): the fourth kill must come
+    kills = 3
+    # One env per agent and a budget of many seconds at full speed (about 5k steps/s here): the last kill must come
     # before the budget is spent.
     run = runs(
         CARTPOLE,
@@ -38,7 +38,7 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
         "--envs-per-agent",
         "1",
         "--max-steps",
-        "60000",
+        "45000",
         "--progress-interval",
         "0.5",
         "--max-restarts",
@@ -62,7 +62,7 @@ def test_agents_killed_with_sigkill_are_restarted_and_the_run_reaches_its_budget
     assert run.wait(timeout_s=180) == 0, run.text[-4000:]
 
     rows = read_csv(tmp_path / "progress.csv")
-    assert rows[-1]["env_steps"] >= 60000
+    assert rows[-1]["env_steps"] >= 45000
     assert rows[-1]["restarts"] == kills
     assert rows[-1]["agents"] == 0 and max(row["agents"] for row in rows) == 4
     # For the record: the longest a prediction request waited in the CDP while agents were being killed.
@@ -105,7 +105,7 @@ def test_a_silent_agent_is_taken_for_dead_after_the_heartbeat_timeout_and_restar
     "sleep_s",
     [
         # More than three heartbeat timeouts: what the default run checks.
-        10,
+        7,
         # Past the 60 s an agent used to wait before it took the compute process for dead.
         pytest.param(65, marks=pytest.mark.slow),
     ],
@@ -124,7 +124,7 @@ def test_a_learn_that_sleeps_past_any_fixed_reply_limit_is_waited_out_without_a_
         "--max-steps",
         "3000",
         "--heartbeat-timeout",
-        "3",
+        "2",
         "--progress-interval",
         "1",
         "--device",
@@ -137,7 +137,7 @@ def test_a_learn_that_sleeps_past_any_fixed_reply_limit_is_waited_out_without_a_
     assert "restarting" not in run.text
     # The sleep happened: the step count stood still for (nearly) all of it while every agent stayed in the run.
     stalled = [row for row in rows if 0 < row["env_steps"] == rows[rows.index(row) - 1]["env_steps"]]
-    assert len(stalled) >= sleep_s - 3 and all(row["agents"] == 2 for row in stalled)
+    assert len(stalled) >= sleep_s - 2 and all(row["agents"] == 2 for row in stalled)
 
 
 @pytest.mark.parametrize("learner", ["inline", "process"])

@@ -80,6 +80,8 @@ class ActorCriticSettings(OnlineSettings):
 class RecurrentSettings(OnlineSettings):
     memory_size: int = 64
     """Size of the GRU state."""
+    encoder: str = "auto"
+    """The CNN under the GRUs for image observations: auto, nature, impala or minatar (flare2.zoo.encoders)."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 from flare2.core.model import Model
 from flare2.core.specs import Spec
 from flare2.errors import ConfigError
-from flare2.zoo.models import mlp, observation_spec, sample_categorical
+from flare2.zoo.models import mlp, observation_encoder, observation_spec, sample_categorical
 
 State = torch.Tensor | dict[str, torch.Tensor]
 """One recurrent state ``[B, ...]``, or several named ones (as in a model's ``state_specs``)."""
@@ -164,6 +164,9 @@ class RunningNorm(nn.Module):
 class GRUActorCritic(Model):
     """Separate actor and critic memories: obs -> running normalisation -> GRUCell -> MLP head, once per role.
 
+    An image observation goes through a CNN (``encoder``, ``flare2.zoo.encoders``) that both memories share, in
+    place of the normalisation.
+
     The state ``hidden`` (``2 * hidden_size``) holds the actor's GRU output
     after the previous step, then the critic's (zeros at an episode start).
     A separate critic keeps the value loss, much larger than the policy loss
@@ -179,6 +182,7 @@ class GRUActorCritic(Model):
         *,
         hidden_size: int = 64,
         head: tuple[int, ...] = (64,),
+        encoder: str = "auto",
     ) -> None:
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
@@ -187,8 +191,9 @@ class GRUActorCritic(Model):
             raise ConfigError(f"GRUActorCritic supports Box observation spaces, got {observation_space}")
         self._obs_spec = observation_spec(observation_space)
         self.hidden_size = hidden_size
-        obs_size = math.prod(self._obs_spec.fixed_shape)
-        self.obs_norm = RunningNorm((obs_size,))
+        self.encoder = observation_encoder(observation_space, encoder)
+        obs_size = self.encoder.features if self.encoder is not None else math.prod(self._obs_spec.fixed_shape)
+        self.obs_norm = RunningNorm((obs_size,)) if self.encoder is None else None
         # nn.GRU rather than nn.GRUCell: it runs a stretch of steps in one fused call (see ``unroll_segments``).
         self.actor_gru = nn.GRU(obs_size, hidden_size, batch_first=True)
         self.critic_gru = nn.GRU(obs_size, hidden_size, batch_first=True)
@@ -210,12 +215,18 @@ class GRUActorCritic(Model):
         return {"hidden": Spec((2 * self.hidden_size,), "float32")}
 
     def encode(self, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
-        """Normalised, flattened ``obs`` with ``batch_dims`` leading dims (1: ``[B, ...]``, 2: ``[B, T, ...]``)."""
+        """``obs`` with ``batch_dims`` leading dims (1: ``[B, ...]``, 2: ``[B, T, ...]``) as the GRUs' inputs:
+        normalised and flattened, or an image's CNN features."""
+        if self.encoder is not None:
+            return self.encoder(obs)
+        assert self.obs_norm is not None, "a model without an encoder normalises its inputs"
         return self.obs_norm(obs.flatten(start_dim=batch_dims).float())
 
     def update_normalizer(self, obs: torch.Tensor, batch_dims: int) -> None:
-        """Fold observations with ``batch_dims`` leading dims into the running input statistics."""
-        self.obs_norm.update(obs.flatten(start_dim=batch_dims).float())
+        """Fold observations with ``batch_dims`` leading dims into the running input statistics (none for images,
+        which the CNN scales)."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(obs.flatten(start_dim=batch_dims).float())
 
     def stretch(self, x: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Both GRUs over encoded ``x [N, L, F]`` from ``hidden [N, 2H]``: the hidden after each step ``[N, L, 2H]``,

@@ -36,9 +36,16 @@ class RecurrentPPO(ClippedObjective):
 
     @classmethod
     def for_env(
-        cls, env: gym.Env, config: RecurrentPPOConfig = RecurrentPPOConfig(), *, hidden_size: int = 64
+        cls,
+        env: gym.Env,
+        config: RecurrentPPOConfig = RecurrentPPOConfig(),
+        *,
+        hidden_size: int = 64,
+        encoder: str = "auto",
     ) -> RecurrentPPO:
-        return cls(GRUActorCritic(env.observation_space, env.action_space, hidden_size=hidden_size), config)
+        """Recurrent PPO with the zoo's GRU actor-critic for ``env`` (a CNN under the GRUs for images)."""
+        model = GRUActorCritic(env.observation_space, env.action_space, hidden_size=hidden_size, encoder=encoder)
+        return cls(model, config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
         logits, _, next_hidden = self.model.step(inputs["obs"], states["hidden"])
@@ -99,4 +106,4 @@ class RecurrentPPO(ClippedObjective):
 
 def build(env: gym.Env, config: RecurrentPPOConfig, settings: RecurrentSettings) -> RecurrentPPO:
     """Recurrent PPO for ``env`` as ``flare2 train --algo recurrent-ppo`` builds it."""
-    return RecurrentPPO.for_env(env, config, hidden_size=settings.memory_size)
+    return RecurrentPPO.for_env(env, config, hidden_size=settings.memory_size, encoder=settings.encoder)

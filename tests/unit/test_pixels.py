@@ -162,3 +162,16 @@ def test_a_lost_life_flag_is_what_atari_lives_sets_and_the_game_plays_on():
             assert not terminated and not truncated and info["lives"] == 4
             return
     pytest.fail("no life was lost in 2000 random steps")
+
+
+def test_recurrent_ppo_puts_a_cnn_under_its_memories_for_images():
+    from flare2.zoo.recurrent import GRUActorCritic
+
+    space = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
+    model = GRUActorCritic(space, gym.spaces.Discrete(3), hidden_size=16)
+    assert model.encoder is not None and model.encoder.kind == "minatar" and model.obs_norm is None
+    obs = torch.zeros((5, 7, 10, 10, 4), dtype=torch.bool)
+    logits, values, after = model.sequence(obs, torch.zeros(5, 32), torch.zeros(5, 7, dtype=torch.bool))
+    assert logits.shape == (5, 7, 3) and values.shape == (5, 7) and after.shape == (5, 7, 32)
+    assert model.next_values(obs, after).shape == (5, 7)
+    model.update_normalizer(obs, 2)  # nothing to count for images

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import gymnasium as gym
 import torch
@@ -72,25 +73,24 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~mask.bool(), ILLEGAL_LOGIT)
 
 
-def split_action_mask(observation_space: gym.Space, action_space: gym.Space) -> tuple[gym.Space, Spec | None]:
-    """The observation space without its action mask, and the mask's spec: ``Dict(obs=..., action_mask=...)``
-    gives ``obs`` and a bool ``(n,)`` spec; any other space comes back as it is, with None."""
+def observation_parts(
+    observation_space: gym.Space, action_space: gym.Space
+) -> tuple[dict[str, gym.Space], Spec | None]:
+    """The observations a model sees by name, and the spec of the action mask: a Dict space gives each of its keys
+    but ``action_mask`` (a bool ``(n,)`` spec over Discrete(n) actions); any other space is the one ``obs``."""
     if not isinstance(observation_space, gym.spaces.Dict):
-        return observation_space, None
-    keys = set(observation_space.spaces)
-    if "obs" not in keys or not keys <= {"obs", "action_mask"}:
-        raise ConfigError(
-            f"a Dict observation space for this model holds 'obs' and optionally 'action_mask', got {sorted(keys)}: "
-            "write a Model for the others (see the entity example)"
-        )
-    if "action_mask" not in keys:
-        return observation_space["obs"], None
+        return {"obs": observation_space}, None
+    parts = {key: space for key, space in observation_space.spaces.items() if key != "action_mask"}
+    if not parts:
+        raise ConfigError(f"a Dict observation space needs an observation besides action_mask, got {observation_space}")
+    if "action_mask" not in observation_space.spaces:
+        return parts, None
     mask = observation_space["action_mask"]
     if not isinstance(action_space, gym.spaces.Discrete) or tuple(mask.shape or ()) != (int(action_space.n),):
         raise ConfigError(
             f"an action_mask {mask} needs Discrete actions with one entry per action, got actions {action_space}"
         )
-    return observation_space["obs"], Spec((int(action_space.n),), "bool")
+    return parts, Spec((int(action_space.n),), "bool")
 
 
 def one_hot_size(space: gym.Space) -> int:
@@ -113,6 +113,57 @@ def observation_encoder(space: gym.Space, kind: str, frames: int = 1) -> ImageEn
             raise ConfigError(f"--encoder {kind!r} is no image encoder: use one of {', '.join(ENCODERS)}")
         return None
     return ImageEncoder(layout, kind, frames=frames)
+
+
+class ObservationFeatures(nn.Module):
+    """Every observation a model sees, by name, as one float vector: an image through a CNN of its own
+    (``flare2.zoo.encoders``), a Box of floats flattened, a Discrete state one-hot; concatenated in name order.
+
+    ``frames`` above 1 makes each the view of its last ``frames`` values (``NAME_frames``, assembled by the agent):
+    an image's frames become its CNN's channels, a vector's are laid side by side.
+    """
+
+    def __init__(self, parts: dict[str, gym.Space], encoder: str = "auto", frames: int = 1) -> None:
+        super().__init__()
+        if type(frames) is not int or frames < 1:
+            raise ConfigError(f"frames must be an int >= 1, got {frames!r}")
+        self.frames = frames
+        self.specs = {name: observation_spec(space) for name, space in parts.items()}
+        self.one_hot = {name: one_hot_size(space) for name, space in parts.items()}
+        self.images = nn.ModuleDict()
+        for name, space in parts.items():
+            image = observation_encoder(space, encoder, frames)
+            if image is not None:
+                self.images[name] = image
+        if not self.images and encoder not in ENCODERS:
+            raise ConfigError(f"--encoder {encoder!r} is no image encoder: use one of {', '.join(ENCODERS)}")
+        self.size = sum(self._size(name) for name in self.specs)
+        """The length of the feature vector."""
+
+    def _size(self, name: str) -> int:
+        if name in self.images:
+            return cast(ImageEncoder, self.images[name]).features
+        return (self.one_hot[name] or math.prod(self.specs[name].fixed_shape)) * self.frames
+
+    def input_name(self, name: str) -> str:
+        """The input that holds observation ``name`` as the model sees it: itself, or its view of ``frames``."""
+        return name if self.frames == 1 else f"{name}_frames"
+
+    def views(self) -> dict[str, View]:
+        if self.frames == 1:
+            return {}
+        return {self.input_name(name): View.last_observations(self.frames, name) for name in self.specs}
+
+    def forward(self, inputs: Tensors) -> torch.Tensor:
+        parts = []
+        for name, spec in self.specs.items():
+            value = inputs[self.input_name(name)]
+            if name in self.images:
+                parts.append(self.images[name](value))
+                continue
+            flat = features(value, spec, self.one_hot[name])
+            parts.append(flat if self.frames == 1 else flat.flatten(start_dim=flat.dim() - 2))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 class ActorCritic(Model):
@@ -150,19 +201,10 @@ class ActorCritic(Model):
         encoder: str = "auto",
     ) -> None:
         super().__init__()
-        if type(frames) is not int or frames < 1:
-            raise ConfigError(f"ActorCritic frames must be an int >= 1, got {frames!r}")
-        self.frames = frames
-        observation_space, self._mask_spec = split_action_mask(observation_space, action_space)
-        self._obs_spec = observation_spec(observation_space)
+        parts, self._mask_spec = observation_parts(observation_space, action_space)
+        self.observation = ObservationFeatures(parts, encoder, frames)
         self._action_spec = action_spec(action_space)
-        self.one_hot_size = one_hot_size(observation_space)
-        self.encoder = observation_encoder(observation_space, encoder, frames)
-        obs_size = (
-            self.encoder.features
-            if self.encoder is not None
-            else (self.one_hot_size or math.prod(self._obs_spec.fixed_shape)) * frames
-        )
+        obs_size = self.observation.size
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         # action_spec took only Discrete or a 1-d Box: logits per action, or the Gaussian mean per dim.
         if isinstance(action_space, gym.spaces.Discrete):
@@ -174,23 +216,16 @@ class ActorCritic(Model):
         self.log_std = None if self.discrete else nn.Parameter(torch.full((policy_out,), float(initial_log_std)))
 
     def input_specs(self) -> dict[str, Spec]:
-        return {"obs": self._obs_spec, **({"action_mask": self._mask_spec} if self._mask_spec else {})}
+        return {**self.observation.specs, **({"action_mask": self._mask_spec} if self._mask_spec else {})}
 
     def action_specs(self) -> dict[str, Spec]:
         return {"action": self._action_spec}
 
     def view_specs(self) -> dict[str, View]:
-        return {"obs_frames": View.last_observations(self.frames)} if self.frames > 1 else {}
+        return self.observation.views()
 
     def _features(self, inputs: Tensors) -> torch.Tensor:
-        obs = inputs["obs"] if self.frames == 1 else inputs["obs_frames"]
-        if self.encoder is not None:
-            return self.encoder(obs)
-        if self.frames == 1:
-            return features(obs, self._obs_spec, self.one_hot_size)
-        # [..., frames, *obs] to [..., frames * features]: each frame as the current observation would be.
-        frames = features(obs, self._obs_spec, self.one_hot_size)
-        return frames.flatten(start_dim=frames.dim() - 2)
+        return self.observation(inputs)
 
     def policy(self, inputs: Tensors) -> torch.Tensor:
         """Logits (Discrete, the illegal actions masked when the inputs hold ``action_mask``) or the Gaussian mean (Box)."""

@@ -28,12 +28,12 @@ import gymnasium as gym
 from flare2.core.env_making import is_atari, make_gym_env, registered_id
 from flare2.errors import ConfigError
 
-# Observation spaces a record may take. MASKED is a Dict of "obs" (one of the record's other kinds) and the
-# "action_mask" the stock agent hands to the model.
+# Observation spaces a record may take. DICT is a Dict of observations of the record's other kinds (an image and
+# vectors, say), with or without the "action_mask" the stock agent hands to the model.
 BOX = "Box"
 DISCRETE = "Discrete"
-MASKED = "{obs, action_mask}"
-OBSERVATION_KINDS = (BOX, DISCRETE, MASKED)
+DICT = "Dict of those"
+OBSERVATION_KINDS = (BOX, DISCRETE, DICT)
 # Action spaces a record may take: DISCRETE, or a Box of one dimension.
 VECTOR_BOX = "1-d Box"
 ACTION_KINDS = (DISCRETE, VECTOR_BOX)
@@ -228,10 +228,11 @@ class AlgorithmRecord:
 
     def _fits_observation(self, space: gym.Space) -> bool:
         if isinstance(space, gym.spaces.Dict):
+            parts = [part for key, part in space.spaces.items() if key != "action_mask"]
             return (
-                MASKED in self.observations
-                and set(space.spaces) == {"obs", "action_mask"}
-                and (self._fits_observation(space["obs"]))
+                DICT in self.observations
+                and bool(parts)
+                and all(not isinstance(part, gym.spaces.Dict) and self._fits_observation(part) for part in parts)
             )
         return (BOX in self.observations and isinstance(space, gym.spaces.Box)) or (
             DISCRETE in self.observations and isinstance(space, gym.spaces.Discrete)

@@ -175,3 +175,27 @@ def test_recurrent_ppo_puts_a_cnn_under_its_memories_for_images():
     assert logits.shape == (5, 7, 3) and values.shape == (5, 7) and after.shape == (5, 7, 32)
     assert model.next_values(obs, after).shape == (5, 7)
     model.update_normalizer(obs, 2)  # nothing to count for images
+
+
+def test_an_observation_of_an_image_and_vectors_goes_through_a_cnn_and_an_mlp_side_by_side():
+    space = gym.spaces.Dict(
+        {
+            "pixels": gym.spaces.Box(0, 255, (40, 40, 3), np.uint8),
+            "speed": gym.spaces.Box(-1, 1, (2,), np.float32),
+            "action_mask": gym.spaces.MultiBinary(3),
+        }
+    )
+    model = ActorCritic(space, gym.spaces.Discrete(3), hidden=(16,), frames=2)
+    assert set(model.input_specs()) == {"pixels", "speed", "action_mask"}
+    assert model.input_specs()["pixels"].dtype == "uint8"
+    assert set(model.view_specs()) == {"pixels_frames", "speed_frames"}
+    # The Nature CNN's 512 features of the two stacked images, then both speeds.
+    assert model.observation.size == 512 + 2 * 2
+    inputs = {
+        "pixels_frames": torch.zeros((5, 2, 40, 40, 3), dtype=torch.uint8),
+        "speed_frames": torch.zeros((5, 2, 2)),
+        "action_mask": torch.tensor([[True, False, True]] * 5),
+    }
+    logits = model.policy(inputs)
+    assert logits.shape == (5, 3) and (logits[:, 1] < -1e3).all()
+    assert lookup("ppo").fits(space, gym.spaces.Discrete(3)) and not lookup("dqn").fits(space, gym.spaces.Discrete(3))

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from flare2.errors import ConfigError
 from flare2.zoo.record import (
     BOX,
+    DICT,
     DISCRETE,
-    MASKED,
     VECTOR_BOX,
     ActorCriticSettings,
     AlgorithmRecord,
@@ -46,7 +46,7 @@ RECORD = AlgorithmRecord(
     config_class=A2CConfig,
     settings_class=ActorCriticSettings,
     build="flare2.zoo.a2c:build",
-    observations=(BOX, DISCRETE, MASKED),
+    observations=(BOX, DISCRETE, DICT),
     actions=(DISCRETE, VECTOR_BOX),
     run={"max_steps": 500_000, "learner": "inline"},
     # The example's settings, measured in the README's results. Each learn() is a batch of 40 steps that the agent

@@ -8,8 +8,8 @@ from typing import Any
 from flare2.errors import ConfigError
 from flare2.zoo.record import (
     BOX,
+    DICT,
     DISCRETE,
-    MASKED,
     VECTOR_BOX,
     ActorCriticSettings,
     AlgorithmRecord,
@@ -88,7 +88,7 @@ RECORD = AlgorithmRecord(
     config_class=PPOConfig,
     settings_class=ActorCriticSettings,
     build="flare2.zoo.ppo:build",
-    observations=(BOX, DISCRETE, MASKED),
+    observations=(BOX, DISCRETE, DICT),
     actions=(DISCRETE, VECTOR_BOX),
     run={"max_steps": 100_000, "learn_max_wait_ms": 200.0},
     agent={"sample_interval": 32},

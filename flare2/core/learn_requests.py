@@ -17,10 +17,11 @@ frames it holds. On the way (``pack``), each observation crosses once:
 - ``ages``: for a CT with views, each of the ``C + T`` steps' age in its episode,
   ``[N, C + T]``, from which ``unpack`` rebuilds the views exactly as the agent
   acted on them (``flare2.core.views.with_views``);
-- the other groups and the step flags as in ``Experience``, ``[N, T, ...]``.
+- the other groups and the step flags of the same ``C + T`` steps,
+  ``[N, C + T, ...]`` (views of actions and rewards reach back too).
 
 Atari's request is then 7.4 MB. Ragged inputs (entities) vary in size and cross
-whole, ``[N, T]`` in both ``inputs`` and ``next_inputs``. The CDP checks a
+whole, ``[N, C + T]`` in both ``inputs`` and ``next_inputs``. The CDP checks a
 request (``check_learn``), batches requests (``concatenate``) and the learner
 spells the batch out just before learn() (``unpack``), so requests stay small
 on the pipe to a learner process too.

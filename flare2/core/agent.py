@@ -95,6 +95,11 @@ class AgentHelper:
     def store(self, step: dict[str, Any]) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define store()")
 
+    def largest_request(self) -> tuple[int, int] | None:
+        """The sequences and steps of the largest learn request it will send, where it knows them before it
+        stores a step (the runtime checks them against the message limit at the start); None where it cannot."""
+        return None
+
 
 class EvaluationSchedule:
     """When evaluation episodes start: one after every ``eval_every`` training episodes (none with 0).

@@ -87,6 +87,10 @@ class OnlineHelper(AgentHelper):
         self._starts = np.zeros(num_envs, np.int64)
         self._episode_ages = EpisodeAges(num_envs)
 
+    def largest_request(self) -> tuple[int, int] | None:
+        """Every env's ``sample_interval`` steps; unknown for whole episodes, which may be of any length."""
+        return None if self.complete_episodes else (self.num_envs, self.sample_interval)
+
     def postprocess(self, sequence: dict[str, Any]) -> None:
         """Change one env's sequence in place before it is sent: groups and flags as in a learn request, each array
         ``[T, ...]`` (views of the request: write into them, e.g. ``sequence["extras"]["returns"][:] = ...``)."""
@@ -244,6 +248,10 @@ class ExpReplayHelper(AgentHelper):
         if specs.views:
             self._episode_ages = EpisodeAges(num_envs)
             self._ages = np.zeros((self._rows, num_envs), np.int64)
+
+    def largest_request(self) -> tuple[int, int] | None:
+        """``batch_size`` sequences for each ``sample_interval`` env steps one store of the agent's envs makes due."""
+        return self.batch_size * -(-self.num_envs // self.sample_interval), self.sequence_length
 
     @property
     def nbytes(self) -> int:

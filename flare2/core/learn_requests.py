@@ -100,6 +100,22 @@ def _padded(value: Any, pad: int) -> Any:
     return np.concatenate([np.zeros((value.shape[0], pad, *value.shape[2:]), value.dtype), value], axis=1)
 
 
+def least_bytes(specs: CTSpecs, sequences: int, steps: int) -> int:
+    """The fewest bytes a request of ``sequences`` x ``steps`` takes as ``pack`` makes it: every fixed-shape array
+    and flag, no episode's end among its steps (each adds a next input), no ragged item, no encoding overhead."""
+    width = view_context(specs) + steps
+    per_step = sum(
+        spec.nbytes for group in ("actions", "rewards", "states", "extras") for spec in _fixed_specs(specs, group)
+    )
+    per_step += sum(spec.nbytes for spec in STEP_FLAG_SPECS.values()) + (8 if specs.views else 0)
+    observations = sum(specs.acting_inputs[key].nbytes for key in _fixed(specs))
+    return sequences * (width * per_step + (width + 1) * observations)
+
+
+def _fixed_specs(specs: CTSpecs, group: str) -> list[Spec]:
+    return [spec for spec in getattr(specs, group).values() if not spec.ragged]
+
+
 def check_learn(specs: CTSpecs, payload: dict[str, Any]) -> tuple[int, int]:
     """Validate a learn request as ``pack`` makes it: N sequences of T steps; returns (N, T)."""
     if not isinstance(payload, dict):

@@ -6,6 +6,7 @@ importing torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast, overload
@@ -65,6 +66,11 @@ class Spec:
         if self.ragged:
             raise SpecError(f"a ragged spec {self.shape} has no fixed shape: its rows are Ragged, not arrays")
         return cast("tuple[int, ...]", self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of one array of this spec (of a fixed shape)."""
+        return math.prod(self.fixed_shape) * np.dtype(self.dtype).itemsize
 
     def zeros(self, rows: int | None = None) -> np.ndarray | Ragged:
         """Zeros of this spec (``rows`` of them); for a ragged spec, rows of no items."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare2.core.learn_requests import check_learn, concatenate, pack, unpack
+from flare2.core.learn_requests import check_learn, concatenate, least_bytes, pack, unpack
 from flare2.core.specs import CTSpecs, Spec, View
-from flare2.errors import SpecError
+from flare2.errors import ConfigError, SpecError
 from flare2.wire.codec import encode
 
 SPECS = CTSpecs(
@@ -107,6 +107,8 @@ def test_an_atari_sized_request_is_an_eighth_of_the_spelled_out_one():
     assert experience["inputs"]["obs_frames"].shape == (8, 128, 4, 84, 84)
     spelled_out = sum(len(encode(experience[group])) for group in ("inputs", "next_inputs"))
     assert len(encode(payload)) * 8 < spelled_out
+    # What the agent checks against the message limit before its first step: all but the one episode end's frame.
+    assert least_bytes(specs, 8, 128) <= len(encode(payload)) < least_bytes(specs, 8, 128) + 8 * 84 * 84 + 4096
     # The stack of the step after an episode's start holds zeros before it, then its frames.
     start = 51 - 3
     assert not experience["inputs"]["obs_frames"][:, start, :3].any()
@@ -145,3 +147,18 @@ def test_a_request_to_a_ct_without_arrays_is_counted_by_its_step_flags():
     }
     payload = {"inputs": {}, "next_inputs": {}, "next_at": np.zeros(0, np.int64), "actions": {}, "rewards": {}}
     assert check_learn(specs, {**payload, **flags}) == (2, 3)
+
+
+def test_an_agent_whose_requests_cannot_fit_the_message_limit_stops_before_its_first_step_naming_both_sizes():
+    from flare2.core.helpers import ExpReplayHelper, OnlineHelper
+    from flare2.runtime.agents.agent_process import check_request_sizes
+
+    online = OnlineHelper(sample_interval=128)
+    online.attach("RL", SPECS, None, num_envs=8)
+    replay = ExpReplayHelper(capacity=100, warmup=10, batch_size=32, sample_interval=4, sequence_length=3)
+    replay.attach("RL", SPECS, None, num_envs=8)
+    assert online.largest_request() == (8, 128) and replay.largest_request() == (64, 3)
+    check_request_sizes({"RL": online}, {"RL": SPECS}, 16 << 20)
+    with pytest.raises(ConfigError, match=r"128 steps, at least 73,872 bytes, more than the run's --max-message-bytes"):
+        check_request_sizes({"RL": online}, {"RL": SPECS}, 50_000)
+    assert OnlineHelper(sample_interval=8, complete_episodes=True).largest_request() is None

@@ -23,13 +23,14 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import zmq
 
 from flare2.core.agent import Agent, AgentBase, AgentHelper, EvaluationSchedule, VectorAgent
+from flare2.core.learn_requests import least_bytes
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
 from flare2.runtime import exit_codes
@@ -96,6 +97,22 @@ def check_envs_per_agent(agent: AgentBase, envs_per_agent: int) -> None:
             f"--envs-per-agent {envs_per_agent}: {name} plays one env per process (an Agent with run_episode()); "
             f"run it with --envs-per-agent 1 (and more --num-agents), or make {name} a flare2 VectorAgent"
         )
+
+
+def check_request_sizes(helpers: Mapping[str, AgentHelper], specs: Mapping[str, CTSpecs], max_bytes: int) -> None:
+    """A ConfigError, before the first step, for a helper whose learn requests cannot fit the message limit."""
+    for ct, helper in helpers.items():
+        shape = helper.largest_request()
+        if shape is None:
+            continue
+        least = least_bytes(specs[ct], *shape)
+        if least > max_bytes:
+            sequences, steps = shape
+            raise ConfigError(
+                f"learn requests to CT {ct!r} hold {sequences} sequences of {steps} steps, at least {least:,} bytes, "
+                f"more than the run's --max-message-bytes ({max_bytes:,}): send fewer steps per request or fewer "
+                "envs per agent (--sample-interval, --batch-size, --envs-per-agent) or raise --max-message-bytes"
+            )
 
 
 def make_envs(agent: AgentBase, eval_every: int) -> EpisodeStats:
@@ -274,6 +291,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
         control.stats = make_envs(agent, eval_every)
         agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
+        check_request_sizes(helpers, specs, max_bytes)
         play(agent, control.maybe_service)
     except StopRequested as stop:
         if stop.learn_replies:

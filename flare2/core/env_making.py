@@ -107,6 +107,11 @@ def is_atari(env_id: str) -> bool:
     return isinstance(entry_point, str) and entry_point.startswith("ale_py")
 
 
+def is_minatar(env_id: str) -> bool:
+    """Whether ``env_id`` is one of MinAtar's games (``MinAtar/Breakout-v1``...)."""
+    return namespace(env_id) == "MinAtar"
+
+
 def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, preprocessing: bool = True) -> gym.Env:
     """``gymnasium.make`` of ``env_id`` with the published preprocessing of its kind of game (Atari's; none for the
     others), ``preprocessing=False`` for the raw env; an error that names the id and the fix."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from flare2.core.env_making import is_atari, make_gym_env, registered_id
+from flare2.core.env_making import is_atari, is_minatar, make_gym_env, registered_id
 from flare2.errors import ConfigError
 
 # Observation spaces a record may take. DICT is a Dict of observations of the record's other kinds (an image and
@@ -38,9 +38,10 @@ OBSERVATION_KINDS = (BOX, DISCRETE, DICT)
 VECTOR_BOX = "1-d Box"
 ACTION_KINDS = (DISCRETE, VECTOR_BOX)
 
-PRESET_FAMILIES: dict[str, Callable[[str], bool]] = {"Atari": is_atari}
+PRESET_FAMILIES: dict[str, Callable[[str], bool]] = {"Atari": is_atari, "MinAtar": is_minatar}
 """Kinds of env that share one preset (``AlgorithmRecord.family_presets``), by the test of an env id: ``Atari`` is
-every game of ale-py (``ALE/Breakout-v5``, ``PongNoFrameskip-v4``...), played with its published preprocessing."""
+every game of ale-py (``ALE/Breakout-v5``, ``PongNoFrameskip-v4``...), played with its published preprocessing;
+``MinAtar`` every game of MinAtar (``MinAtar/Breakout-v1``...)."""
 
 PRESET_GROUPS = ("algorithm", "agent", "run")
 """The parts of a preset: the config's fields, the agent settings' fields, run options."""

@@ -98,6 +98,30 @@ RECORD = AlgorithmRecord(
             },
             "run": {"num_agents": 1, "envs_per_agent": 8, "clip_rewards": 1.0, "max_steps": 10_000_000},
         },
+        # MinAtar's own DQN (Young and Tian 2019, examples/dqn.py): minibatches of 32 every env step, a buffer of
+        # 100k, learning from 5k steps on, the target copied every 1000 gradient steps, epsilon from 1 to 0.1 over
+        # 100k steps, learning rate 2.5e-4 (Adam here, centered RMSprop there), 1-step returns, no double Q,
+        # one env, 5M steps; the MinAtar CNN and a linear Q head.
+        "MinAtar": {
+            "algorithm": {
+                "lr": 2.5e-4,
+                "minibatch_size": 32,
+                "target_update_every": 1_000,
+                "target_tau": 1.0,
+                "epsilon_end": 0.1,
+                "exploration_steps": 100_000,
+                "double_q": False,
+            },
+            "agent": {
+                "buffer": 100_000,
+                "warmup": 5_000,
+                "sample_interval": 1,
+                "batch_size": 32,
+                "n_step": 1,
+                "hidden": (),
+            },
+            "run": {"num_agents": 1, "envs_per_agent": 1, "max_steps": 5_000_000},
+        },
     },
     search_space={
         "lr": ("log", (1e-4, 3e-3)),

@@ -143,6 +143,23 @@ RECORD = AlgorithmRecord(
             "agent": {"sample_interval": 128, "frames": 4, "hidden": ()},
             "run": {"envs_per_agent": 8, "clip_rewards": 1.0, "max_steps": 10_000_000, "learner": "inline"},
         },
+        # PureJaxRL's MinAtar PPO as pgx's examples/minatar-ppo runs it (learning rate 3e-4, 3 epochs, clip 0.2,
+        # entropy 0.01, 128 steps, 20M steps), with 8 envs and minibatches of 256 where it has 4096 of each; the
+        # MinAtar CNN. Breakout: 0.5 to 7.7 in 1M steps (docs/pixels.md).
+        "MinAtar": {
+            "algorithm": {
+                "lr": 3e-4,
+                "anneal_steps": None,
+                "gamma": 0.99,
+                "gae_lambda": 0.95,
+                "clip": 0.2,
+                "epochs": 3,
+                "minibatch_size": 256,
+                "entropy_coef": 0.01,
+            },
+            "agent": {"sample_interval": 128},
+            "run": {"envs_per_agent": 8, "max_steps": 20_000_000, "learner": "inline"},
+        },
     },
     search_space={
         **CLIPPED_OBJECTIVE_SEARCH,

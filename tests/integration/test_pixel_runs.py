@@ -23,11 +23,11 @@ def test_an_atari_game_trains_with_its_preset_within_the_message_limit_and_eval_
     # The preset's request shape, fewer envs and steps: 2 envs x 64 steps of 84x84 frames stacked by 4.
     result = flare2(
         "train", "--env", "ALE/Breakout-v5", "--algo", "ppo", "--envs-per-agent", "2", "--sample-interval", "64",
-        "--epochs", "1", "--max-steps", "640", "--device", "cpu", "--log-dir", str(tmp_path),
+        "--epochs", "1", "--max-steps", "512", "--device", "cpu", "--log-dir", str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     rows = read_csv(tmp_path / "progress.csv")
-    assert rows[-1]["env_steps"] >= 640 and rows[-1]["learn_steps"] >= 4
+    assert rows[-1]["env_steps"] >= 512 and rows[-1]["learn_steps"] >= 3
     settings = json.loads((tmp_path / "train.json").read_text())
     assert settings["agent"]["frames"] == 4 and settings["run"]["clip_rewards"] == 1.0
     # Returns are whole games' raw scores (Breakout's bricks are worth 1 to 7 points, never clipped away).
@@ -41,8 +41,8 @@ def test_an_atari_game_trains_with_its_preset_within_the_message_limit_and_eval_
 def test_a_minatar_game_trains_dqn_on_its_cnn(tmp_path):
     pytest.importorskip("minatar")
     result = flare2(
-        "train", "--env", "MinAtar/Breakout-v1", "--algo", "dqn", "--serial", "--max-steps", "800",
-        "--warmup", "300", "--device", "cpu", "--log-dir", str(tmp_path),
+        "train", "--env", "MinAtar/Breakout-v1", "--algo", "dqn", "--serial", "--max-steps", "400",
+        "--warmup", "100", "--device", "cpu", "--log-dir", str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     rows = read_csv(tmp_path / "progress.csv")

@@ -21,7 +21,7 @@ def usage_error(capsys, argv) -> str:
 def test_settings_come_from_the_algorithm_then_the_envs_preset_then_a_preset_file_then_the_command_line(tmp_path):
     plan = resolve(["--env", "CartPole-v1", "--algo", "dqn", "--log-dir", str(tmp_path)])
     # DQN's own starting point, its CartPole preset (greedy evaluation every episode), --max-steps for the schedule.
-    assert plan.options["num_agents"] == 8 and plan.options["eval_every"] == 1
+    assert plan.options["envs_per_agent"] == 8 and plan.options["eval_every"] == 1
     assert plan.settings.n_step == 3 and plan.config.anneal_steps == plan.options["max_steps"] == 100_000
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps({"algorithm": {"lr": 0.01}, "agent": {"n_step": 2}, "run": {"eval_every": 3}}))

@@ -56,7 +56,9 @@ RECORD = AlgorithmRecord(
     build="flare2.zoo.dqn:build",
     observations=(BOX, DISCRETE),
     actions=(DISCRETE,),
-    run={"num_agents": 8, "envs_per_agent": 1, "max_steps": 100_000},
+    # One agent process of 8 envs and one replay buffer: on 2 cores, Acrobot's preset reached -100 in 0.88 of the
+    # wall time of 8 one-env processes (median of 3 seeds: 50.6 s against 57.7 s), in the same env steps.
+    run={"num_agents": 1, "envs_per_agent": 8, "max_steps": 100_000},
     agent={"n_step": 3},
     derived={"anneal_steps": "max_steps"},
     presets={
@@ -96,7 +98,7 @@ RECORD = AlgorithmRecord(
                 "frames": 4,
                 "hidden": (),
             },
-            "run": {"num_agents": 1, "envs_per_agent": 8, "clip_rewards": 1.0, "max_steps": 10_000_000},
+            "run": {"clip_rewards": 1.0, "max_steps": 10_000_000},
         },
         # MinAtar's own DQN (Young and Tian 2019, examples/dqn.py): minibatches of 32 every env step, a buffer of
         # 100k, learning from 5k steps on, the target copied every 1000 gradient steps, epsilon from 1 to 0.1 over

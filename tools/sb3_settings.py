@@ -171,10 +171,7 @@ def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *,
         # Separate tanh MLPs for the policy and the value, orthogonal init: flare2's ActorCritic and SB3's default.
         policy_kwargs={"net_arch": {"pi": hidden, "vf": hidden}},
     )
-    frames = fields.take("frames", 1)
-    if frames > 1:
-        spec.frame_stack = frames
-        spec.equivalents.append(f"flare2's frame-stack view of {frames} observations: SB3's VecFrameStack({frames})")
+    _observations(fields, spec)
     if fields.take("complete_episodes", False):
         spec.differences.append("flare2 sends whole episodes (complete_episodes); SB3 cuts rollouts of n_steps")
     if options.get("serial"):
@@ -192,6 +189,17 @@ def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *,
             f"flare2's agents act on while learn() runs in its learner process (learn_ahead {learn_ahead}): a batch "
             f"may begin with steps of weights up to {learn_ahead} update(s) old; SB3 waits for each update"
         )
+
+
+def _observations(fields: _Fields, spec: Sb3Spec) -> None:
+    """The frame stack and the encoder: flare2's ``auto`` encoder of a vector is its MLP, SB3's MlpPolicy."""
+    frames = fields.take("frames", 1)
+    if frames > 1:
+        spec.frame_stack = frames
+        spec.equivalents.append(f"flare2's frame-stack view of {frames} observations: SB3's VecFrameStack({frames})")
+    encoder = fields.take("encoder", "auto")
+    if encoder != "auto":
+        spec.differences.append(f"flare2's --encoder {encoder} (images only); SB3's policy picks its own CNN")
 
 
 def _ppo(fields: _Fields, options: Mapping[str, Any], budget: int, *, learn_ahead: int = 1) -> Sb3Spec:
@@ -289,6 +297,7 @@ def _dqn(fields: _Fields, options: Mapping[str, Any], budget: int) -> Sb3Spec:
         max_grad_norm=fields.take("max_grad_norm"),
         policy_kwargs={"net_arch": list(fields.take("hidden"))},  # ReLU on both sides
     )
+    _observations(fields, spec)
     spec.equivalents.append(f"epsilon falls from {start:g} to {end:g} over {steps} env steps on both sides")
     _learning_rate(spec, fields.take("lr"), fields.take("anneal_steps"), budget)
     # flare2 blends tau into the target after every target_update_every gradient steps; SB3's DQN after every

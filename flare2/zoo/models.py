@@ -167,7 +167,8 @@ class ObservationFeatures(nn.Module):
 
 
 class ActorCritic(Model):
-    """Policy and value heads over one observation ``obs``, through an encoder chosen from its space.
+    """Policy and value heads over one observation ``obs`` (or the observations of a Dict space, side by side:
+    ``ObservationFeatures``), through an encoder chosen from each one's space.
 
     A vector observation (a Box of floats, or Discrete one-hot encoded) feeds
     separate policy and value MLPs of sizes ``hidden``. An image (a Box of

@@ -8,7 +8,7 @@ import torch
 
 from flare2.core.learn_requests import check_learn, pack, unpack
 from flare2.core.model import Model
-from flare2.core.specs import CTSpecs, Spec
+from flare2.core.specs import CTSpecs, Spec, View
 from flare2.runtime.agents.agent_process import StopRequested
 
 
@@ -34,6 +34,16 @@ SCALE_SPECS = CTSpecs(
     rewards={"reward": Spec((), "float32")},
 )
 """The specs of a CT of ``Scale`` (with the default reward)."""
+
+
+ATARI_SPECS = CTSpecs(
+    inputs={"obs": Spec((84, 84), "uint8"), "obs_frames": Spec((4, 84, 84), "uint8")},
+    actions={"action": Spec((), "int64")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+    views={"obs_frames": View.last_observations(4)},
+)
+"""The specs of a CT of an Atari preset's model: 84x84 frames and the view of the last 4 of them."""
 
 
 def learn_payload(sequences: int, steps: int, *, fill: float = 0.0, version: int = 0) -> dict:

@@ -282,38 +282,25 @@ class QNetwork(Model):
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"QNetwork needs a Discrete action space, got {action_space}: use TD3 for Box actions")
-        if type(frames) is not int or frames < 1:
-            raise ConfigError(f"QNetwork frames must be an int >= 1, got {frames!r}")
-        self.frames = frames
-        self.input_key = "obs" if frames == 1 else "obs_frames"
+        self.observation = ObservationFeatures({"obs": observation_space}, encoder, frames)
+        self.input_key = self.observation.input_name("obs")
         """The input ``forward`` takes: the observation, or the view of the last ``frames`` of them."""
-        self._obs_spec = observation_spec(observation_space)
-        self.one_hot_size = one_hot_size(observation_space)
-        self.encoder = observation_encoder(observation_space, encoder, frames)
-        obs_size = (
-            self.encoder.features
-            if self.encoder is not None
-            else (self.one_hot_size or math.prod(self._obs_spec.fixed_shape)) * frames
-        )
-        self.is_table = not hidden and bool(self.one_hot_size) and frames == 1
+        self.is_table = not hidden and bool(self.observation.one_hot["obs"]) and frames == 1
         # ReLU is the usual choice for value-based methods.
-        self.q = mlp([obs_size, *hidden, int(action_space.n)], activation=nn.ReLU, bias=not self.is_table)
+        self.q = mlp([self.observation.size, *hidden, int(action_space.n)], activation=nn.ReLU, bias=not self.is_table)
 
     def input_specs(self) -> dict[str, Spec]:
-        return {"obs": self._obs_spec}
+        return self.observation.specs
 
     def action_specs(self) -> dict[str, Spec]:
         return {"action": Spec((), "int64")}
 
     def view_specs(self) -> dict[str, View]:
-        return {"obs_frames": View.last_observations(self.frames)} if self.frames > 1 else {}
+        return self.observation.views()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values of ``inputs[self.input_key]``."""
-        if self.encoder is not None:
-            return self.q(self.encoder(obs))
-        flat = features(obs, self._obs_spec, self.one_hot_size)
-        return self.q(flat if self.frames == 1 else flat.flatten(start_dim=flat.dim() - 2))
+        return self.q(self.observation({self.input_key: obs}))
 
 
 class BoxActorCritic(Model):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from doubles import ATARI_SPECS
 
 from flare2.core.learn_requests import check_learn, concatenate, least_bytes, pack, unpack
-from flare2.core.specs import CTSpecs, Spec, View
+from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.codec import encode
 
@@ -78,13 +79,6 @@ def test_requests_batched_together_keep_each_ones_episode_ends():
 
 def test_an_atari_sized_request_is_an_eighth_of_the_spelled_out_one():
     # 8 envs x 128 steps of 84x84 frames and a view of the last 4 (the PPO preset's request).
-    specs = CTSpecs(
-        inputs={"obs": Spec((84, 84), "uint8"), "obs_frames": Spec((4, 84, 84), "uint8")},
-        actions={"action": Spec((), "int64")},
-        states={},
-        rewards={"reward": Spec((), "float32")},
-        views={"obs_frames": View.last_observations(4)},
-    )
     rng = np.random.default_rng(0)
     lead = (8, 131)  # 3 steps before the first, which the views reach back to
     frames = rng.integers(0, 255, (8, 132, 84, 84), dtype=np.uint8)
@@ -101,14 +95,16 @@ def test_an_atari_sized_request_is_an_eighth_of_the_spelled_out_one():
     steps["terminated"][:, 50] = True
     ages = np.tile(np.arange(131), (8, 1))
     ages[:, 51:] = np.arange(80)
-    payload = pack(specs, steps, 3, ages)
-    assert check_learn(specs, payload) == (8, 128)
-    experience = unpack(specs, payload)
+    payload = pack(ATARI_SPECS, steps, 3, ages)
+    assert check_learn(ATARI_SPECS, payload) == (8, 128)
+    experience = unpack(ATARI_SPECS, payload)
     assert experience["inputs"]["obs_frames"].shape == (8, 128, 4, 84, 84)
     spelled_out = sum(len(encode(experience[group])) for group in ("inputs", "next_inputs"))
     assert len(encode(payload)) * 8 < spelled_out
     # What the agent checks against the message limit before its first step: all but the one episode end's frame.
-    assert least_bytes(specs, 8, 128) <= len(encode(payload)) < least_bytes(specs, 8, 128) + 8 * 84 * 84 + 4096
+    assert (
+        least_bytes(ATARI_SPECS, 8, 128) <= len(encode(payload)) < least_bytes(ATARI_SPECS, 8, 128) + 8 * 84 * 84 + 4096
+    )
     # The stack of the step after an episode's start holds zeros before it, then its frames.
     start = 51 - 3
     assert not experience["inputs"]["obs_frames"][:, start, :3].any()

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from doubles import KeepingHelper
+from doubles import ATARI_SPECS, KeepingHelper
 
 from flare2.commands.train import check_env_id
 from flare2.core import env_making
@@ -75,16 +75,7 @@ def test_a_lost_life_ends_the_episode_for_learning_while_the_return_reported_is_
 
     spec = lookup("ppo").preset("ALE/Breakout-v5")
     assert spec["agent"]["frames"] == 4 and spec["run"]["clip_rewards"] == 1.0
-    from flare2.core.specs import CTSpecs, Spec, View
-
-    specs = CTSpecs(
-        inputs={"obs": Spec((84, 84), "uint8"), "obs_frames": Spec((4, 84, 84), "uint8")},
-        actions={"action": Spec((), "int64")},
-        states={},
-        rewards={"reward": Spec((), "float32")},
-        views={"obs_frames": View.last_observations(4)},
-    )
-    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": RandomPort()}, helpers={"RL": helper})
+    agent.connect(agent_id="a0", seed=0, specs={"RL": ATARI_SPECS}, ports={"RL": RandomPort()}, helpers={"RL": helper})
     with pytest.raises(StopRequested):
         agent.run()
     terminated = np.stack([step["terminated"] for step in helper.steps])

@@ -32,7 +32,7 @@ _EXPORTS = {
     "View": "flare2.core.specs",
     "Agent": "flare2.core.agent",
     "VectorAgent": "flare2.core.agent",
-    "AgentHelper": "flare2.core.agent",
+    "AgentHelper": "flare2.core.helpers",
     "OnlineHelper": "flare2.core.helpers",
     "ExpReplayHelper": "flare2.core.helpers",
     "GymAgent": "flare2.core.envs",

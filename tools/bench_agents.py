@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flare2.core.agent import AgentHelper
 from flare2.core.envs import GymAgent
+from flare2.core.helpers import AgentHelper
 
 
 class DropHelper(AgentHelper):

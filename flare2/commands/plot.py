@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from flare2.errors import ConfigError
-from flare2.runtime.manager.progress import EVAL_RETURN_WINDOW, RETURN_WINDOW
+from flare2.runtime.manager.totals import EVAL_RETURN_WINDOW, RETURN_WINDOW
 from flare2.runtime.run_files import TRAIN_FILE
 
 _SEED_SUFFIX = re.compile(r"[_-](s|seed)\d+$")

@@ -45,60 +45,17 @@ VectorAgent; read its ``run()`` before writing your own.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from flare2.core.helpers import AgentHelper, CTPort
 from flare2.core.specs import CTSpecs, Spec, check_arrays
 from flare2.core.transforms import Transforms
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import Ragged
 
 Arrays = dict[str, Any]
-
-
-class CTPort(Protocol):
-    """How an agent reaches one ComputationTask (the runtime provides it)."""
-
-    learn_ahead: int
-    """Learn requests that may be on their way before ``learn`` waits for the oldest reply (the CT says)."""
-
-    def send_predict(self, payload: dict[str, Any]) -> int:
-        """Send a predict request without waiting; returns the ticket ``wait_predict`` takes."""
-
-    def wait_predict(self, ticket: int) -> dict[str, Any]:
-        """The reply to the request of ``ticket``: ``actions``, ``states`` and the weights' ``version``."""
-
-    def learn(self, payload: dict[str, Any]) -> None:
-        """Send a learn request; returns once no more than ``learn_ahead`` requests await their reply."""
-
-    def send_statistics(self, payload: dict[str, Any]) -> int:
-        """Send an agent's new observation counts (``flare2.core.transforms``); returns the ticket ``wait_statistics`` takes."""
-
-    def wait_statistics(self, ticket: int) -> dict[str, Any]:
-        """The reply to the statistics of ``ticket``: the run's merged ``moments``."""
-
-
-class AgentHelper:
-    """Decides what stored steps become learn requests, and when.
-
-    ``store`` gets one step of every env of the agent: each array has a
-    leading dimension of K rows (one per env, K = 1 for an ``Agent``); the
-    flags ``terminated``, ``truncated`` and ``policy_version`` are arrays of
-    K. A learn request holds N sequences of T consecutive steps of one env
-    each, every array ``[N, T, ...]``.
-    """
-
-    def attach(self, ct: str, specs: CTSpecs, port: CTPort, *, num_envs: int = 1) -> None:
-        self.ct, self.specs, self.port, self.num_envs = ct, specs, port, num_envs
-
-    def store(self, step: dict[str, Any]) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must define store()")
-
-    def largest_request(self) -> tuple[int, int] | None:
-        """The sequences and steps of the largest learn request it will send, where it knows them before it
-        stores a step (the runtime checks them against the message limit at the start); None where it cannot."""
-        return None
 
 
 class EvaluationSchedule:

@@ -11,9 +11,9 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
-from flare2.core.agent import AgentHelper, EvaluationSchedule, PendingPrediction, VectorAgent
+from flare2.core.agent import EvaluationSchedule, PendingPrediction, VectorAgent
 from flare2.core.env_making import LEARNING_EPISODE_ENDS, make_gym_env
-from flare2.core.helpers import ExpReplayHelper, OnlineHelper
+from flare2.core.helpers import AgentHelper, ExpReplayHelper, OnlineHelper
 from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms

@@ -8,16 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from flare2.runtime.manager.progress import (
-    EVAL_RETURN_WINDOW,
-    PROGRESS_COLUMNS,
-    RETURN_WINDOW,
-    LatencyHistogram,
-    ProgressLog,
-    RunTotals,
-    duration_text,
-    summary_line,
-)
+from flare2.runtime.latency import LatencyHistogram
+from flare2.runtime.manager.progress import PROGRESS_COLUMNS, ProgressLog, duration_text, summary_line
+from flare2.runtime.manager.totals import EVAL_RETURN_WINDOW, RETURN_WINDOW, RunTotals
 
 
 def budget(max_steps=None, max_episodes=None, stop_return=None, stop_eval_return=None):

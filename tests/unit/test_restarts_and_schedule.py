@@ -16,8 +16,8 @@ from flare2.runtime.checkpoints import CheckpointSchedule
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.manager.parallel import ParallelSchedule
-from flare2.runtime.manager.progress import RunTotals
 from flare2.runtime.manager.registry import AgentRecord
+from flare2.runtime.manager.totals import RunTotals
 from flare2.runtime.supervisor import (
     HEALTHY_LIFE_S,
     MAX_RESTART_BACKOFF_S,

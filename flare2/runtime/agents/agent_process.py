@@ -29,7 +29,8 @@ from typing import Any, NoReturn
 
 import zmq
 
-from flare2.core.agent import Agent, AgentBase, AgentHelper, EvaluationSchedule, VectorAgent
+from flare2.core.agent import Agent, AgentBase, EvaluationSchedule, VectorAgent
+from flare2.core.helpers import AgentHelper
 from flare2.core.learn_requests import least_bytes
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError

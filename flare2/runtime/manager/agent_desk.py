@@ -20,8 +20,8 @@ import zmq
 from flare2.errors import RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import RunConfig
-from flare2.runtime.manager.progress import RunTotals
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
+from flare2.runtime.manager.totals import RunTotals
 from flare2.runtime.processes import COMPUTE_IDENTITY
 from flare2.wire.protocol import (
     BYE,

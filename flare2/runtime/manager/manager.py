@@ -37,13 +37,9 @@ from flare2.runtime.checkpoints import (
 )
 from flare2.runtime.config import RunConfig
 from flare2.runtime.manager.parallel import ParallelSchedule
-from flare2.runtime.manager.progress import (
-    ProgressLog,
-    RunTotals,
-    summary_line,
-    wandb_logging,
-)
+from flare2.runtime.manager.progress import ProgressLog, summary_line, wandb_logging
 from flare2.runtime.manager.schedule import Schedule
+from flare2.runtime.manager.totals import RunTotals
 from flare2.runtime.run_files import record_run, run_logs_and_signals
 
 logger = logging.getLogger(__name__)

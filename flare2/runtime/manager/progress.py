@@ -1,4 +1,4 @@
-"""Run statistics as the manager aggregates them, and the files and lines they become."""
+"""The files and lines a run's statistics become (the manager counts them in ``flare2.runtime.manager.totals``)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ import json
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flare2.runtime.config import RunConfig
-from flare2.runtime.latency import LatencyHistogram
+from flare2.runtime.manager.totals import RunTotals
 
 logger = logging.getLogger("flare2.progress")
 
@@ -57,128 +55,12 @@ CT_COLUMNS = (
 )
 """cts.csv: per CT, the batches since the last row and their mean size (requests per forward pass or learn call),
 and the seconds spent in predict() and in learn() since the last row (the compute side's split)."""
-RETURN_WINDOW = 100
-EVAL_RETURN_WINDOW = 20
 
 
 def compute_report_interval_s(progress_interval_s: float) -> float:
     """How often the CDPs' figures (batches, learn costs) are reported: at least once per progress row, so each row
     sees fresh batching figures."""
     return min(1.0, progress_interval_s / 2)
-
-
-@dataclass
-class RunTotals:
-    """What the manager knows of the run so far."""
-
-    started: float = field(default_factory=time.monotonic)
-    env_steps: int = 0
-    episodes: int = 0
-    recent_returns: deque = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))
-    ct_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
-    max_predict_wait_ms: float = 0.0
-    """Longest a prediction request waited in a CDP queue since the last progress row."""
-    restarts: int = 0
-    """Agent processes restarted after a crash, a kill or a heartbeat timeout."""
-    dropped_messages: int = 0
-    """Malformed or unexpected control messages the manager dropped."""
-    remote_env_steps: int = 0
-    """Of ``env_steps``, those of agents attached from other machines."""
-    remote_episodes: int = 0
-    remote_dropped: int = 0
-    """Remote agents dropped after their link went silent or they failed."""
-    closed_connections: int = 0
-    """ZeroMQ connections of the manager's socket that closed (see ``ConnectionWatch``); the CDPs count their own."""
-    eval_env_steps: int = 0
-    """Steps of evaluation episodes (not in ``env_steps``: they do not count towards the budget)."""
-    eval_episodes: int = 0
-    recent_eval_returns: deque = field(default_factory=lambda: deque(maxlen=EVAL_RETURN_WINDOW))
-    round_trips: LatencyHistogram = field(default_factory=LatencyHistogram)
-    """Prediction round trips as the agents timed them, since the last progress row."""
-    best_return_mean: float = float("nan")
-    """The highest ``return_mean`` of any progress row so far."""
-    _finished: list = field(default_factory=list)
-    """(return, length, evaluation) of the episodes finished since the last ``take_finished``."""
-
-    def resume_from(self, counters: dict[str, Any]) -> None:
-        """Continue the counters of the run a checkpoint came from."""
-        self.env_steps = int(counters.get("env_steps", 0))
-        self.episodes = int(counters.get("episodes", 0))
-        self.restarts = int(counters.get("restarts", 0))
-        self.recent_returns.extend(float(value) for value in counters.get("recent_returns", []))
-
-    def budget_reached(self, config: Any) -> bool:
-        """Whether the run (a RunConfig) is over: a budget spent or a target return reached."""
-        return (
-            (config.max_steps is not None and self.env_steps >= config.max_steps)
-            or (config.max_episodes is not None and self.episodes >= config.max_episodes)
-            or (config.stop_return is not None and self.window_full and self.return_mean >= config.stop_return)
-            or (
-                config.stop_eval_return is not None
-                and self.eval_window_full
-                and self.eval_return_mean >= config.stop_eval_return
-            )
-        )
-
-    def counters(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the run, for ``resume_from``."""
-        return {
-            "env_steps": self.env_steps,
-            "episodes": self.episodes,
-            "restarts": self.restarts,
-            "recent_returns": list(self.recent_returns),
-        }
-
-    def add_compute_stats(self, reports: dict[str, dict[str, Any]]) -> None:
-        for ct, report in reports.items():
-            previous = self.ct_reports.get(ct, {})
-            if not report.get("costs") and previous.get("costs"):
-                # No learn() since the last report: the costs of the last one stand, as they do between rows.
-                report = {**report, "costs": previous["costs"]}
-            self.ct_reports[ct] = report
-        for report in reports.values():
-            self.max_predict_wait_ms = max(self.max_predict_wait_ms, float(report.get("max_predict_wait_ms", 0.0)))
-
-    def add_agent_stats(self, steps: int, episodes: list[tuple[float, int]], *, remote: bool = False) -> None:
-        self.env_steps += steps
-        self.episodes += len(episodes)
-        if remote:
-            self.remote_env_steps += steps
-            self.remote_episodes += len(episodes)
-        self.recent_returns.extend(episode_return for episode_return, _ in episodes)
-        self._finished.extend((episode_return, length, False) for episode_return, length in episodes)
-
-    def add_eval_stats(self, steps: int, episodes: list[tuple[float, int]]) -> None:
-        self.eval_env_steps += steps
-        self.eval_episodes += len(episodes)
-        self.recent_eval_returns.extend(episode_return for episode_return, _ in episodes)
-        self._finished.extend((episode_return, length, True) for episode_return, length in episodes)
-
-    def take_finished(self) -> list[tuple[float, int, bool]]:
-        """Episodes (return, length, evaluation) finished since the last call."""
-        finished, self._finished = self._finished, []
-        return finished
-
-    @property
-    def return_mean(self) -> float:
-        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
-
-    @property
-    def eval_return_mean(self) -> float:
-        """Mean return of the last ``EVAL_RETURN_WINDOW`` evaluation episodes."""
-        returns = self.recent_eval_returns
-        return sum(returns) / len(returns) if returns else float("nan")
-
-    @property
-    def window_full(self) -> bool:
-        return len(self.recent_returns) == RETURN_WINDOW
-
-    @property
-    def eval_window_full(self) -> bool:
-        return len(self.recent_eval_returns) == EVAL_RETURN_WINDOW
-
-    def ct_total(self, key: str) -> float:
-        return sum(report.get(key, 0) for report in self.ct_reports.values())
 
 
 def duration_text(seconds: float) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from flare2.runtime.manager.progress import RunTotals
+from flare2.runtime.manager.totals import RunTotals
 
 
 class Conductor(Protocol):

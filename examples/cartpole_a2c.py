@@ -37,7 +37,7 @@ from flare2.zoo.records.a2c import A2CConfig
 #    zoo is imported here, so this process (the manager) never loads torch and
 #    starts fast.
 def build_a2c(env_id: str, config: A2CConfig):
-    from flare2.core.envs import make_gym_env
+    from flare2.core.env_making import make_gym_env
     from flare2.zoo.a2c import A2C
     from flare2.zoo.models import ActorCritic
 

@@ -21,7 +21,7 @@ import sys
 from functools import partial
 
 from flare2.core.algorithm import Algorithm
-from flare2.core.envs import make_gym_env
+from flare2.core.env_making import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (

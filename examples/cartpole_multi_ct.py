@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flare2 import Algorithm, Model, Spec
-from flare2.core.envs import make_gym_env
+from flare2.core.env_making import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (

@@ -32,7 +32,7 @@ from flare2.zoo.records.ppo import PPOConfig
 # 1. The Algorithm, built inside the compute process (a module-level function, for the spawn start method).
 #    The zoo is imported here, so the manager process never loads torch.
 def build_ppo(env_id: str, config: PPOConfig):
-    from flare2.core.envs import make_gym_env
+    from flare2.core.env_making import make_gym_env
     from flare2.zoo.ppo import PPO
 
     return PPO.for_env(make_gym_env(env_id), config)

@@ -34,7 +34,7 @@ from flare2.zoo.records.ppo import PPOConfig
 
 # 1. The Algorithm, built inside the compute process; torch is imported there, never in the manager.
 def build(config: PPOConfig, width: int, layers: int, random_policy: bool):
-    from flare2.core.envs import make_gym_env
+    from flare2.core.env_making import make_gym_env
     from flare2.zoo.entity import EntityActorCritic, UniformEntityPolicy
     from flare2.zoo.ppo import PPO
 

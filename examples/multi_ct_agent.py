@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from flare2 import Agent, AgentHelper, ConfigError, CTSpecs, OnlineHelper
-from flare2.core.envs import make_gym_env
+from flare2.core.env_making import make_gym_env
 
 
 class PolicyAndAuxAgent(Agent):

@@ -17,7 +17,7 @@ import argparse
 import sys
 from functools import partial
 
-from flare2.core.envs import make_gym_env
+from flare2.core.env_making import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import (

@@ -448,7 +448,7 @@ def steady_state(rows: list[dict[str, float]], first: int, last: int) -> dict[st
 
 def build_rollout_a2c() -> Any:
     """The CT of the rollout runs: flare2's A2C with its default MLP (runs in the compute process)."""
-    from flare2.core.envs import make_gym_env
+    from flare2.core.env_making import make_gym_env
     from flare2.zoo.a2c import A2C
     from flare2.zoo.models import ActorCritic
 

@@ -9,7 +9,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from flare2.core.envs import make_gym_env
+from flare2.core.env_making import make_gym_env
 from flare2.runtime.config import CTConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.options import add_run_options, batching_from_args, run_config_from_args

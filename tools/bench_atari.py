@@ -1,18 +1,22 @@
-"""Atari throughput: ``flare2 train`` on a game for a fixed time at several env counts, measured from the run's logs.
+"""Atari throughput: ``flare2 train`` and SB3's PPO on a game for a fixed number of env steps, measured alike.
 
-    python tools/bench_atari.py --device cuda --envs 64 128 256 --seconds 90
-    python tools/bench_atari.py --device cpu --envs 8 --seconds 60 --algo ppo --env ALE/Pong-v5
+    python tools/bench_atari.py --device cpu --envs 8 --sb3-python .venv-peers/bin/python --repeat 3
+    python tools/bench_atari.py --device cuda --envs 64 128 256 --steps 400000 --warmup-steps 100000
 
 Each setting is one run of the algorithm's Atari preset with ``--num-agents`` processes of ``--envs-per-agent``
-envs (the total split into processes of at most ``--envs-per-process``), stopped with Ctrl+C after ``--seconds``.
-Over the rows of progress.csv after ``--warmup`` seconds it reports env steps/s and frames/s (4 frames per step,
-the preprocessing's frame skip), the compute process's seconds in predict() and learn() per wall second
-(cts.csv), the mean predict batch, and the GPU's utilisation sampled by nvidia-smi over the same window (where
-there is one). Prints a Markdown table; ``--json FILE`` keeps the figures.
+envs (the total split into processes of at most ``--envs-per-process``) for ``--steps`` env steps, with
+``--torch-threads`` threads. Over the rows of progress.csv past ``--warmup-steps`` it reports env steps/s and
+frames/s (4 frames per step, the preprocessing's frame skip), the compute process's seconds in predict() and
+learn() per wall second (cts.csv), the rate learn() alone would allow (the steps over the seconds learn() took:
+acting for free), the mean predict batch, the peak RSS of the run's process tree (tools/proctree.py) and, where
+there is one, the GPU's utilisation sampled by nvidia-smi over the same window.
 
 With ``--sb3-python PYTHON`` (a Python that has stable-baselines3 and ale-py, such as the one
-``tools/bench_peers.py --install`` makes), each setting is run by SB3's PPO too (tools/sb3_atari.py, PPO's
-Atari settings only), right after flare2's, and the table gives SB3's env steps/s and flare2's ratio to it.
+``tools/bench_peers.py --install`` makes), SB3's PPO plays each setting too, right after flare2's, once per
+``--sb3-vec-env`` (DummyVecEnv, SubprocVecEnv): tools/sb3_atari.py, rl-baselines3-zoo's Atari settings and the
+same torch threads, measured over the same steps, with its share of time in ``train()``. Each ratio is flare2's
+rate over the better SB3 rate of the same repeat; ``--repeat N`` plays every run N times, interleaved, and the
+table gives the medians. Prints Markdown tables; ``--json FILE`` keeps every run's figures.
 """
 
 from __future__ import annotations
@@ -21,15 +25,19 @@ import argparse
 import csv
 import json
 import math
-import os
 import shutil
-import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+
+from proctree import run_measured  # noqa: E402
 
 FRAME_SKIP = 4
 """Frames per env step under the published preprocessing (flare2.core.env_making)."""
@@ -80,7 +88,7 @@ class GPUSampler:
 
 
 def measure(args: argparse.Namespace, envs: int, log_dir: Path) -> dict[str, float]:
-    """One run of ``envs`` envs for ``args.seconds``; its rates over the rows after the warm-up."""
+    """One flare2 run of ``envs`` envs for ``args.steps`` env steps; its rates over the rows past the warm-up."""
     agents = max(1, math.ceil(envs / args.envs_per_process))
     per_agent = envs // agents
     command = [
@@ -98,84 +106,112 @@ def measure(args: argparse.Namespace, envs: int, log_dir: Path) -> dict[str, flo
         str(agents),
         "--envs-per-agent",
         str(per_agent),
+        "--torch-threads",
+        str(args.torch_threads),
         "--max-steps",
-        str(10**10),
+        str(args.steps),
         "--progress-interval",
         "2",
         "--log-dir",
         str(log_dir),
         *args.extra,
     ]
-    print(f"# {envs} envs ({agents} x {per_agent}): {' '.join(command[2:])}", flush=True)
+    print(f"# flare2, {envs} envs ({agents} x {per_agent}): {' '.join(command[2:])}", flush=True)
     sampler = GPUSampler()
     started = time.monotonic()
-    with open(log_dir.with_suffix(".log"), "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        sampler.start()
-        try:
-            process.wait(timeout=args.seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+    sampler.start()
+    measured = run_measured(command, cwd=TOOLS.parent, timeout_s=args.timeout)
     sampler.stop()
-    progress = [row for row in read_rows(log_dir / "progress.csv") if float(row["wall_time"]) >= args.warmup]
-    cts = [row for row in read_rows(log_dir / "cts.csv") if float(row["wall_time"]) >= args.warmup]
-    if len(progress) < 2:
-        return {"envs": envs, "agents": agents, "steps_per_s": math.nan}
+    if measured.returncode != 0:
+        print(measured.stderr[-2000:], file=sys.stderr)
+    progress = [row for row in read_rows(log_dir / "progress.csv") if int(row["env_steps"]) >= args.warmup_steps]
+    cts = [row for row in read_rows(log_dir / "cts.csv") if float(row["wall_time"]) >= float(progress[0]["wall_time"])]
+    result: dict[str, float] = {
+        "system": "flare2",
+        "envs": envs,
+        "agents": agents,
+        "peak_rss_mb": measured.peak_rss_bytes / 2**20,
+    }
+    if len(progress) < 2 or len(cts) < 2:
+        return {**result, "steps_per_s": math.nan}
     first, last = progress[0], progress[-1]
     window = float(last["wall_time"]) - float(first["wall_time"])
     steps = int(last["env_steps"]) - int(first["env_steps"])
     later = cts[1:]  # each cts.csv row covers the time since the row before
     predict_s = sum(float(row["predict_s"]) for row in later)
     learn_s = sum(float(row["learn_s"]) for row in later)
-    ct_window = float(later[-1]["wall_time"]) - float(cts[0]["wall_time"]) if later else math.nan
+    ct_window = float(later[-1]["wall_time"]) - float(cts[0]["wall_time"])
     batches = [float(row["predict_batch_mean"]) for row in later if row["predict_batch_mean"] != "nan"]
+    steps_per_s = steps / window
     return {
-        "envs": envs,
-        "agents": agents,
-        "steps_per_s": steps / window,
+        **result,
+        "steps": steps,
+        "steps_per_s": steps_per_s,
         "frames_per_s": steps * FRAME_SKIP / window,
         "predict_share": predict_s / ct_window,
-        "learn_share": learn_s / ct_window,
+        "update_share": learn_s / ct_window,
+        "update_only_steps_per_s": steps_per_s / (learn_s / ct_window) if learn_s else math.nan,
         "predict_batch_rows": sum(batches) / len(batches) if batches else math.nan,
         "gpu_util_pct": sampler.mean_between(started + float(first["wall_time"]), started + float(last["wall_time"])),
-        "return_mean": float(last["return_mean"]),
     }
 
 
-def measure_sb3(args: argparse.Namespace, envs: int) -> float:
-    """SB3's PPO env steps/s with ``envs`` envs over the same time (tools/sb3_atari.py in ``args.sb3_python``)."""
-    job = {"env_id": args.env, "envs": envs, "seconds": args.seconds, "warmup": args.warmup, "device": args.device}
-    script = Path(__file__).with_name("sb3_atari.py")
-    print(f"# SB3 PPO, {envs} envs", flush=True)
-    done = subprocess.run(
-        [args.sb3_python, str(script), json.dumps(job)], capture_output=True, text=True, timeout=args.seconds + 120
+def measure_sb3(args: argparse.Namespace, envs: int, vec_env: str) -> dict[str, float]:
+    """SB3's PPO with ``envs`` envs in ``vec_env`` over the same steps (tools/sb3_atari.py in ``args.sb3_python``)."""
+    job = {
+        "env_id": args.env,
+        "envs": envs,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "device": args.device,
+        "vec_env": vec_env,
+        "torch_threads": args.torch_threads,
+    }
+    print(f"# SB3 PPO, {envs} envs, {vec_env}", flush=True)
+    measured = run_measured(
+        [args.sb3_python, str(TOOLS / "sb3_atari.py"), json.dumps(job)], cwd=TOOLS.parent, timeout_s=args.timeout
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        print(done.stderr[-2000:], file=sys.stderr)
-        return math.nan
-    return float(json.loads(lines[-1])["steps_per_s"])
+    lines = [line for line in measured.stdout.splitlines() if line.startswith("{")]
+    result: dict[str, float] = {
+        "system": f"SB3 {vec_env}",
+        "envs": envs,
+        "peak_rss_mb": measured.peak_rss_bytes / 2**20,
+    }
+    if measured.returncode != 0 or not lines:
+        print(measured.stderr[-2000:], file=sys.stderr)
+        return {**result, "steps_per_s": math.nan}
+    return {**result, **json.loads(lines[-1])}
 
 
-def table(results: list[dict[str, float]]) -> str:
+COLUMNS = (
+    ("env steps/s", "steps_per_s", ".0f"),
+    ("update share", "update_share", ".2f"),
+    ("steps/s of the updates alone", "update_only_steps_per_s", ".0f"),
+    ("peak RSS MB", "peak_rss_mb", ".0f"),
+    ("predict() s/s", "predict_share", ".2f"),
+    ("rows per forward pass", "predict_batch_rows", ".1f"),
+    ("GPU util %", "gpu_util_pct", ".0f"),
+)
+
+
+def _median(runs: list[dict[str, float]], key: str) -> float:
+    values = [run[key] for run in runs if key in run and not math.isnan(run[key])]
+    return statistics.median(values) if values else math.nan
+
+
+def table(runs: list[dict]) -> str:
+    """Medians over the repeats, a row per setting and system, and flare2's ratio to the better SB3 of each repeat."""
     lines = [
-        "| envs | agent processes | env steps/s | frames/s | predict() s/s | learn() s/s | rows per forward pass "
-        "| GPU util % | SB3 env steps/s | flare2 / SB3 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| envs | system | " + " | ".join(name for name, _, _ in COLUMNS) + " | flare2 / better SB3 |",
+        "|---:|---|" + "---:|" * (len(COLUMNS) + 1),
     ]
-    for r in results:
-        sb3 = r.get("sb3_steps_per_s", math.nan)
-        lines.append(
-            f"| {r['envs']} | {r['agents']} | {r['steps_per_s']:.0f} | {r.get('frames_per_s', math.nan):.0f} "
-            f"| {r.get('predict_share', math.nan):.2f} | {r.get('learn_share', math.nan):.2f} "
-            f"| {r.get('predict_batch_rows', math.nan):.1f} | {r.get('gpu_util_pct', math.nan):.0f} "
-            f"| {sb3:.0f} | {r['steps_per_s'] / sb3:.2f} |"
-        )
+    for envs in dict.fromkeys(run["envs"] for run in runs):
+        of_envs = [run for run in runs if run["envs"] == envs]
+        for system in dict.fromkeys(run["system"] for run in of_envs):
+            same = [run for run in of_envs if run["system"] == system]
+            cells = [format(_median(same, key), spec) for _, key, spec in COLUMNS]
+            ratio = _median(same, "ratio_to_better_sb3") if system == "flare2" else math.nan
+            lines.append(f"| {envs} | {system} ({len(same)}) | " + " | ".join(cells) + f" | {ratio:.2f} |")
     return "\n".join(lines)
 
 
@@ -183,28 +219,42 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="ALE/Breakout-v5")
     parser.add_argument("--algo", default="ppo")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--envs", type=int, nargs="+", default=[64, 128, 256], help="total envs of each run")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--envs", type=int, nargs="+", default=[8], help="total envs of each setting")
     parser.add_argument("--envs-per-process", type=int, default=8, help="at most this many envs per agent process")
-    parser.add_argument("--seconds", type=float, default=90.0, help="wall time of each run")
-    parser.add_argument("--warmup", type=float, default=20.0, help="seconds of each run left out of the rates")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--steps", type=int, default=30_000, help="env steps of each run")
+    parser.add_argument("--warmup-steps", type=int, default=10_000, help="env steps of each run left out of the rates")
+    parser.add_argument(
+        "--torch-threads", type=int, default=2, help="torch threads of flare2's compute process and SB3"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="play every run this many times, interleaved")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take before it is killed")
+    parser.add_argument("--json", type=Path, help="write every run's figures here")
     parser.add_argument("--sb3-python", help="also run SB3's PPO with this Python, as the baseline of each setting")
-    parser.add_argument("--runs", type=Path, help="keep each run's log dir and log here (default: a temporary dir)")
+    parser.add_argument("--sb3-vec-env", nargs="+", choices=("dummy", "subproc"), default=["dummy", "subproc"])
+    parser.add_argument("--runs", type=Path, help="keep each run's log dir here (default: a temporary dir)")
     parser.add_argument("extra", nargs="*", help="more flare2 train options (after --)")
     args = parser.parse_args(argv)
-    results = []
+    runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench_atari_") as scratch:
-        runs = args.runs or Path(scratch)
-        runs.mkdir(parents=True, exist_ok=True)
-        for envs in args.envs:
-            results.append(measure(args, envs, runs / f"{args.algo}_{envs}"))
-            if args.sb3_python:
-                results[-1]["sb3_steps_per_s"] = measure_sb3(args, envs)
-            print(json.dumps(results[-1]), flush=True)
-    print(table(results))
+        logs = args.runs or Path(scratch)
+        logs.mkdir(parents=True, exist_ok=True)
+        for repeat in range(args.repeat):
+            for envs in args.envs:
+                ours = measure(args, envs, logs / f"{args.algo}_{envs}_{repeat}")
+                theirs = [measure_sb3(args, envs, vec_env) for vec_env in args.sb3_vec_env] if args.sb3_python else []
+                if theirs:
+                    ours["ratio_to_better_sb3"] = ours["steps_per_s"] / max(run["steps_per_s"] for run in theirs)
+                for run in (ours, *theirs):
+                    runs.append({**run, "repeat": repeat})
+                    print(json.dumps(runs[-1]), flush=True)
+    print(
+        f"{args.env}, {args.algo}, {args.device}, {args.torch_threads} torch threads, {args.steps} steps a run, "
+        f"rates past {args.warmup_steps}; medians of {args.repeat} repeat(s)"
+    )
+    print(table(runs))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(runs, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -1,12 +1,15 @@
-"""SB3's side of tools/bench_atari.py: Stable-Baselines3's PPO on an Atari game for a fixed time; prints one JSON line.
+"""SB3's side of tools/bench_atari.py: Stable-Baselines3's PPO on an Atari game for a number of env steps; prints
+one JSON line.
 
-    .venv-peers/bin/python tools/sb3_atari.py '{"env_id": "ALE/Breakout-v5", "envs": 64, "seconds": 90,
-                                                "warmup": 20, "device": "cuda"}'
+    .venv-peers/bin/python tools/sb3_atari.py '{"env_id": "ALE/Breakout-v5", "envs": 8, "steps": 30000,
+        "warmup_steps": 10000, "device": "cpu", "vec_env": "subproc", "torch_threads": 2}'
 
 rl-baselines3-zoo's PPO settings for Atari (hyperparams/ppo.yml): SB3's AtariWrapper and 4 stacked frames,
-n_steps 128, 4 epochs of minibatches of 256, learning rate 2.5e-4, clip 0.1, entropy 0.01, value 0.5; one
-process per env (SubprocVecEnv, make_atari_env's way past one env). ALE's own frame skip and sticky actions are
-off, as flare2's preprocessing has them. Env steps per second over the time after the warm-up.
+n_steps 128, 4 epochs of minibatches of 256, learning rate 2.5e-4, clip 0.1, entropy 0.01, value 0.5; the envs in
+one process (``DummyVecEnv``) or one process each (``SubprocVecEnv``, make_atari_env's way past one env). ALE's
+own frame skip and sticky actions are off, as flare2's preprocessing has them. Over the rollouts that end past
+``warmup_steps``: env steps per second, the share of that time spent in ``train()`` (the update), and the rate
+the updates alone would allow.
 """
 
 from __future__ import annotations
@@ -17,20 +20,20 @@ import time
 
 import ale_py
 import gymnasium as gym
+import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env
-from stable_baselines3.common.vec_env import SubprocVecEnv, VecFrameStack
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
 
 gym.register_envs(ale_py)
 
 
 class Clock(BaseCallback):
-    """Records (seconds since the start, env steps) at every rollout's end; stops learn() after ``seconds``."""
+    """Records (seconds since the start, env steps) at every rollout's end."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.seconds = seconds
         self.start = time.monotonic()
         self.marks: list[tuple[float, int]] = []
 
@@ -38,17 +41,17 @@ class Clock(BaseCallback):
         self.marks.append((time.monotonic() - self.start, self.num_timesteps))
 
     def _on_step(self) -> bool:
-        return time.monotonic() - self.start < self.seconds
+        return True
 
 
 def main() -> None:
     job = json.loads(sys.argv[1])
-    vec_env_cls = SubprocVecEnv if job["envs"] > 1 else None
+    torch.set_num_threads(job["torch_threads"])
     env = make_atari_env(
         job["env_id"],
         n_envs=job["envs"],
         seed=0,
-        vec_env_cls=vec_env_cls,
+        vec_env_cls={"dummy": DummyVecEnv, "subproc": SubprocVecEnv}[job["vec_env"]],
         env_kwargs={"frameskip": 1, "repeat_action_probability": 0.0},
     )
     env = VecFrameStack(env, n_stack=4)
@@ -65,12 +68,37 @@ def main() -> None:
         device=job["device"],
         seed=0,
     )
-    clock = Clock(job["seconds"])
-    model.learn(total_timesteps=10**10, callback=clock)
+    clock = Clock()
+    updates: list[tuple[float, float]] = []  # (start, seconds) of each train()
+    train = model.train
+
+    def timed_train() -> None:
+        began = time.monotonic()
+        train()
+        updates.append((began - clock.start, time.monotonic() - began))
+
+    model.train = timed_train  # type: ignore[method-assign]
+    model.learn(total_timesteps=job["steps"], callback=clock)
     env.close()
-    after = [(at, steps) for at, steps in clock.marks if at >= job["warmup"]]
-    rate = (after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0]) if len(after) >= 2 else float("nan")
-    print(json.dumps({"envs": job["envs"], "steps_per_s": rate, "marks": len(clock.marks)}))
+    after = [(at, steps) for at, steps in clock.marks if steps >= job["warmup_steps"]]
+    if len(after) < 2:
+        print(json.dumps({"steps_per_s": float("nan")}))
+        return
+    (begin, first), (end, last) = after[0], after[-1]
+    # Each train() follows a rollout's end: those after the window's first rollout and before its last.
+    update_s = sum(seconds for at, seconds in updates if begin <= at < end)
+    rate = (last - first) / (end - begin)
+    print(
+        json.dumps(
+            {
+                "steps": last - first,
+                "steps_per_s": rate,
+                "update_share": update_s / (end - begin),
+                "update_only_steps_per_s": (last - first) / update_s if update_s else float("nan"),
+                "torch_threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

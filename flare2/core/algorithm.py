@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from flare2.core.model import Model
+from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.errors import ConfigError
 
 Tensors = dict[str, torch.Tensor]
@@ -42,6 +43,9 @@ class Experience:
     """``[B, T]`` int64: the version of the weights that chose each action (see ``policy_lag``)."""
     version: int = 0
     """The version of the weights this learn() call updates (the ComputationTask counts them)."""
+    next_inputs_follow: torch.Tensor | None = None
+    """``[B, T]`` bool, where known: the steps whose ``next_inputs`` are the following step's ``inputs`` (every step
+    but each sequence's last and those whose episode ended), which ``next_values`` need not evaluate again."""
 
     @property
     def policy_lag(self) -> torch.Tensor:
@@ -54,6 +58,20 @@ class Experience:
     def episode_ends(self) -> torch.Tensor:
         """Steps after which the next step belongs to another episode."""
         return self.terminated | self.truncated
+
+    def next_values(self, value: Callable[[Tensors], torch.Tensor], values: torch.Tensor) -> torch.Tensor:
+        """``value(next_inputs)``, ``[B, T]``, given ``values`` = ``value(inputs)``: each step whose next inputs are
+        the following step's inputs (``next_inputs_follow``) takes that step's value, and ``value`` sees only the
+        others (the episode ends and each sequence's last step), a few rows instead of all of them again. A bootstrap
+        target: no gradient flows through it."""
+        with torch.no_grad():
+            if self.next_inputs_follow is None:
+                return value(self.next_inputs)
+            out = torch.empty_like(values)
+            out[:, :-1] = values[:, 1:]
+            rows = (~self.next_inputs_follow).flatten().nonzero().squeeze(-1)
+            out.view(-1)[rows] = value(take_rows(flat_rows(self.next_inputs), rows)).to(out.dtype)
+            return out
 
 
 class Algorithm:

@@ -18,6 +18,7 @@ from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
 from flare2.core.devices import count_parameters, module_attributes, resolve_device
+from flare2.core.learn_requests import NEXT_INPUTS_FOLLOW
 from flare2.core.ragged_tensor import RaggedTensor
 from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
 from flare2.core.transforms import RunningMoments
@@ -261,6 +262,7 @@ class ComputationTask:
 
         The weights it makes are the next ``version``; with ``act_beside_learning`` the acting copy takes them as it ends.
         """
+        follow = batch.get(NEXT_INPUTS_FOLLOW)
         with self._learn_lock:
             experience = Experience(
                 **{group: self._tensors(batch.get(group, {})) for group in EXPERIENCE_GROUPS},
@@ -268,6 +270,7 @@ class ComputationTask:
                 truncated=torch.from_numpy(batch["truncated"]).to(self.device),
                 policy_version=torch.from_numpy(batch["policy_version"]).to(self.device),
                 version=self.version,
+                next_inputs_follow=None if follow is None else torch.from_numpy(follow).to(self.device),
             )
             self.algorithm.model.train()
             if self._acting is None:

@@ -41,6 +41,8 @@ from flare2.wire.ragged import Ragged, concat_rows
 
 NEXT_AT = "next_at"
 AGES = "ages"
+NEXT_INPUTS_FOLLOW = "next_inputs_follow"
+"""The key of ``Experience.next_inputs_follow`` in a spelled-out request."""
 _INDEX_SPECS = {"next_at": Spec((), "int64")}
 _AGE_SPECS = {"ages": Spec((), "int64")}
 
@@ -183,7 +185,8 @@ def concatenate(specs: CTSpecs, payloads: Sequence[dict[str, Any]]) -> dict[str,
 
 
 def unpack(specs: CTSpecs, payload: dict[str, Any]) -> dict[str, Any]:
-    """The request spelled out as ``Experience`` takes it: every group ``[N, T, ...]``, views included."""
+    """The request spelled out as ``Experience`` takes it: every group ``[N, T, ...]``, views included, and
+    ``next_inputs_follow`` unless the inputs are ragged."""
     reach = view_context(specs)
     sequences, width = payload["terminated"].shape
     count = width - reach
@@ -201,6 +204,11 @@ def unpack(specs: CTSpecs, payload: dict[str, Any]) -> dict[str, Any]:
         if spec.ragged:
             inputs[key], next_inputs[key] = payload["inputs"][key], payload["next_inputs"][key]
     steps.update(inputs=inputs, next_inputs=next_inputs)
-    if specs.views:
-        return with_views(specs, steps, payload[AGES], reach)
-    return steps
+    spelled_out = with_views(specs, steps, payload[AGES], reach) if specs.views else steps
+    if not any(spec.ragged for spec in specs.acting_inputs.values()):
+        # Ragged next inputs cross whole (see the module docstring): only fixed ones are known to follow.
+        follow = np.ones((sequences, count), bool)
+        follow[:, -1] = False
+        follow[rows, steps_at] = False
+        spelled_out[NEXT_INPUTS_FOLLOW] = follow
+    return spelled_out

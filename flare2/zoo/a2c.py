@@ -43,14 +43,14 @@ class A2C(Algorithm):
         config = self.config
         inputs = experience.inputs
         rewards = experience.rewards["reward"]
+        policy, values = self.model.policy_and_value(inputs)
+        next_values = experience.next_values(self.model.value, values)
         with torch.no_grad():
-            next_values = self.model.value(experience.next_inputs)
             returns = n_step_returns(rewards, next_values, experience.terminated, experience.truncated, config.gamma)
-        values = self.model.value(inputs)
         advantages = (returns - values).detach()
         if config.normalize_advantages and advantages.numel() > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        log_prob, entropy = self.model.log_prob_and_entropy(self.model.policy(inputs), experience.actions["action"])
+        log_prob, entropy = self.model.log_prob_and_entropy(policy, experience.actions["action"])
         policy_loss = -(log_prob * advantages).mean()
         value_loss = F.mse_loss(values, returns)
         entropy_mean = entropy.mean()

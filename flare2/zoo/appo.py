@@ -43,11 +43,11 @@ class APPO(PPO):
         behaviour_log_prob = actions.pop("log_prob")
         shape = experience.terminated.shape
         with torch.no_grad():
-            target_log_prob, _ = self.log_prob_and_entropy(inputs, actions)
+            target_log_prob, values = self.log_prob_and_value(inputs, actions, shape)
             advantages, targets = vtrace(
                 experience.rewards["reward"],
-                model.value(experience.inputs),
-                model.value(experience.next_inputs),
+                values,
+                experience.next_values(model.value, values),
                 experience.terminated,
                 experience.truncated,
                 behaviour_log_prob.reshape(shape),

@@ -162,7 +162,21 @@ class EntityActorCritic(Model):
         return out[:, 0], per_type
 
     def policy(self, inputs: Tensors) -> EntityPolicy:
-        _, per_type = self._encode(inputs)
+        return self._policy_of(self._encode(inputs)[1])
+
+    def value(self, inputs: Tensors) -> torch.Tensor:
+        """One value per observation, in the leading shape of the inputs (``[B]`` or ``[N, T]``)."""
+        return self._value_of(self._encode(inputs)[0], inputs)
+
+    def policy_and_value(self, inputs: Tensors) -> tuple[EntityPolicy, torch.Tensor]:
+        """``policy(inputs)`` and ``value(inputs)`` from one pass of the transformer."""
+        context, per_type = self._encode(inputs)
+        return self._policy_of(per_type), self._value_of(context, inputs)
+
+    def _value_of(self, context: torch.Tensor, inputs: Tensors) -> torch.Tensor:
+        return self.value_head(context).squeeze(-1).reshape(inputs[self.entity_types[0]].shape)
+
+    def _policy_of(self, per_type: dict[str, RaggedTensor]) -> EntityPolicy:
         return EntityPolicy(
             actor_logits={
                 key: per_type[entity].with_values(self.actor_heads[key](per_type[entity].values))
@@ -173,11 +187,6 @@ class EntityActorCritic(Model):
                 for key, entity in self.selects.items()
             },
         )
-
-    def value(self, inputs: Tensors) -> torch.Tensor:
-        """One value per observation, in the leading shape of the inputs (``[B]`` or ``[N, T]``)."""
-        context, _ = self._encode(inputs)
-        return self.value_head(context).squeeze(-1).reshape(inputs[self.entity_types[0]].shape)
 
     def sample(self, policy: EntityPolicy) -> dict[str, torch.Tensor | RaggedTensor]:
         return self._choose(policy, sample_categorical)

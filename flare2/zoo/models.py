@@ -230,12 +230,23 @@ class ActorCritic(Model):
 
     def policy(self, inputs: Tensors) -> torch.Tensor:
         """Logits (Discrete, the illegal actions masked when the inputs hold ``action_mask``) or the Gaussian mean (Box)."""
-        out = self.policy_net(self._features(inputs))
-        mask = inputs.get("action_mask")
-        return out if mask is None else masked_logits(out, mask)
+        return self._policy_of(self._features(inputs), inputs)
 
     def value(self, inputs: Tensors) -> torch.Tensor:
         return self.value_net(self._features(inputs)).squeeze(-1)
+
+    def policy_and_value(self, inputs: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """``policy(inputs)`` and ``value(inputs)`` from one pass of the encoder, which both heads share: for images
+        the CNN is nearly all the work. A subclass with a ``policy`` or ``value`` of its own has both called."""
+        if type(self).policy is not ActorCritic.policy or type(self).value is not ActorCritic.value:
+            return self.policy(inputs), self.value(inputs)
+        features = self._features(inputs)
+        return self._policy_of(features, inputs), self.value_net(features).squeeze(-1)
+
+    def _policy_of(self, features: torch.Tensor, inputs: Tensors) -> torch.Tensor:
+        out = self.policy_net(features)
+        mask = inputs.get("action_mask")
+        return out if mask is None else masked_logits(out, mask)
 
     def sample(self, policy_out: torch.Tensor) -> torch.Tensor:
         if self.log_std is None:  # Discrete actions

@@ -1,10 +1,11 @@
 """PPO: clipped surrogate objective, GAE, several epochs of minibatches in one learn() call.
 
 Each learn() call receives B sequences of T steps (one per agent, from the
-online helper). The model gives ``policy(inputs)``, ``value(inputs)``,
-``sample``/``best_action`` of a policy, and ``log_prob_and_entropy``: the zoo's
-MLP actor-critic (with action masks) or ``EntityActorCritic`` (per-entity and
-select-entity actions over ragged entities).
+online helper). The model gives ``policy(inputs)``, ``value(inputs)``, both at
+once (``policy_and_value``: one pass of a shared encoder), ``sample``/``best_action`` of a policy, and
+``log_prob_and_entropy``: the zoo's actor-critic (MLPs or a CNN, with action
+masks) or ``EntityActorCritic`` (per-entity and select-entity actions over
+ragged entities).
 
 The steps of a batch may have been played by weights older than those learn() starts from (a learner beside the
 acting, ``Experience.policy_lag``). PPO keeps apart the two jobs its "old policy" has, as Hilton, Cobbe and
@@ -162,16 +163,16 @@ class PPO(ClippedObjective):
         inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
         behaviour_log_prob = actions.pop("log_prob")
         with torch.no_grad():
+            proximal_log_prob, values = self.log_prob_and_value(inputs, actions, experience.terminated.shape)
             advantages, targets = gae(
                 experience.rewards["reward"],
-                model.value(experience.inputs),
-                model.value(experience.next_inputs),
+                values,
+                experience.next_values(model.value, values),
                 experience.terminated,
                 experience.truncated,
                 config.gamma,
                 config.gae_lambda,
             )
-            proximal_log_prob, _ = self.log_prob_and_entropy(inputs, actions)
             weights, off_policy = importance_weights(experience, proximal_log_prob, behaviour_log_prob, config.rho_bar)
         self.count_steps(advantages.numel(), config)
         costs = self.clipped_epochs(inputs, actions, proximal_log_prob, advantages, targets, weights)
@@ -181,6 +182,15 @@ class PPO(ClippedObjective):
         """The current policy's log-probability of each of the named ``actions`` (without ``log_prob``) and its
         entropy, in ``inputs``."""
         return self.model.log_prob_and_entropy(self.model.policy(inputs), _unnamed(actions))
+
+    def log_prob_and_value(
+        self, inputs: Tensors, actions: Tensors, shape: torch.Size
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current policy's log-probability of each of the named ``actions`` (flat rows, without ``log_prob``)
+        and the value of each step, ``[B, T]`` (``shape``), from one pass of the model."""
+        policy, values = self.model.policy_and_value(inputs)
+        log_prob, _ = self.model.log_prob_and_entropy(policy, _unnamed(actions))
+        return log_prob, values.reshape(shape)
 
     def clipped_epochs(
         self,
@@ -204,8 +214,8 @@ class PPO(ClippedObjective):
         updates = 0
         for _ in range(config.epochs):
             for index in torch.randperm(samples, device=advantages.device).split(config.minibatch_size):
-                minibatch = take_rows(inputs, index)
-                log_prob, entropy = self.log_prob_and_entropy(minibatch, take_rows(actions, index))
+                policy, values = model.policy_and_value(take_rows(inputs, index))
+                log_prob, entropy = model.log_prob_and_entropy(policy, _unnamed(take_rows(actions, index)))
                 self.optimize(
                     clipped_loss(
                         config,
@@ -214,7 +224,7 @@ class PPO(ClippedObjective):
                         old_log_prob[index],
                         flat_advantages[index],
                         entropy,
-                        model.value(minibatch),
+                        values,
                         flat_targets[index],
                         None if weights is None else weights[index],
                     )

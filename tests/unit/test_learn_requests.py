@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from doubles import ATARI_SPECS
 
+from flare2.core.algorithm import Experience
 from flare2.core.learn_requests import check_learn, concatenate, least_bytes, pack, unpack
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError, SpecError
@@ -75,6 +77,43 @@ def test_requests_batched_together_keep_each_ones_episode_ends():
     experience = unpack(SPECS, concatenate(SPECS, payloads))
     expected = np.concatenate([first["next_inputs"]["obs"], second["next_inputs"]["obs"]])
     np.testing.assert_array_equal(experience["next_inputs"]["obs"], expected)
+
+
+def test_the_values_of_next_inputs_are_taken_from_the_following_steps_and_computed_only_where_they_differ():
+    # Episode ends, a next observation a custom agent changed and each sequence's last step: those rows alone reach
+    # value(), and the result is value(next_inputs) computed in full.
+    steps = stored(3, 5, ends=((0, 1), (2, 3)))
+    steps["next_inputs"]["obs"][1, 2, 3] = 7.0
+    spelled_out = unpack(SPECS, concatenate(SPECS, [pack(SPECS, steps, 0)]))
+    follow = spelled_out["next_inputs_follow"]
+    assert sorted(zip(*np.nonzero(~follow))) == [(0, 1), (0, 4), (1, 2), (1, 4), (2, 3), (2, 4)]
+    weights = torch.tensor([0.5, -2.0, 3.0, 1.5])
+    seen = []
+
+    def value(inputs: dict) -> torch.Tensor:
+        seen.append(inputs["obs"].shape[:-1].numel())
+        return inputs["obs"] @ weights
+
+    tensors = {
+        group: {key: torch.from_numpy(array) for key, array in spelled_out[group].items()}
+        for group in ("inputs", "next_inputs")
+    }
+    flags = torch.from_numpy(spelled_out["terminated"])
+    experience = Experience(
+        **tensors,
+        actions={},
+        rewards={},
+        states={},
+        terminated=flags,
+        truncated=torch.zeros_like(flags),
+        next_inputs_follow=torch.from_numpy(follow),
+    )
+    values = value(experience.inputs)
+    next_values = experience.next_values(value, values)
+    assert seen == [15, 6]
+    torch.testing.assert_close(next_values, tensors["next_inputs"]["obs"] @ weights)
+    unknown = Experience(**tensors, actions={}, rewards={}, states={}, terminated=flags, truncated=flags)
+    torch.testing.assert_close(unknown.next_values(value, values), next_values)
 
 
 def test_an_atari_sized_request_is_an_eighth_of_the_spelled_out_one():

@@ -134,6 +134,25 @@ def test_every_zoo_model_of_discrete_actions_takes_atari_frames():
     assert impala.value({"obs_frames": frames}).shape == (6,)
 
 
+def test_policy_and_value_pass_the_frames_through_the_cnn_once_unless_a_subclass_has_a_head_of_its_own():
+    env = make_gym_env("ALE/Breakout-v5")
+    inputs = {"obs_frames": torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)}
+    model = ActorCritic(env.observation_space, env.action_space, hidden=(), frames=4)
+    passes = []
+    model.observation.register_forward_hook(lambda *_: passes.append(1))
+    policy, value = model.policy_and_value(inputs)
+    assert len(passes) == 1
+    torch.testing.assert_close(policy, model.policy(inputs))
+    torch.testing.assert_close(value, model.value(inputs))
+
+    class OwnPolicy(ActorCritic):
+        def policy(self, inputs):
+            return torch.zeros(len(inputs["obs_frames"]), 4)
+
+    own = OwnPolicy(env.observation_space, env.action_space, hidden=(), frames=4)
+    assert torch.equal(own.policy_and_value(inputs)[0], torch.zeros(5, 4))
+
+
 def test_atari_games_take_their_algorithms_atari_preset_whatever_the_id():
     for env_id in ("ALE/Pong-v5", "PongNoFrameskip-v4"):
         ppo = lookup("ppo").preset(env_id)

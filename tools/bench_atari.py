@@ -4,7 +4,8 @@
     python tools/bench_atari.py --device cuda --envs 64 128 256 --steps 400000 --warmup-steps 100000
 
 Each setting is one run of the algorithm's Atari preset with ``--num-agents`` processes of ``--envs-per-agent``
-envs (the total split into processes of at most ``--envs-per-process``) for ``--steps`` env steps, with
+envs (the total split into processes of at most ``--envs-per-process``, a run for each value given) for
+``--steps`` env steps, with
 ``--torch-threads`` threads. Over the rows of progress.csv past ``--warmup-steps`` it reports env steps/s and
 frames/s (4 frames per step, the preprocessing's frame skip), the compute process's seconds in predict() and
 learn() per wall second (cts.csv), the rate learn() alone would allow (the steps over the seconds learn() took:
@@ -87,9 +88,10 @@ class GPUSampler:
         return sum(values) / len(values) if values else math.nan
 
 
-def measure(args: argparse.Namespace, envs: int, log_dir: Path) -> dict[str, float]:
-    """One flare2 run of ``envs`` envs for ``args.steps`` env steps; its rates over the rows past the warm-up."""
-    agents = max(1, math.ceil(envs / args.envs_per_process))
+def measure(args: argparse.Namespace, envs: int, envs_per_process: int, log_dir: Path) -> dict[str, float]:
+    """One flare2 run of ``envs`` envs, at most ``envs_per_process`` in an agent process, for ``args.steps`` env
+    steps; its rates over the rows past the warm-up."""
+    agents = max(1, math.ceil(envs / envs_per_process))
     per_agent = envs // agents
     command = [
         sys.executable,
@@ -127,7 +129,7 @@ def measure(args: argparse.Namespace, envs: int, log_dir: Path) -> dict[str, flo
     progress = [row for row in read_rows(log_dir / "progress.csv") if int(row["env_steps"]) >= args.warmup_steps]
     cts = [row for row in read_rows(log_dir / "cts.csv") if float(row["wall_time"]) >= float(progress[0]["wall_time"])]
     result: dict[str, float] = {
-        "system": "flare2",
+        "system": f"flare2 {agents}x{per_agent}",
         "envs": envs,
         "agents": agents,
         "peak_rss_mb": measured.peak_rss_bytes / 2**20,
@@ -210,7 +212,7 @@ def table(runs: list[dict]) -> str:
         for system in dict.fromkeys(run["system"] for run in of_envs):
             same = [run for run in of_envs if run["system"] == system]
             cells = [format(_median(same, key), spec) for _, key, spec in COLUMNS]
-            ratio = _median(same, "ratio_to_better_sb3") if system == "flare2" else math.nan
+            ratio = _median(same, "ratio_to_better_sb3")
             lines.append(f"| {envs} | {system} ({len(same)}) | " + " | ".join(cells) + f" | {ratio:.2f} |")
     return "\n".join(lines)
 
@@ -221,7 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algo", default="ppo")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--envs", type=int, nargs="+", default=[8], help="total envs of each setting")
-    parser.add_argument("--envs-per-process", type=int, default=8, help="at most this many envs per agent process")
+    parser.add_argument(
+        "--envs-per-process",
+        type=int,
+        nargs="+",
+        default=[8],
+        help="at most this many envs per agent process (a run each)",
+    )
     parser.add_argument("--steps", type=int, default=30_000, help="env steps of each run")
     parser.add_argument("--warmup-steps", type=int, default=10_000, help="env steps of each run left out of the rates")
     parser.add_argument(
@@ -241,11 +249,14 @@ def main(argv: list[str] | None = None) -> int:
         logs.mkdir(parents=True, exist_ok=True)
         for repeat in range(args.repeat):
             for envs in args.envs:
-                ours = measure(args, envs, logs / f"{args.algo}_{envs}_{repeat}")
+                ours = [
+                    measure(args, envs, most, logs / f"{args.algo}_{envs}_{most}_{repeat}")
+                    for most in args.envs_per_process
+                ]
                 theirs = [measure_sb3(args, envs, vec_env) for vec_env in args.sb3_vec_env] if args.sb3_python else []
-                if theirs:
-                    ours["ratio_to_better_sb3"] = ours["steps_per_s"] / max(run["steps_per_s"] for run in theirs)
-                for run in (ours, *theirs):
+                for run in ours if theirs else ():
+                    run["ratio_to_better_sb3"] = run["steps_per_s"] / max(other["steps_per_s"] for other in theirs)
+                for run in (*ours, *theirs):
                     runs.append({**run, "repeat": repeat})
                     print(json.dumps(runs[-1]), flush=True)
     print(

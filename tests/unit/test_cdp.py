@@ -137,3 +137,28 @@ def test_a_learn_request_of_an_agent_never_named_is_refused_after_the_grace_peri
     served.cdp.refuse_overdue(10.0)
     assert len(served.replies_to("stranger")) == 17
     assert served.cdp.stats.rejected == 17
+
+
+def test_predict_requests_that_continue_their_views_are_served_and_one_that_cannot_is_refused_alone():
+    import gymnasium as gym
+
+    from flare2.core.predict_requests import ViewsSender
+    from flare2.zoo.ppo import PPO, PPOActorCritic
+
+    space = gym.spaces.Box(0, 255, (10, 10), np.uint8)
+    ct = ComputationTask("RL", PPO(PPOActorCritic(space, gym.spaces.Discrete(3), frames=2, hidden=())), device="cpu")
+    replies: list[tuple[str, Message]] = []
+    cdp = ComputationDataProcessor(ct, reply=lambda to, learn, message: replies.append((to, message)))
+    sender = ViewsSender(ct.specs)
+    frames = [np.full((2, 10, 10), value, np.uint8) for value in range(3)]
+    views = np.zeros((2, 2, 10, 10), np.uint8)
+    for seq, obs in enumerate(frames, start=1):
+        views = np.concatenate([views[:, 1:], obs[:, None]], axis=1)
+        sent = sender.pack({"inputs": {"obs": obs, "obs_frames": views.copy()}, "states": {}})
+        for agent in ("a", "b") if seq == 3 else ("a",):
+            # "b" never sent the views that the third request continues.
+            cdp.accept(Message(PREDICT, sent, agent, seq, "RL"), agent, 0.0, learn=False)
+            cdp.serve_predictions(0.0)
+    kinds = [(to, message.kind) for to, message in replies]
+    assert kinds == [("a", PREDICTION), ("a", PREDICTION), ("a", PREDICTION), ("b", ERROR)]
+    assert "holds none of this agent's" in replies[-1][1].payload["reason"]

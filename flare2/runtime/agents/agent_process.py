@@ -278,18 +278,19 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
     ports: dict[str, SocketPort] = {}
     try:
         cts = welcome["cts"]
+        specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
         for name in helpers:
             ports[name] = SocketPort(
                 ctx,
                 name,
                 cts[name],
+                specs[name],
                 settings.agent_id,
                 control,
                 _reply_timeout(welcome),
                 max_bytes,
                 settings.curve,
             )
-        specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
         control.stats = make_envs(agent, eval_every)
         agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
         check_request_sizes(helpers, specs, max_bytes)

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import zmq
 
+from flare2.core.predict_requests import ViewsSender
+from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.config import MOST_BUSY_WAIT_US
 from flare2.runtime.latency import LatencyHistogram
@@ -34,6 +36,8 @@ class ControlLink(Protocol):
 class SocketPort:
     """One CT as the agent sees it: a predict and a learn requester.
 
+    Predict requests carry each new frame of the CT's observation views once (``flare2.core.predict_requests``).
+
     Learn requests go out without waiting for their reply while fewer than
     the CT's ``learn_ahead`` are on their way, so the agent plays on while
     ``learn()`` runs; each wait services the manager link, so a STOP or a dead
@@ -45,6 +49,7 @@ class SocketPort:
         ctx: zmq.Context,
         ct: str,
         info: dict[str, Any],
+        specs: CTSpecs,
         agent_id: str,
         control: ControlLink,
         reply_timeout_s: float | None,
@@ -77,6 +82,7 @@ class SocketPort:
             )
             for key in ("predict_endpoint", "learn_endpoint")
         )
+        self._views = ViewsSender(specs)
         self._learns_in_flight: deque[int] = deque()
         self._sent_at: dict[int, float] = {}
 
@@ -91,7 +97,7 @@ class SocketPort:
         return reply.payload
 
     def send_predict(self, payload: dict[str, Any]) -> int:
-        seq = self.predictor.send_request(PREDICT, payload, ct=self.ct)
+        seq = self.predictor.send_request(PREDICT, self._views.pack(payload), ct=self.ct)
         self._sent_at[seq] = time.perf_counter()
         return seq
 

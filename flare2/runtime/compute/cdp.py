@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 import numpy as np
 
 from flare2.core.learn_requests import check_learn, concatenate, unpack
+from flare2.core.predict_requests import ViewsReceiver
 from flare2.core.specs import EXPERIENCE_GROUPS
 from flare2.core.transforms import check_statistics_request
 from flare2.errors import SpecError, UserCodeError
@@ -226,6 +227,7 @@ class ComputationDataProcessor:
         self.stats = CDPStats(learn_calls=ct.learn_calls)
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
+        self._views = ViewsReceiver(ct.specs)
         # Learn-channel messages of agents the manager has not named yet: (message, reply_to, arrived).
         self._held: list[tuple[Message, Any, float]] = []
 
@@ -242,6 +244,7 @@ class ComputationDataProcessor:
             for queue in (self._predict_queue, *self._learn_queues.values()):
                 self.stats.discarded += queue.discard(gone)
         self._evaluating -= gone
+        self._views.forget(gone)
         self._live = agents
         held, self._held = self._held, []
         for message, reply_to, arrived in held:
@@ -286,12 +289,14 @@ class ComputationDataProcessor:
         if message.kind == STATISTICS:
             self._on_statistics(message, reply_to)
             return
+        payload = message.payload
         try:
             if learn:
-                size, steps = check_learn(self.ct.specs, message.payload)
-                check_finite(message.payload)
+                size, steps = check_learn(self.ct.specs, payload)
+                check_finite(payload)
             else:
-                size, steps = self.ct.specs.check_predict(message.payload), 0
+                payload = self._views.unpack(message.agent_id, payload)
+                size, steps = self.ct.specs.check_predict(payload), 0
         except SpecError as exc:
             self.reject(reply_to, learn, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return
@@ -315,8 +320,8 @@ class ComputationDataProcessor:
             self.stats.learn_requests += 1
         else:
             self.stats.predict_requests += 1
-            self._note_evaluation(message.agent_id, message.payload.get("evaluation"))
-        queue.add(_Request(reply_to, message.agent_id, message.seq, message.payload, now, size))
+            self._note_evaluation(message.agent_id, payload.get("evaluation"))
+        queue.add(_Request(reply_to, message.agent_id, message.seq, payload, now, size))
 
     def _note_evaluation(self, agent_id: str, evaluation: np.ndarray | None) -> None:
         """An agent whose request holds evaluation rows only plays no training env: learn batches do not wait for it

@@ -1,0 +1,125 @@
+"""Predict requests on the way to the CDP: each new frame crosses once, and the CT gets every view spelled out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from doubles import ATARI_SPECS
+
+from flare2.core.predict_requests import CONTINUED, ViewsReceiver, ViewsSender
+from flare2.core.specs import CTSpecs, Spec, View
+from flare2.core.views import ViewRows
+from flare2.errors import SpecError
+from flare2.wire.codec import decode, encode
+
+SMALL = (6, 5)  # frames of 6x5 instead of 84x84: the rules do not depend on the size
+ENVS = 3
+
+
+def specs() -> CTSpecs:
+    return CTSpecs(
+        inputs={"obs": Spec(SMALL, "uint8"), "obs_frames": Spec((4, *SMALL), "uint8")},
+        actions={"action": Spec((), "int64")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+        views={"obs_frames": View.last_observations(4)},
+    )
+
+
+def played(steps: int, starts: dict[int, set[int]]):
+    """The predict payloads of ``ENVS`` envs playing ``steps`` steps as the stock agent builds them (``ViewRows``);
+    at step t the envs of ``starts[t]`` start an episode."""
+    rng = np.random.default_rng(0)
+    rows = ViewRows(specs(), ENVS)
+    obs = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
+    rows.start_all({"obs": obs})
+    payloads = []
+    for t in range(steps):
+        payloads.append({"inputs": {"obs": obs.copy(), **rows.current()}, "states": {}})
+        obs = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
+        rows.advance({"obs": obs}, {"action": np.zeros(ENVS, np.int64)}, {"reward": np.zeros(ENVS, np.float32)})
+        for env in starts.get(t + 1, ()):
+            rows.start(env, {"obs": obs[env]})
+    return payloads
+
+
+def crossed(payload):
+    """The payload as it arrives on the other side of the wire."""
+    return decode(encode(payload))
+
+
+def test_rows_that_play_on_cross_as_a_flag_and_the_cdp_rebuilds_every_view_exactly():
+    sender, receiver = ViewsSender(specs()), ViewsReceiver(specs())
+    sizes = []
+    for t, payload in enumerate(played(8, starts={3: {1}, 5: {0, 2}})):
+        sent = sender.pack(payload)
+        sizes.append(len(encode(sent)))
+        if t == 0:
+            assert CONTINUED not in sent  # nothing to continue yet
+        else:
+            restarted = {3: [1], 5: [0, 2]}.get(t, [])
+            assert np.flatnonzero(~sent[CONTINUED]).tolist() == restarted
+            assert len(sent["inputs"]["obs_frames"]) == len(restarted)
+        spelled_out = receiver.unpack("agent-1", crossed(sent))
+        assert CONTINUED not in spelled_out
+        for key, value in payload["inputs"].items():
+            np.testing.assert_array_equal(spelled_out["inputs"][key], value)
+    # From the second step on, where nothing restarted, each env's view crossed as a flag (its newest frame is the
+    # observation, which crosses anyway): at least 3 frames an env fewer.
+    assert sizes[1] < sizes[0] - ENVS * 3 * SMALL[0] * SMALL[1]
+
+
+def test_views_a_custom_agent_made_otherwise_cross_whole_for_those_rows():
+    sender, receiver = ViewsSender(specs()), ViewsReceiver(specs())
+    first, second = played(2, starts={})
+    second["inputs"]["obs_frames"][2, 0] = 99  # not the frame the row had before
+    receiver.unpack("a", crossed(sender.pack(first)))
+    sent = sender.pack(second)
+    assert sent[CONTINUED].tolist() == [True, True, False]
+    np.testing.assert_array_equal(
+        receiver.unpack("a", crossed(sent))["inputs"]["obs_frames"], second["inputs"]["obs_frames"]
+    )
+
+
+def test_atari_views_of_8_envs_cross_in_a_fifth_of_the_bytes():
+    rows = ViewRows(ATARI_SPECS, 8)
+    frames = [np.full((8, 84, 84), value, np.uint8) for value in range(3)]
+    rows.start_all({"obs": frames[0]})
+    sender = ViewsSender(ATARI_SPECS)
+    sizes = []
+    for obs in frames[1:]:
+        rows.advance({"obs": obs}, {"action": np.zeros(8, np.int64)}, {"reward": np.zeros(8, np.float32)})
+        sizes.append(len(encode(sender.pack({"inputs": {"obs": obs, **rows.current()}, "states": {}}))))
+    whole, once = sizes
+    assert whole > 5 * 8 * 84 * 84 and once < 8 * 84 * 84 + 1000
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda sent: sent.update({CONTINUED: sent[CONTINUED].astype(np.int64)}), "'continued' must be a 1-d bool"),
+        (lambda sent: sent.update({CONTINUED: np.ones(5, bool)}), "continues the views of 5 rows, but the CT holds"),
+        (lambda sent: sent["inputs"].update(obs=sent["inputs"]["obs"][:, :2]), "inputs['obs'] must be uint8 [3, ...]"),
+        (lambda sent: sent["inputs"].update(obs_frames=np.zeros((2, 4, *SMALL), np.uint8)), "do not continue"),
+    ],
+)
+def test_a_request_that_continues_what_the_cdp_cannot_is_refused_naming_what_is_wrong(change, message):
+    sender, receiver = ViewsSender(specs()), ViewsReceiver(specs())
+    first, second = played(2, starts={})
+    receiver.unpack("a", crossed(sender.pack(first)))
+    sent = crossed(sender.pack(second))
+    change(sent)
+    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        receiver.unpack("a", sent)
+
+
+def test_an_agent_that_left_or_never_sent_its_views_cannot_continue_them():
+    sender, receiver = ViewsSender(specs()), ViewsReceiver(specs())
+    first, second = played(2, starts={})
+    receiver.unpack("a", crossed(sender.pack(first)))
+    receiver.forget({"a"})
+    sent = crossed(sender.pack(second))
+    with pytest.raises(SpecError, match="holds none of this agent's"):
+        receiver.unpack("a", sent)
+    with pytest.raises(SpecError, match="holds none of this agent's"):
+        receiver.unpack("b", sent)

@@ -1,4 +1,4 @@
-"""What frames cost on the way from a local agent to the compute process: a Unix stream against shared memory.
+"""What frames cost on the way from a local agent to the compute process: Unix streams against shared memory.
 
     python tools/bench_frames.py [--envs 8 32 64] [--requests 300]
 
@@ -6,8 +6,10 @@ An agent process of N envs sends each step's frame stacks, ``[N, 4, 84, 84]`` ui
 process, which needs them in an array of its own to batch them. Two ways, each timed as the agent sees it (send,
 then wait for a small reply), in two real processes:
 
-- ``stream``: the request as flare2 sends it now: encoded (flare2.wire.protocol), written to a Unix stream
-  (flare2.wire.streams), read, decoded and copied out of the message;
+- ``whole stacks``: every stack of 4 frames in the request, encoded (flare2.wire.protocol), written to a Unix
+  stream (flare2.wire.streams), read, decoded and copied out of the message;
+- ``each frame once``: the request as flare2 sends it: each env's new frame, the stacks that move on by one
+  frame crossing as a flag (flare2.core.predict_requests) and rebuilt on the compute side;
 - ``shared memory``: the agent writes the frames into a shared memory block and sends a small message naming
   the step; the compute side copies them out of the block (Sample Factory's way).
 
@@ -29,12 +31,21 @@ from typing import Any
 
 import numpy as np
 
+from flare2.core.predict_requests import ViewsReceiver, ViewsSender
+from flare2.core.specs import CTSpecs, Spec, View
 from flare2.wire.protocol import PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.streams import SCHEME, StreamClient, StreamServer
 
 FRAMES = (4, 84, 84)
 MAX_BYTES = 1 << 28
-WAYS = ("tiny", "stream", "shared memory")
+WAYS = ("tiny", "whole stacks", "each frame once", "shared memory")
+SPECS = CTSpecs(
+    inputs={"obs": Spec(FRAMES[1:], "uint8"), "obs_frames": Spec(FRAMES, "uint8")},
+    actions={"action": Spec((), "int64")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+    views={"obs_frames": View.last_observations(FRAMES[0])},
+)
 
 
 def serve(path: str, block_name: str, envs: int, ready: Any) -> None:
@@ -42,10 +53,14 @@ def serve(path: str, block_name: str, envs: int, ready: Any) -> None:
     block = shared_memory.SharedMemory(name=block_name)
     shared = np.ndarray((envs, *FRAMES), np.uint8, buffer=block.buf)
     actions = np.zeros(envs, np.int64)
+    views = ViewsReceiver(SPECS)
 
     def receive(connection: Any, frames: list[bytes], now: float) -> None:
         message = unpack(frames, max_bytes=MAX_BYTES)
-        inputs = message.payload["inputs"]
+        payload = message.payload
+        if "obs" in payload["inputs"]:  # each frame once: the stacks are rebuilt here
+            payload = views.unpack("agent", payload)
+        inputs = payload["inputs"]
         _batch = shared.copy() if "step" in inputs else {key: np.array(value) for key, value in inputs.items()}
         server.send(connection, pack(Message(PREDICTION, {"actions": {"action": actions}}, seq=message.seq)))
 
@@ -61,17 +76,23 @@ def serve(path: str, block_name: str, envs: int, ready: Any) -> None:
 def round_trips(client: StreamClient, shared: np.ndarray, way: str, envs: int, requests: int) -> list[float]:
     rng = np.random.default_rng(0)
     stacks = rng.integers(0, 256, (envs, *FRAMES), dtype=np.uint8)
+    sender = ViewsSender(SPECS)
     seconds = []
     for seq in range(requests):
+        # The envs played a step: each stack moves on by a new frame (made before the clock starts).
+        new = rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8)
+        stacks = np.concatenate([stacks[:, 1:], new[:, None]], axis=1)
         started = time.perf_counter()
         if way == "tiny":
-            inputs: dict[str, Any] = {"obs": np.zeros(envs, np.int64)}
-        elif way == "stream":
-            inputs = {"obs_frames": stacks}
+            payload: dict[str, Any] = {"inputs": {"count": np.zeros(envs, np.int64)}, "states": {}}
+        elif way == "whole stacks":
+            payload = {"inputs": {"obs_frames": stacks}, "states": {}}
+        elif way == "each frame once":
+            payload = sender.pack({"inputs": {"obs": new, "obs_frames": stacks}, "states": {}})
         else:
             np.copyto(shared, stacks)
-            inputs = {"step": np.full(envs, seq, np.int64)}
-        client.send(pack(Message(PREDICT, {"inputs": inputs, "states": {}}, seq=seq)))
+            payload = {"inputs": {"step": np.full(envs, seq, np.int64)}, "states": {}}
+        client.send(pack(Message(PREDICT, payload, seq=seq)))
         reply = None
         while reply is None:
             reply = client.receive(1.0)
@@ -110,16 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args(argv)
-    print("| envs | frames a request | tiny µs | stream µs | shared memory µs | stream − tiny | shared memory − tiny |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| envs | stacks a request | tiny µs | " + " | ".join(f"{way} − tiny µs" for way in WAYS[1:]) + " |")
+    print("|---:|---:|---:|" + "---:|" * (len(WAYS) - 1))
     for envs in args.envs:
         m = measure(envs, args.requests)
         size = envs * int(np.prod(FRAMES))
-        print(
-            f"| {envs} | {size / 1e6:.2f} MB | {m['tiny']:.0f} | {m['stream']:.0f} | {m['shared memory']:.0f} "
-            f"| {m['stream'] - m['tiny']:.0f} | {m['shared memory'] - m['tiny']:.0f} |",
-            flush=True,
-        )
+        above = " | ".join(f"{m[way] - m['tiny']:.0f}" for way in WAYS[1:])
+        print(f"| {envs} | {size / 1e6:.2f} MB | {m['tiny']:.0f} | {above} |", flush=True)
     return 0
 
 

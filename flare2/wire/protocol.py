@@ -23,7 +23,9 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 # 5: agents trade running statistics of their observations with a CT (STATISTICS on its learn socket).
 # 6: EVALUATING is gone; a predict request marks the rows of evaluation episodes with an 'evaluation' array (was
 # 'greedy'), which says what it means: greedy actions, and no learn requests from an agent whose rows are all marked.
-PROTOCOL_VERSION = 6
+# 7: learn requests carry each observation once (flare2.core.learn_requests) and predict requests each new frame of
+# an observation view once (flare2.core.predict_requests).
+PROTOCOL_VERSION = 7
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1

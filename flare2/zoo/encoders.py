@@ -18,7 +18,8 @@ The CNNs (``--encoder``):
   stride-4 first layer (MinAtar's 10x10).
 
 ``auto`` takes ``nature`` for images of at least 36 pixels a side (the least
-its three layers take) and ``minatar`` below.
+its three layers take) and ``minatar`` below. ``flat`` takes no CNN: the pixels
+are flattened into the model's MLPs, as gymnax's MinAtar baselines do.
 
 A frame stack is a trajectory view of the last ``frames`` observations
 (``View.last_observations``): its frames become channels, so a stack of four
@@ -37,8 +38,8 @@ from torch import nn
 
 from flare2.errors import ConfigError
 
-ENCODERS = ("auto", "nature", "impala", "minatar")
-"""What ``--encoder`` takes: the CNN of an image observation (``auto`` picks one from its size)."""
+ENCODERS = ("auto", "nature", "impala", "minatar", "flat")
+"""What ``--encoder`` takes: the CNN of an image observation (``auto`` picks one from its size; ``flat``: none)."""
 
 _NATURE_LEAST_SIDE = 36
 """The smallest side the Nature network's three layers take (8x8 stride 4, 4x4 stride 2, 3x3 stride 1)."""
@@ -144,6 +145,8 @@ class ImageEncoder(nn.Module):
         super().__init__()
         if kind not in ENCODERS:
             raise ConfigError(f"--encoder {kind!r} is no image encoder: use one of {', '.join(ENCODERS)}")
+        if kind == "flat":
+            raise ConfigError("--encoder flat flattens the image into the MLPs: the model makes no ImageEncoder then")
         side = min(layout.height, layout.width)
         if kind == "auto":
             kind = "nature" if side >= _NATURE_LEAST_SIDE else "minatar"

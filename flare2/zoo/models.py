@@ -106,9 +106,10 @@ def features(obs: torch.Tensor, obs_spec: Spec, one_hot: int) -> torch.Tensor:
 
 
 def observation_encoder(space: gym.Space, kind: str, frames: int = 1) -> ImageEncoder | None:
-    """The CNN of an image observation space (``flare2.zoo.encoders``); None for a vector one, which is flattened."""
+    """The CNN of an image observation space (``flare2.zoo.encoders``); None for a vector one, or an image whose
+    ``kind`` is ``flat``: those are flattened."""
     layout = image_layout(space)
-    if layout is None:
+    if layout is None or kind == "flat":
         if kind not in ENCODERS:
             raise ConfigError(f"--encoder {kind!r} is no image encoder: use one of {', '.join(ENCODERS)}")
         return None

@@ -161,7 +161,7 @@ def test_atari_games_take_their_algorithms_atari_preset_whatever_the_id():
         assert "learner" not in lookup("appo").preset(env_id)["run"]
     assert "frames" not in lookup("ppo").preset("Acrobot-v1")["agent"]
     pytest.importorskip("minatar")
-    assert lookup("ppo").preset("MinAtar/Breakout-v1")["agent"]["encoder"] == "flat"
+    assert lookup("ppo").preset("MinAtar/Breakout-v1")["algorithm"]["epochs"] == 3
     assert lookup("dqn").preset("MinAtar/Asterix-v1")["agent"]["warmup"] == 5_000
 
 

@@ -74,7 +74,10 @@ class ActorCriticSettings(OnlineSettings):
     frames: int = 1
     """Observations the model sees at once, the current one last (a frame-stack view)."""
     encoder: str = "auto"
-    """The CNN of image observations: auto, nature, impala or minatar (flare2.zoo.encoders)."""
+    """The CNN of image observations: auto, nature, impala, minatar or flat (flare2.zoo.encoders)."""
+
+    def __post_init__(self) -> None:
+        check_frames(self.frames)
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class RecurrentSettings(OnlineSettings):
     memory_size: int = 64
     """Size of the GRU state."""
     encoder: str = "auto"
-    """The CNN under the GRUs for image observations: auto, nature, impala or minatar (flare2.zoo.encoders)."""
+    """The CNN under the GRUs for image observations: auto, nature, impala, minatar or flat (flare2.zoo.encoders)."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,16 @@ class DQNSettings(ReplaySettings):
     frames: int = 1
     """Observations the Q-network sees at once, the current one last (a frame-stack view)."""
     encoder: str = "auto"
-    """The CNN of image observations: auto, nature, impala or minatar (flare2.zoo.encoders)."""
+    """The CNN of image observations: auto, nature, impala, minatar or flat (flare2.zoo.encoders)."""
+
+    def __post_init__(self) -> None:
+        check_frames(self.frames)
+
+
+def check_frames(frames: int) -> None:
+    """A frame stack of at least the current observation (``--frames 1``: no stack)."""
+    if type(frames) is not int or frames < 1:
+        raise ConfigError(f"--frames {frames!r}: a model sees at least the current observation, use --frames 1 or more")
 
 
 @dataclass(frozen=True, kw_only=True)

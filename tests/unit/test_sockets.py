@@ -42,9 +42,12 @@ def test_a_reply_in_another_protocol_version_raises_an_error_naming_both(server)
     ctx, sock, endpoint = server
     requester = Requester(ctx, endpoint, identity="a")
     seq = requester.send(HELLO, {})
-    answer(sock, lambda request: [msgpack.packb([PROTOCOL_VERSION + 1, "welcome", "", request.seq, ""]), msgpack.packb({})])
+    answer(
+        sock, lambda request: [msgpack.packb([PROTOCOL_VERSION + 1, "welcome", "", request.seq, ""]), msgpack.packb({})]
+    )
     with pytest.raises(
-        VersionMismatchError, match=f"peer speaks flare2 protocol {PROTOCOL_VERSION + 1}, this side speaks {PROTOCOL_VERSION}"
+        VersionMismatchError,
+        match=f"peer speaks flare2 protocol {PROTOCOL_VERSION + 1}, this side speaks {PROTOCOL_VERSION}",
     ):
         requester.wait_reply(seq, timeout_s=5, what="hello")
 

@@ -92,6 +92,8 @@ def test_every_algorithm_has_a_preset_env_it_takes(tmp_path):
             ["--env", "CartPole-v1", "--algo", "ppo", "--sample-interval", "zero"],
             "--sample-interval: expected an integer",
         ),
+        (["--env", "CartPole-v1", "--algo", "dqn", "--frames", "0"], "--frames 0: a model sees at least the current"),
+        (["--env", "CartPole-v1", "--algo", "ppo", "--frames", "0"], "use --frames 1 or more"),
     ],
 )
 def test_a_wrong_command_line_ends_in_one_message_naming_the_fix(capsys, argv, says):

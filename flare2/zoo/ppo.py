@@ -178,11 +178,6 @@ class PPO(ClippedObjective):
         costs = self.clipped_epochs(inputs, actions, proximal_log_prob, advantages, targets, weights)
         return {**costs, **off_policy}
 
-    def log_prob_and_entropy(self, inputs: Tensors, actions: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """The current policy's log-probability of each of the named ``actions`` (without ``log_prob``) and its
-        entropy, in ``inputs``."""
-        return self.model.log_prob_and_entropy(self.model.policy(inputs), _unnamed(actions))
-
     def log_prob_and_value(
         self, inputs: Tensors, actions: Tensors, shape: torch.Size
     ) -> tuple[torch.Tensor, torch.Tensor]:

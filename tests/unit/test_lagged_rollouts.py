@@ -29,7 +29,7 @@ def lagged_experience(algorithm: PPO) -> Experience:
     inputs, next_inputs = {"obs": obs[:, :4]}, {"obs": obs[:, 1:]}
     action = torch.tensor([[0, 1, 1, 0]])
     with torch.no_grad():
-        current, _ = algorithm.log_prob_and_entropy({"obs": obs[0, :4]}, {"action": action[0]})
+        current, _ = algorithm.log_prob_and_value({"obs": obs[0, :4]}, {"action": action[0]}, torch.Size([4]))
     stored = current - torch.tensor(RATIOS).log()
     return Experience(
         inputs=inputs,

@@ -126,15 +126,21 @@ def measure(args: argparse.Namespace, envs: int, envs_per_process: int, log_dir:
     sampler.stop()
     if measured.returncode != 0:
         print(measured.stderr[-2000:], file=sys.stderr)
-    progress = [row for row in read_rows(log_dir / "progress.csv") if int(row["env_steps"]) >= args.warmup_steps]
-    cts = [row for row in read_rows(log_dir / "cts.csv") if float(row["wall_time"]) >= float(progress[0]["wall_time"])]
     result: dict[str, float] = {
         "system": f"flare2 {agents}x{per_agent}",
         "envs": envs,
         "agents": agents,
         "peak_rss_mb": measured.peak_rss_bytes / 2**20,
     }
-    if len(progress) < 2 or len(cts) < 2:
+    # A run that failed early may have written no logs, or none past the warm-up.
+    logged = (log_dir / "progress.csv").exists() and (log_dir / "cts.csv").exists()
+    progress = (
+        [r for r in read_rows(log_dir / "progress.csv") if int(r["env_steps"]) >= args.warmup_steps] if logged else []
+    )
+    if len(progress) < 2:
+        return {**result, "steps_per_s": math.nan}
+    cts = [row for row in read_rows(log_dir / "cts.csv") if float(row["wall_time"]) >= float(progress[0]["wall_time"])]
+    if len(cts) < 2:
         return {**result, "steps_per_s": math.nan}
     first, last = progress[0], progress[-1]
     window = float(last["wall_time"]) - float(first["wall_time"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from doubles import Scale, learn_payload
@@ -9,10 +10,12 @@ from doubles import Scale, learn_payload
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.learn_requests import unpack
+from flare2.core.predict_requests import ViewsSender
 from flare2.errors import UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
+from flare2.zoo.ppo import PPO, PPOActorCritic
 
 
 class Scaler(Algorithm):
@@ -140,11 +143,6 @@ def test_a_learn_request_of_an_agent_never_named_is_refused_after_the_grace_peri
 
 
 def test_predict_requests_that_continue_their_views_are_served_and_one_that_cannot_is_refused_alone():
-    import gymnasium as gym
-
-    from flare2.core.predict_requests import ViewsSender
-    from flare2.zoo.ppo import PPO, PPOActorCritic
-
     space = gym.spaces.Box(0, 255, (10, 10), np.uint8)
     ct = ComputationTask("RL", PPO(PPOActorCritic(space, gym.spaces.Discrete(3), frames=2, hidden=())), device="cpu")
     replies: list[tuple[str, Message]] = []

@@ -11,19 +11,21 @@ import sys
 
 from flare2 import __version__
 from flare2.errors import ConfigError
-from flare2.runtime.config import RunConfig
+from flare2.runtime.config import REJOIN_FOR_S, RunConfig
 
 
 def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from flare2.commands.attach import AttachConfig, attach
     from flare2.wire.security import load_client
 
-    try:
-        kwargs = json.loads(args.agent_kwargs)
-        if not isinstance(kwargs, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as exc:
-        parser.error(f"--agent-kwargs must be a JSON object ({exc})")
+    kwargs = None
+    if args.agent_kwargs is not None:
+        try:
+            kwargs = json.loads(args.agent_kwargs)
+            if not isinstance(kwargs, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            parser.error(f"--agent-kwargs must be a JSON object ({exc})")
     try:
         curve = load_client(args.keys, args.key_name) if args.keys else None
         config = AttachConfig(
@@ -35,6 +37,7 @@ def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             seed=args.seed,
             curve=curve,
             max_restarts=args.max_restarts,
+            rejoin_for_s=args.rejoin_for,
         )
     except ConfigError as exc:
         parser.error(str(exc))
@@ -78,12 +81,28 @@ def main(argv: list[str] | None = None) -> int:
     attach = commands.add_parser("attach", help="start agents here that join a run on another machine")
     attach.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
     attach.add_argument(
-        "--agent", default="flare2.core.envs:GymAgent", help="Agent class: package.module:Class or file.py:Class"
+        "--agent",
+        default=None,
+        help="Agent class, package.module:Class or file.py:Class (default: the run's; another one is refused)",
     )
-    attach.add_argument("--agent-kwargs", default="{}", help="JSON object of the agent's keyword arguments")
+    attach.add_argument(
+        "--agent-kwargs",
+        default=None,
+        help="JSON object of the agent's keyword arguments (default: the run's; settings that differ are refused)",
+    )
     attach.add_argument("--num-agents", type=int, default=1, help="agent processes to start here")
-    attach.add_argument("--envs-per-agent", type=int, default=1, help="environments each of them plays")
-    attach.add_argument("--seed", type=int, default=0, help="seeds the agents' envs")
+    attach.add_argument(
+        "--envs-per-agent", type=int, default=None, help="environments each of them plays (default: as the run's)"
+    )
+    attach.add_argument("--seed", type=int, default=None, help="seeds the agents' envs (default: the run's seed)")
+    attach.add_argument(
+        "--rejoin-for",
+        type=float,
+        default=REJOIN_FOR_S,
+        metavar="SECONDS",
+        help="how long agents that lost the manager (a link down) wait for it to answer again before this command "
+        "gives up",
+    )
     attach.add_argument(
         "--max-restarts",
         type=int,

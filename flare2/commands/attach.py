@@ -2,14 +2,26 @@
 
 It first asks the manager (a probe hello) whether it is there and speaks this
 protocol version, so a wrong address, a missing key or another flare2
-version ends in a clear error within seconds. Then it starts the agent
-processes; each registers with the manager as a remote agent and talks to the
-CDPs directly. An agent that fails (an exception in its episode code, a
-kill) is restarted after a backoff by the same supervisor as the manager's
-own agents (:mod:`flare2.runtime.supervisor`), up to ``--max-restarts``.
-Ctrl+C (or SIGTERM) detaches them: each says bye and the manager counts it as
-gone, not crashed. If the manager goes away, the agents
-exit after the heartbeat timeout and so does this command.
+version ends in a clear error within seconds. The manager's answer carries the
+run's recipe: the agent class and its settings (env, transforms, views,
+frames, sample interval...), the envs per agent and the seed; the agents here
+play exactly that. An option that would change what reaches the run's CTs
+(another ``--agent`` or ``--agent-kwargs``) is refused, naming the setting;
+``--envs-per-agent`` and ``--seed`` only change how much is played here and
+which episodes, and are allowed (and logged).
+
+Then it starts the agent processes; each registers with the manager as a
+remote agent and talks to the CDPs directly. An agent that fails (an exception
+in its episode code, a kill) is restarted after a backoff by the same
+supervisor as the manager's own agents (:mod:`flare2.runtime.supervisor`), up
+to ``--max-restarts``. An agent that lost the manager (a link down for longer
+than the heartbeat timeout) is no failure: this command probes the manager
+with a backoff and, as soon as the same run answers again, starts a new agent
+in its place, which the manager counts as a rejoin; it gives up when the
+manager has not answered for ``--rejoin-for`` seconds. Ctrl+C (or SIGTERM)
+detaches the agents: each says bye and the manager counts it as gone, not
+crashed. When the run ends, the manager stops the agents and this command
+ends with them.
 """
 
 from __future__ import annotations
@@ -21,12 +33,12 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flare2.errors import ConfigError, ReplyTimeoutError, RunFailed, TransportError
 from flare2.runtime import exit_codes
-from flare2.runtime.config import RunConfig
+from flare2.runtime.config import REJOIN_FOR_S, RunConfig
 from flare2.runtime.supervisor import (
     SUPERVISE_INTERVAL_S,
     AgentLaunch,
@@ -40,38 +52,103 @@ from flare2.wire.sockets import Requester, context
 logger = logging.getLogger(__name__)
 
 
+# While the manager does not answer, probes follow each other after these pauses (then the last one, again and
+# again): a link that comes back is noticed within a probe's timeout plus the longest pause.
+_REJOIN_PAUSES_S = (0.5, 1.0, 2.0)
+
+
 @dataclass(frozen=True)
 class AttachConfig:
     endpoint: str
     """The manager's control endpoint, tcp://HOST:PORT."""
-    agent_path: str
-    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    agent_path: str | None = None
+    """None: the run's agent class (from the manager); another one is refused."""
+    agent_kwargs: dict[str, Any] | None = None
+    """None: the run's agent settings; settings that differ from the run's are refused."""
     num_agents: int = 1
-    envs_per_agent: int = 1
-    """Environments each agent process plays (a VectorAgent such as GymAgent)."""
-    seed: int = 0
+    envs_per_agent: int | None = None
+    """Environments each agent process plays (a VectorAgent such as GymAgent); None: as many as the run's agents."""
+    seed: int | None = None
+    """None: the run's seed (each attach is given slots of its own, so its agents play other episodes)."""
     curve: CurveClient | None = None
     probe_timeout_s: float = 5.0
     stop_timeout_s: float = 5.0
     max_restarts: int = RunConfig.max_restarts
     """Agent failures (crash, kill) over this command's life that are restarted; past it the command fails."""
     restart_backoff_s: float = RunConfig.restart_backoff_s
+    rejoin_for_s: float = REJOIN_FOR_S
+    """How long the agents wait for a manager they lost to answer again before this command gives up."""
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith("tcp://") or ":" not in self.endpoint[len("tcp://") :]:
             raise ConfigError(f"the manager's address must look like tcp://HOST:PORT, got {self.endpoint!r}")
-        if ":" not in self.agent_path:
+        if self.agent_path is not None and ":" not in self.agent_path:
             raise ConfigError(f"--agent must look like package.module:Class, got {self.agent_path!r}")
         if self.num_agents < 1:
             raise ConfigError(f"--num-agents must be >= 1, got {self.num_agents}")
-        if self.envs_per_agent < 1:
+        if self.envs_per_agent is not None and self.envs_per_agent < 1:
             raise ConfigError(f"--envs-per-agent must be >= 1, got {self.envs_per_agent}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.rejoin_for_s < 0:
+            raise ConfigError(f"--rejoin-for must be >= 0 seconds, got {self.rejoin_for_s}")
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """What this machine's agents play: the run's recipe, with the overrides that leave its CTs' data unchanged."""
+
+    agent_path: str
+    agent_kwargs: dict[str, Any]
+    envs_per_agent: int
+    seed: int
+    first_slot: int
+    """Seeds are drawn as for the run's slots from this one on, which the manager gave this attach alone."""
+
+
+def plan_agents(config: AttachConfig, recipe: Any) -> AgentPlan:
+    """The run's recipe (from the manager's probe reply) with this command's options; a ConfigError names an option
+    that would change what reaches the run's CTs."""
+    try:
+        path, kwargs = recipe["agent"], recipe["agent_kwargs"]
+        envs, seed, first_slot = recipe["envs_per_agent"], recipe["seed"], recipe["first_slot"]
+        valid = isinstance(path, str) and isinstance(kwargs, dict)
+        valid = valid and all(type(value) is int for value in (envs, seed, first_slot))
+    except (TypeError, KeyError):
+        valid = False
+    if not valid:
+        raise ConfigError(
+            f"the manager's answer holds no valid run recipe (got {recipe!r}): run the same flare2 version on both sides"
+        )
+    keep = "leave the option out: attach plays the run's own agent"
+    if config.agent_path is not None and config.agent_path != path:
+        raise ConfigError(
+            f"--agent {config.agent_path}: the run's agents are {path}, and what reaches its CTs must be the same; {keep}"
+        )
+    for key, value in (config.agent_kwargs or {}).items():
+        if key not in kwargs:
+            raise ConfigError(f"--agent-kwargs sets {key!r}, which the run's agents leave at its default; {keep}")
+        if value != kwargs[key]:
+            raise ConfigError(
+                f"--agent-kwargs sets {key!r} to {value!r}, the run's agents play with {kwargs[key]!r}; {keep}"
+            )
+    plan = AgentPlan(
+        path,
+        kwargs,
+        envs if config.envs_per_agent is None else config.envs_per_agent,
+        seed if config.seed is None else config.seed,
+        first_slot,
+    )
+    if plan.envs_per_agent != envs:
+        logger.info("each agent here plays %d envs (the run's agents play %d)", plan.envs_per_agent, envs)
+    if plan.seed != seed:
+        logger.info("the agents here draw their seeds from --seed %d (the run's seed is %d)", plan.seed, seed)
+    return plan
 
 
 def probe(config: AttachConfig) -> dict[str, Any]:
-    """Ask the manager who it is; raises TransportError/ConfigError with a message for the user."""
+    """Ask the manager who it is, what it serves and what its agents play; raises TransportError/ConfigError with a
+    message for the user."""
     with context() as ctx:
         requester = Requester(ctx, config.endpoint, identity=f"probe-{secrets.token_hex(6)}", curve=config.curve)
         try:
@@ -110,13 +187,20 @@ def attach(config: AttachConfig) -> int:
     except (TransportError, ConfigError) as exc:
         logger.error("%s", exc)
         return exit_codes.UNREACHABLE
+    try:
+        plan = plan_agents(config, info.get("recipe"))
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return exit_codes.CONFIG_ERROR
     logger.info(
-        "manager at %s serves CTs %s; starting %d agent(s)",
+        "manager at %s serves CTs %s; starting %d agent(s) of %s with %d env(s) each",
         config.endpoint,
         sorted(info.get("cts", {})),
         config.num_agents,
+        plan.agent_path,
+        plan.envs_per_agent,
     )
-    agents = _AttachedAgents(config)
+    agents = _AttachedAgents(config, plan, info.get("run_id"))
 
     def on_signal(signum: int, _frame: Any) -> None:
         raise _Detach(signum)
@@ -139,25 +223,32 @@ def attach(config: AttachConfig) -> int:
 
 class _AttachedAgents:
     """This machine's agents: the supervisor starts them and restarts those that fail (the manager's policy: backoff
-    and limit); this adds what only attach knows: an agent that lost the manager is restarted while the manager
-    still answers a probe, and each slot ends for good when its agent was stopped by the run or the manager is gone."""
+    and limit); this adds what only attach knows: an agent that lost the manager waits, held, until the same run
+    answers a probe again, then a new one rejoins in its place; slots end for good when their agent was stopped by
+    the run, or when the manager stays silent past ``rejoin_for_s``."""
 
-    def __init__(self, config: AttachConfig) -> None:
+    def __init__(self, config: AttachConfig, plan: AgentPlan, run_id: Any) -> None:
         self.config = config
+        self.plan = plan
+        self.run_id = run_id
         self.supervisor = AgentSupervisor(max_restarts=config.max_restarts, restart_backoff_s=config.restart_backoff_s)
-        self.manager_gone = False
+        self.lost_since: float | None = None
+        """When an agent last lost the manager, while some wait for it to answer again."""
+        self._next_probe_at = 0.0
+        self._probes_failed = 0
 
     def run(self) -> int:
-        config = self.config
+        config, plan = self.config, self.plan
         tag = f"{socket.gethostname()}-{os.getpid()}"[:60]
         launch = AgentLaunch(
             control_endpoint=config.endpoint,
-            agent_path=config.agent_path,
-            agent_kwargs=config.agent_kwargs,
-            envs_per_agent=config.envs_per_agent,
-            seed=config.seed,
+            agent_path=plan.agent_path,
+            agent_kwargs=plan.agent_kwargs,
+            envs_per_agent=plan.envs_per_agent,
+            seed=plan.seed,
             curve=config.curve,
             id_prefix=f"r-{tag}-",
+            first_slot=plan.first_slot,
             extra=("--remote",),
         )
         self.supervisor.start_all(launch, config.num_agents)
@@ -165,34 +256,71 @@ class _AttachedAgents:
             self.supervisor.restart_due(time.monotonic())
             for slot, code in list(self.supervisor.exited()):
                 self._ended(slot, code)
+            if self.supervisor.held_slots():
+                self._look_for_the_manager()
             codes = [slot.ended_with for slot in self.supervisor.slots]
             if all(code is not None for code in codes):
                 if all(code == exit_codes.MANAGER_LOST for code in codes):
-                    logger.error("the manager is gone; the agents have exited")
                     return exit_codes.MANAGER_LOST
                 logger.info("all agents have left (exit codes %s)", codes)
                 return exit_codes.OK if all(code == exit_codes.OK for code in codes) else exit_codes.FAILED
             self.supervisor.wait(SUPERVISE_INTERVAL_S)
 
     def _ended(self, slot: AgentSlot, code: int) -> None:
-        """Retire or restart a slot whose agent exited; RunFailed when this command must end too."""
-        cause = exit_codes.describe(code)
-        if code == exit_codes.MANAGER_LOST and self._manager_answers():
-            # It lost the manager (stopped for a while, a link that broke) but the run goes on: a new agent joins.
-            cause = "lost the manager, which still answers"
-        elif code in (exit_codes.OK, exit_codes.MANAGER_LOST):
+        """Hold, retire or restart a slot whose agent exited; RunFailed when this command must end too."""
+        if code == exit_codes.MANAGER_LOST:
+            # A link down for a while, or a manager stopped for a while: not the agent's failure.
+            self.supervisor.hold(slot)
+            if self.lost_since is None:
+                self.lost_since = self._next_probe_at = time.monotonic()
+                self._probes_failed = 0
+            logger.warning(
+                "agent %s lost the manager; a new one rejoins as soon as the run answers again (for up to %.0fs, "
+                "--rejoin-for)",
+                slot.agent_id,
+                self.config.rejoin_for_s,
+            )
+        elif code == exit_codes.OK:
             self.supervisor.retire(slot, code)
-            return
-        self.supervisor.restart_later(slot, cause, code)
+        else:
+            self.supervisor.restart_later(slot, exit_codes.describe(code), code)
 
-    def _manager_answers(self) -> bool:
-        """Whether the manager still answers a probe; once it did not, the run is taken for gone (no more probes)."""
-        if not self.manager_gone:
-            try:
-                probe(self.config)
-            except (TransportError, ConfigError):
-                self.manager_gone = True
-        return not self.manager_gone
+    def _look_for_the_manager(self) -> None:
+        """Probe the manager when the next probe is due: the run answering releases the held slots (as rejoins);
+        silence past ``rejoin_for_s``, or another run at the address, ends them."""
+        now = time.monotonic()
+        if now < self._next_probe_at or self.lost_since is None:
+            return
+        try:
+            info = probe(self.config)
+        except (TransportError, ConfigError) as exc:
+            silent_s = time.monotonic() - self.lost_since
+            if silent_s >= self.config.rejoin_for_s:
+                self._give_up(
+                    f"the manager has not answered for {silent_s:.0f}s (--rejoin-for {self.config.rejoin_for_s:.0f}): "
+                    f"the run is over or out of reach ({exc})"
+                )
+                return
+            pause = _REJOIN_PAUSES_S[min(self._probes_failed, len(_REJOIN_PAUSES_S) - 1)]
+            self._probes_failed += 1
+            self._next_probe_at = time.monotonic() + pause
+            return
+        if info.get("run_id") != self.run_id:
+            self._give_up(f"{self.config.endpoint} now serves another run than the one these agents joined")
+            return
+        held = self.supervisor.held_slots()
+        logger.info(
+            "the manager answers again after %.1fs; %d agent(s) rejoin", time.monotonic() - self.lost_since, len(held)
+        )
+        self.lost_since = None
+        for slot in held:
+            self.supervisor.release(slot, "--rejoin")
+
+    def _give_up(self, why: str) -> None:
+        logger.error("%s; the agents that lost it are not started again", why)
+        for slot in self.supervisor.held_slots():
+            self.supervisor.retire(slot, exit_codes.MANAGER_LOST)
+        self.lost_since = None
 
     def stop(self) -> None:
         """SIGTERM: each agent says bye at its next control tick; whatever is left after ``stop_timeout_s`` is

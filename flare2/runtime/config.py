@@ -19,6 +19,8 @@ LEARNERS = ("auto", "process", "thread", "inline")
 AUTO_BUSY_WAIT_US = 200
 # A wait that checks for longer than this is a core spent, not a wake-up saved.
 MOST_BUSY_WAIT_US = 1_000_000
+REJOIN_FOR_S = 3600.0
+"""How long ``flare2 attach`` waits, by default, for a manager its agents lost to answer again."""
 
 
 def busy_wait_us(setting: int | None, busy_processes: int) -> int:

@@ -15,7 +15,8 @@ FAILED = 1
 CONFIG_ERROR = 2
 """A setting, spec or import path is wrong; the message names it and the fix."""
 MANAGER_LOST = 3
-"""The manager went away (killed, or silent past the heartbeat timeout)."""
+"""The manager went away: an agent heard nothing past the heartbeat timeout; ``flare2 attach`` no answer for
+``--rejoin-for`` seconds."""
 COMPUTE_FAILED = 4
 """The compute process failed in user code; its own report, with the traceback, ends the run."""
 REPLY_TIMEOUT = 5

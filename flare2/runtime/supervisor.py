@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from flare2.errors import RunFailed
@@ -71,6 +71,9 @@ class AgentLaunch:
     seed: int
     curve: CurveClient | None = None
     """The key pair the agents talk CURVE with (None on loopback without keys)."""
+    first_slot: int = 0
+    """Seeds are drawn as for slots ``first_slot`` on (``flare2 attach`` is given slots no other agents of the run
+    use, so its agents play other episodes)."""
     id_prefix: str = "a"
     """Agent ids are ``<prefix><slot>.<incarnation>.<random hex>``; the random part keeps another peer from taking
     the id (ZeroMQ refuses a second connection with it)."""
@@ -92,7 +95,7 @@ class AgentLaunch:
             "--agent-kwargs",
             json.dumps(self.agent_kwargs),
             "--seed",
-            str(agent_seed(self.seed, slot, incarnation)),
+            str(agent_seed(self.seed, self.first_slot + slot, incarnation)),
             "--envs-per-agent",
             str(self.envs_per_agent),
             "--parent-pid",
@@ -128,11 +131,14 @@ class AgentSlot:
     """When the next incarnation starts, while the slot waits for it."""
     ended_with: int | None = None
     """The exit code that ended this slot for good (stopped by the run, the manager gone)."""
+    held: bool = False
+    """Its agent exited and the owner holds the next incarnation until something it waits for (``flare2 attach``:
+    the manager answering again)."""
 
     @property
     def running(self) -> bool:
-        """Whether its process is (as far as this supervisor knows) playing: neither failed nor ended."""
-        return self.restart_at is None and self.ended_with is None
+        """Whether its process is (as far as this supervisor knows) playing: neither failed, held nor ended."""
+        return self.restart_at is None and self.ended_with is None and not self.held
 
 
 class RestartCount(Protocol):
@@ -171,10 +177,28 @@ class AgentSupervisor:
             return []
         due = [slot for slot in self.slots if slot.restart_at is not None and now >= slot.restart_at]
         for slot in due:
-            slot.incarnation += 1
-            slot.agent_id, slot.process = launch.start(slot.index, slot.incarnation)
-            slot.started_at, slot.restart_at = time.monotonic(), None
+            self._start_next(slot, launch)
         return due
+
+    def hold(self, slot: AgentSlot) -> None:
+        """The slot's agent exited; its next incarnation waits for :meth:`release` (not a failure: no restart is
+        counted)."""
+        slot.held = True
+
+    def release(self, slot: AgentSlot, *extra: str) -> None:
+        """Start the next incarnation of a held slot now, with these options of the agent process added."""
+        if self.launch is None or not slot.held:
+            return
+        slot.held = False
+        self._start_next(slot, replace(self.launch, extra=(*self.launch.extra, *extra)))
+
+    def held_slots(self) -> list[AgentSlot]:
+        return [slot for slot in self.slots if slot.held]
+
+    def _start_next(self, slot: AgentSlot, launch: AgentLaunch) -> None:
+        slot.incarnation += 1
+        slot.agent_id, slot.process = launch.start(slot.index, slot.incarnation)
+        slot.started_at, slot.restart_at = time.monotonic(), None
 
     def exited(self) -> Iterator[tuple[AgentSlot, int]]:
         """``(slot, exit code)`` of each running slot whose process has exited; the caller restarts or retires it."""
@@ -189,6 +213,7 @@ class AgentSupervisor:
     def retire(self, slot: AgentSlot, exit_code: int) -> None:
         """The slot's agent left for good (asked to stop, or the run is gone): no restart."""
         slot.ended_with = exit_code
+        slot.held = False
 
     def restart_later(self, slot: AgentSlot, cause: str, exit_code: int | None, *, error: str = "") -> None:
         """Start ``slot`` again after its backoff, logging why; RunFailed when no restart can help.

@@ -25,7 +25,9 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 # 'greedy'), which says what it means: greedy actions, and no learn requests from an agent whose rows are all marked.
 # 7: learn requests carry each observation once (flare2.core.learn_requests) and predict requests each new frame of
 # an observation view once (flare2.core.predict_requests).
-PROTOCOL_VERSION = 7
+# 8: the manager's answer to a probe carries the run's id and its agents' recipe; a remote agent's hello says whether
+# it rejoins in place of one that lost the manager.
+PROTOCOL_VERSION = 8
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1

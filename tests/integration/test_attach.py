@@ -1,4 +1,5 @@
-"""`flare2 attach` and CURVE on loopback: join, detach, refusal, unreachable manager, version mismatch."""
+"""`flare2 attach` and CURVE on loopback: join, detach, the run's recipe, refusal, unreachable manager, giving up on
+a silent one, version mismatch."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from runs import CARTPOLE, RunProcess, agent_pids, read_csv
+from runs import CARTPOLE, RunProcess, agent_pids, read_csv, wait_until_gone
 
 from flare2.runtime import exit_codes
 from flare2.wire.protocol import ERROR, HELLO, PREDICT, PROTOCOL_VERSION, Message, pack, unpack
@@ -199,7 +200,9 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
         def ask(curve, endpoint: str, frames: list[bytes], timeout_ms: int) -> list[bytes] | None:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IDENTITY, b"r-peer")
+            # The sender's id from the message's header: a ROUTER refuses a new connection under an id whose last
+            # connection it has not cleaned up yet.
+            sock.setsockopt(zmq.IDENTITY, msgpack.unpackb(frames[0])[2].encode())
             if curve is not None:
                 make_client_socket(sock, curve)
             sock.connect(endpoint)
@@ -208,18 +211,19 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
             sock.close()
             return reply
 
+        def predict(peer: str) -> list[bytes]:
+            request = {"inputs": {"obs": np.zeros((1, 4), np.float32)}, "states": {}}
+            return pack(Message(PREDICT, request, peer, 2, "RL"))
+
         probe = pack(Message(HELLO, {"role": "probe"}, "r-peer", 1))
-        predict = pack(
-            Message(PREDICT, {"inputs": {"obs": np.zeros((1, 4), np.float32)}, "states": {}}, "r-peer", 2, "RL")
-        )
         for curve in (None, wrong_key):
             assert ask(curve, info["control_endpoint"], probe, 2000) is None
-            assert ask(curve, info["cts"]["RL"]["predict_endpoint"], predict, 2000) is None
+            assert ask(curve, info["cts"]["RL"]["predict_endpoint"], predict("r-peer"), 2000) is None
         manager.wait_for_line(r"refused a peer whose CURVE key .* \(refusal 1\)", timeout_s=10)
         # The peer without CURVE never reached the allow-list: its failed handshake is logged on its own.
         assert "a peer failed the CURVE handshake on" in manager.text
         # A message over the limit, even with the allowed key, loses its connection, and the compute process says so.
-        oversize = [*predict[:-1], b"\0" * 200_000]
+        oversize = [*predict("r-peer")[:-1], b"\0" * 200_000]
         assert ask(allowed, info["cts"]["RL"]["predict_endpoint"], oversize, 2000) is None
         manager.wait_for_line(
             re.escape(info["cts"]["RL"]["predict_endpoint"]) + r" closed \(closure \d+\): its peer left, "
@@ -231,7 +235,8 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
             unpack(ask(allowed, info["control_endpoint"], probe, 10_000)).payload["protocol_version"]
             == PROTOCOL_VERSION
         )
-        assert unpack(ask(allowed, info["cts"]["RL"]["predict_endpoint"], predict, 10_000)).kind == "prediction"
+        served = ask(allowed, info["cts"]["RL"]["predict_endpoint"], predict("r-peer-2"), 10_000)
+        assert unpack(served).kind == "prediction"
     finally:
         manager.stop()
 
@@ -268,3 +273,87 @@ def test_a_peer_with_another_protocol_version_is_told_both_versions(tmp_path, ct
         assert "protocol 99" in reply.payload["reason"] and f"speaks {PROTOCOL_VERSION}" in reply.payload["reason"]
     finally:
         manager.stop()
+
+
+def test_attach_with_no_agent_options_plays_the_runs_recipe_with_the_runs_statistics(tmp_path):
+    # Acrobot's PPO preset normalises observations with statistics the run's agents merge in its CT.
+    manager = RunProcess.command(
+        [sys.executable, "-m", "flare2.cli", "train", "--env", "Acrobot-v1", "--algo", "ppo", "--no-serial"]
+        + ["--num-agents", "1", "--envs-per-agent", "2", "--max-steps", "10000000", "--progress-interval", "0.5"]
+        + ["--device", "cpu", "--log-dir", str(tmp_path)],
+        cwd=tmp_path,
+    )
+    remote = None
+    try:
+        manager.wait_for_line(UP, timeout_s=120)
+        endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
+        refused = subprocess.run(
+            [sys.executable, "-m", "flare2.cli", "attach", endpoint, "--agent-kwargs", '{"env_id": "CartPole-v1"}'],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == exit_codes.CONFIG_ERROR, refused.stderr
+        assert (
+            "--agent-kwargs sets 'env_id' to 'CartPole-v1', the run's agents play with 'Acrobot-v1'" in refused.stderr
+        )
+
+        remote = attach(endpoint)
+        remote.wait_for_line(r"starting 1 agent\(s\) of flare2.core.envs:GymAgent with 2 env\(s\) each", timeout_s=60)
+        manager.wait_for_line(r"agents 1 local, 1 remote, 4 envs", timeout_s=60)
+        while read_csv(tmp_path / "progress.csv")[-1]["remote_env_steps"] < 6000:
+            manager.wait_for_line(r"agents 1 local, 1 remote", timeout_s=60)
+        manager.process.send_signal(signal.SIGTERM)
+        assert manager.wait(timeout_s=60) == exit_codes.SIGTERM
+        assert remote.wait(timeout_s=30) == exit_codes.OK
+    finally:
+        for run in (manager, remote):
+            if run is not None:
+                run.stop()
+    final = read_csv(tmp_path / "progress.csv")[-1]
+    import torch
+
+    counted = torch.load(tmp_path / "checkpoints" / "RL.pt", weights_only=True)["statistics"]["obs"]["count"]
+    # The local agent alone counts at most its own steps (and its episodes' first observations). The run's
+    # statistics hold nearly every step of both agents (each may keep up to its sync interval, 1000 rows, unsent):
+    # the remote agent normalised with them and fed them, as the local one does.
+    local_steps = final["env_steps"] - final["remote_env_steps"]
+    assert counted > local_steps + final["episodes"] + 2000
+    assert counted >= final["env_steps"] - 2 * 1000
+
+
+def test_attach_gives_up_when_the_manager_stays_silent_past_rejoin_for(tmp_path):
+    manager = RunProcess(
+        CARTPOLE,
+        "--num-agents",
+        "1",
+        "--envs-per-agent",
+        "1",
+        "--max-steps",
+        "10000000",
+        "--heartbeat-timeout",
+        "2",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
+    remote = None
+    try:
+        manager.wait_for_line(UP, timeout_s=120)
+        endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
+        remote = attach(endpoint, "--num-agents", "2", "--rejoin-for", "1")
+        manager.wait_for_line(r"agents 1 local, 2 remote", timeout_s=60)
+        remote_agents = agent_pids(remote.process.pid)
+        manager.process.kill()
+        manager.wait(timeout_s=30)
+        # The agents notice the silence after the heartbeat timeout, attach probes for a second more, then ends.
+        remote.wait_for_line(r"lost the manager; a new one rejoins as soon as the run answers again", timeout_s=30)
+        remote.wait_for_line(
+            r"the manager has not answered for \ds \(--rejoin-for 1\): the run is over or out of reach", timeout_s=30
+        )
+        assert remote.wait(timeout_s=30) == exit_codes.MANAGER_LOST
+        assert wait_until_gone(remote_agents, timeout_s=10) == []
+    finally:
+        for run in (manager, remote):
+            if run is not None:
+                run.stop()

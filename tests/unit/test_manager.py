@@ -8,9 +8,10 @@ import pytest
 import zmq
 
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.runtime.manager import agent_desk
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.manager.parallel import ParallelSchedule
-from flare2.wire.protocol import BYE, HELLO, Message
+from flare2.wire.protocol import BYE, HELLO, STATS, WELCOME, Message
 
 
 def build():  # never called: no compute process is started here
@@ -30,7 +31,8 @@ def manager(tmp_path) -> ParallelSchedule:
     """The manager's side of the control socket: its parallel schedule."""
     config = RunConfig(
         cts=(CTConfig("RL", build),),
-        agents=AgentConfig("flare2.core.envs:GymAgent", num_agents=0),
+        agents=AgentConfig("flare2.core.envs:GymAgent", {"env_id": "Acrobot-v1"}, num_agents=2, envs_per_agent=4),
+        seed=7,
         max_steps=10,
         log_dir=str(tmp_path),
         heartbeat_timeout_s=1.0,
@@ -40,8 +42,55 @@ def manager(tmp_path) -> ParallelSchedule:
     return schedule
 
 
-def remote_hello(agent_id: str) -> Message:
-    return Message(HELLO, {"role": "agent", "remote": True, "cts": ["RL"], "pid": 1, "host": "elsewhere"}, agent_id, 1)
+def remote_hello(agent_id: str, *, rejoin: bool = False) -> Message:
+    payload = {"role": "agent", "remote": True, "rejoin": rejoin, "cts": ["RL"], "pid": 1, "host": "elsewhere"}
+    return Message(HELLO, payload, agent_id, 1)
+
+
+def sent_by_the_desk(monkeypatch) -> list[tuple[bytes, Message]]:
+    """What the manager's agent desk sends from now on, instead of its socket."""
+    sent: list[tuple[bytes, Message]] = []
+    monkeypatch.setattr(agent_desk, "router_send", lambda _sock, identity, message: sent.append((identity, message)))
+    return sent
+
+
+def test_a_probe_is_answered_with_the_runs_id_and_recipe_and_seed_slots_of_its_own(tmp_path, control, monkeypatch):
+    run = manager(tmp_path)
+    sent = sent_by_the_desk(monkeypatch)
+    for probe in ("probe-1", "probe-2"):
+        run.desk.on_message(control, probe.encode(), Message(HELLO, {"role": "probe"}, probe, 1))
+    (first, one), (second, other) = sent
+    assert (first, second) == (b"probe-1", b"probe-2") and one.kind == other.kind == WELCOME
+    assert one.payload["run_id"] == other.payload["run_id"] == run.desk.run_id
+    recipe = one.payload["recipe"]
+    assert {key: recipe[key] for key in ("agent", "agent_kwargs", "envs_per_agent", "seed")} == {
+        "agent": "flare2.core.envs:GymAgent",
+        "agent_kwargs": {"env_id": "Acrobot-v1"},
+        "envs_per_agent": 4,
+        "seed": 7,
+    }
+    # Past the run's own 2 slots, and apart: two attaches never draw the same seeds.
+    assert 2 <= recipe["first_slot"] < other.payload["recipe"]["first_slot"] - 1000
+
+
+def test_late_stats_of_a_dropped_remote_agent_count_and_a_rejoin_is_counted(tmp_path, control, monkeypatch):
+    run = manager(tmp_path)
+    sent_by_the_desk(monkeypatch)
+    run.desk.on_message(control, b"r-b-0.0.aa", remote_hello("r-b-0.0.aa"))
+    run.agents.remotes["r-b-0.0.aa"].last_seen = time.monotonic() - 10
+    run.desk.supervise_remotes(control)
+    assert run.totals.remote_dropped == 1
+    # Sent before the link broke, delivered once it is back: steps that were played.
+    stats = Message(STATS, {"role": "agent", "steps": 30, "episodes": [[15.0, 15]]}, "r-b-0.0.aa", 5)
+    run.desk.on_message(control, b"r-b-0.0.aa", stats)
+    run.desk.on_message(control, b"r-b-0.0.aa", Message(BYE, {}, "r-b-0.0.aa", 6))
+    assert (run.totals.remote_env_steps, run.totals.remote_episodes, run.totals.dropped_messages) == (30, 1, 0)
+    assert "r-b-0.0.aa" not in run.agents.remotes
+    run.desk.on_message(control, b"r-b-0.1.bb", remote_hello("r-b-0.1.bb", rejoin=True))
+    assert "r-b-0.1.bb" in run.agents.remotes and run.totals.remote_rejoins == 1
+    # A stranger that was never an agent of the run is still dropped.
+    run.desk.on_message(control, b"r-x", stats)
+    assert run.totals.dropped_messages == 1
 
 
 def test_a_remote_agent_dropped_while_the_compute_process_is_still_starting_leaves_the_manager_running(

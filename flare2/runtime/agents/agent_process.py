@@ -65,6 +65,8 @@ class AgentSettings:
     remote: bool = False
     """Started by ``flare2 attach``: the manager registers it as a remote agent."""
     curve: CurveClient | None = None
+    rejoining: bool = False
+    """Started by ``flare2 attach`` in place of an agent that lost the manager (the manager counts the rejoin)."""
 
 
 class StopRequested(Exception):
@@ -247,6 +249,7 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
                 "host": socket.gethostname(),
                 "cts": sorted(helpers),
                 "remote": settings.remote,
+                "rejoin": settings.rejoining,
                 "envs": settings.envs_per_agent,
             },
             timeout_s=settings.hello_timeout_s,
@@ -359,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=0)
     parser.add_argument("--hello-timeout", type=float, default=10.0, help="seconds to wait for the manager's welcome")
     parser.add_argument("--remote", action="store_true", help="started by flare2 attach on another machine")
+    parser.add_argument("--rejoin", action="store_true", help="replaces a remote agent that lost the manager")
     args = parser.parse_args(argv)
     configure_child_logging()
     try:
@@ -384,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         args.hello_timeout,
         args.remote,
         curve,
+        args.rejoin,
     )
     return run_agent(settings)
 

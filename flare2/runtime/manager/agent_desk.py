@@ -2,15 +2,18 @@
 
 Hellos of local and remote agents (kept until the compute process is up,
 then welcomed with the endpoints each one needs), probes from ``flare2
-attach``, stats, byes and errors; the LIVE set each CDP batches by (sent from
-one place, and only once the compute process is up); heartbeats; remote
-agents dropped when silent.
+attach`` (answered with the run's id and its agents' recipe), stats, byes and
+errors; the LIVE set each CDP batches by (sent from one place, and only once
+the compute process is up); heartbeats; remote agents dropped when silent,
+their late stats still counted, and the ones that rejoin in their place
+counted.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +64,17 @@ class AgentDesk:
         self.served: dict[str, Any] | None = None
         self.pending_hellos: list[Message] = []
         self.stopping = False
+        self.run_id = secrets.token_hex(8)
+        """Tells ``flare2 attach`` that the manager answering after a lost link still runs the run it joined."""
+        own = config.agents
+        self.recipe = {
+            "agent": own.path,
+            "agent_kwargs": own.kwargs,
+            "envs_per_agent": own.envs_per_agent,
+            "seed": config.seed,
+        }
+        """What the run's own agents play, for ``flare2 attach`` to play the same."""
+        self._next_remote_slot = own.num_agents
 
     def compute_is_up(self, control: zmq.Socket, served: dict[str, Any]) -> None:
         """The compute process serves these CTs now: welcome the agents that said hello before."""
@@ -82,10 +96,13 @@ class AgentDesk:
 
     def on_message(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
         """One message from an agent's (or a stranger's) identity on the control socket."""
-        agent = self.agents.by_id(identity.decode(errors="replace"))
+        agent_id = identity.decode(errors="replace")
+        agent = self.agents.by_id(agent_id)
         if agent is None:
             if message.kind == HELLO and not self.stopping:
                 self._on_stranger_hello(control, identity, message)
+            elif (dropped := self.agents.dropped_remote(agent_id)) is not None:
+                self._on_dropped_remote(dropped, identity, message)
             else:
                 self.drop(identity, "not an agent of this run (or one that was already restarted)")
             return
@@ -116,13 +133,24 @@ class AgentDesk:
         else:
             self.drop(identity, f"unexpected kind {message.kind!r}")
 
+    def _on_dropped_remote(self, agent: AgentRecord, identity: bytes, message: Message) -> None:
+        """What a dropped remote agent sent before its link broke, arriving now that the link is back: its stats
+        count (those steps were played); the rest is of no use to an agent no longer in the run."""
+        if message.kind == STATS:
+            self._on_agent_stats(agent, identity, message.payload)
+        else:
+            logger.debug("ignored a late %r message of dropped remote agent %s", message.kind, agent.agent_id)
+
     def _on_stranger_hello(self, control: zmq.Socket, identity: bytes, message: Message) -> None:
         """A probe from `flare2 attach`, or a remote agent joining (CURVE already vetted the peer, off loopback)."""
         role = message.payload.get("role")
         if role == "probe":
             served = self.served or {}
             cts = {name: self._endpoints_for(ct, local=False) for name, ct in served.items()}
-            reply = {"protocol_version": PROTOCOL_VERSION, "cts": cts}
+            # Each attach draws its agents' seeds from slots of its own, so they play other episodes than the rest.
+            recipe = {**self.recipe, "first_slot": self._next_remote_slot}
+            self._next_remote_slot += _MAX_REMOTE_AGENTS
+            reply = {"protocol_version": PROTOCOL_VERSION, "run_id": self.run_id, "cts": cts, "recipe": recipe}
             router_send(control, identity, Message(WELCOME, reply, seq=message.seq))
             return
         agent_id = message.agent_id
@@ -137,8 +165,14 @@ class AgentDesk:
             return
         agent = AgentRecord(agent_id, last_seen=time.monotonic())
         self.agents.add_remote(agent)
+        rejoining = message.payload.get("rejoin") is True
+        self.totals.remote_rejoins += rejoining
         logger.info(
-            "remote agent %s (pid %s on %s) attached", agent_id, message.payload.get("pid"), message.payload.get("host")
+            "remote agent %s (pid %s on %s) %s",
+            agent_id,
+            message.payload.get("pid"),
+            message.payload.get("host"),
+            "rejoined in place of one that had lost the manager" if rejoining else "attached",
         )
         if self.served is None:
             self.pending_hellos.append(message)
@@ -228,7 +262,7 @@ class AgentDesk:
         # Remote agents are not restarted here: their machine's `flare2 attach` owns them, and they may attach again.
         logger.warning("remote agent %s %s; dropped from the run", agent.agent_id, why)
         self.totals.remote_dropped += 1
-        self.agents.stop_listening(agent)
+        self.agents.drop_remote(agent)
         self.send_live(control)
 
 

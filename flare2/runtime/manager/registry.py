@@ -7,8 +7,11 @@ here is what the manager hears from it on the control socket.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+_REMEMBERED_DROPS = 4096
 
 
 @dataclass
@@ -46,6 +49,7 @@ class AgentRegistry:
         self.slots: list[AgentRecord] = []
         self.remotes: dict[str, AgentRecord] = {}
         self._by_id: dict[str, AgentRecord] = {}
+        self._dropped: OrderedDict[str, AgentRecord] = OrderedDict()
 
     def __iter__(self) -> Iterator[AgentRecord]:
         """Every current record: each slot's incarnation (also one waiting for its restart), then the remotes."""
@@ -76,3 +80,15 @@ class AgentRegistry:
         self._by_id.pop(agent.agent_id, None)
         if agent.remote:
             self.remotes.pop(agent.agent_id, None)
+
+    def drop_remote(self, agent: AgentRecord) -> None:
+        """A remote agent gone silent: no longer listened to, but remembered (the latest few thousand), because what
+        it sent before its link broke may still arrive once the link is back."""
+        self.stop_listening(agent)
+        self._dropped[agent.agent_id] = agent
+        while len(self._dropped) > _REMEMBERED_DROPS:
+            self._dropped.popitem(last=False)
+
+    def dropped_remote(self, agent_id: str) -> AgentRecord | None:
+        """The remote agent dropped under this id, if it is remembered."""
+        return self._dropped.get(agent_id)

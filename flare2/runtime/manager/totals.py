@@ -34,6 +34,8 @@ class RunTotals:
     remote_episodes: int = 0
     remote_dropped: int = 0
     """Remote agents dropped after their link went silent or they failed."""
+    remote_rejoins: int = 0
+    """Remote agents that ``flare2 attach`` started in place of ones that had lost the manager."""
     closed_connections: int = 0
     """ZeroMQ connections of the manager's socket that closed (see ``ConnectionWatch``); the CDPs count their own."""
     eval_env_steps: int = 0

@@ -1,0 +1,75 @@
+"""What `flare2 attach` plays: the run's recipe from the manager, and which of its own options may change it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from flare2.commands.attach import AttachConfig, plan_agents
+from flare2.errors import ConfigError
+
+RECIPE = {
+    "agent": "flare2.core.envs:GymAgent",
+    "agent_kwargs": {"env_id": "Acrobot-v1", "transforms": [["normalize_observations", {}]], "sample_interval": 256},
+    "envs_per_agent": 16,
+    "seed": 3,
+    "first_slot": 1025,
+}
+
+
+def config(**options) -> AttachConfig:
+    return AttachConfig("tcp://10.0.0.1:5555", **options)
+
+
+def test_with_no_agent_options_attach_plays_the_runs_recipe():
+    plan = plan_agents(config(), RECIPE)
+    assert (plan.agent_path, plan.agent_kwargs, plan.envs_per_agent, plan.seed, plan.first_slot) == (
+        RECIPE["agent"],
+        RECIPE["agent_kwargs"],
+        16,
+        3,
+        1025,
+    )
+
+
+def test_options_that_only_change_how_much_is_played_here_are_taken_and_logged(caplog):
+    with caplog.at_level(logging.INFO):
+        plan = plan_agents(config(envs_per_agent=4, seed=9, agent_kwargs={"env_id": "Acrobot-v1"}), RECIPE)
+    assert (plan.envs_per_agent, plan.seed, plan.agent_kwargs) == (4, 9, RECIPE["agent_kwargs"])
+    assert "plays 4 envs (the run's agents play 16)" in caplog.text
+    assert "--seed 9 (the run's seed is 3)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"agent_path": "mine:Agent"},
+            "--agent mine:Agent: the run's agents are flare2.core.envs:GymAgent",
+        ),
+        (
+            {"agent_kwargs": {"env_id": "CartPole-v1"}},
+            "--agent-kwargs sets 'env_id' to 'CartPole-v1', the run's agents play with 'Acrobot-v1'",
+        ),
+        ({"agent_kwargs": {"transforms": []}}, "--agent-kwargs sets 'transforms' to [], the run's agents play with"),
+        ({"agent_kwargs": {"frames": 4}}, "--agent-kwargs sets 'frames', which the run's agents leave at its default"),
+    ],
+)
+def test_an_option_that_would_change_what_reaches_the_runs_cts_is_refused_naming_it(options, message):
+    with pytest.raises(ConfigError, match="leave the option out") as refused:
+        plan_agents(config(**options), RECIPE)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("recipe", [None, {}, {**RECIPE, "seed": "3"}, {**RECIPE, "agent_kwargs": []}])
+def test_an_answer_without_a_valid_recipe_names_the_versions(recipe):
+    with pytest.raises(ConfigError, match="run the same flare2 version on both sides"):
+        plan_agents(config(), recipe)
+
+
+def test_bad_attach_options_are_refused_naming_them():
+    with pytest.raises(ConfigError, match="--rejoin-for must be >= 0"):
+        config(rejoin_for_s=-1)
+    with pytest.raises(ConfigError, match="--envs-per-agent must be >= 1"):
+        config(envs_per_agent=0)

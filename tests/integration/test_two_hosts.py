@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -89,22 +90,40 @@ def attach_from(host: str, keys: Path, *options: str) -> RunProcess:
     )
 
 
+@dataclass(frozen=True)
+class Outage:
+    heartbeat_s: int
+    seconds: int
+    local_agents: int
+    budget: int | None
+    """The run's env steps; None: it runs until the test stops it. Without local agents only the remote ones can
+    reach it, so it is reached after they are back."""
+
+
 @pytest.mark.parametrize(
-    "heartbeat_s, outage_s",
-    [(3, 8), pytest.param(10, 30, marks=pytest.mark.slow, id="default-heartbeat-30s-outage")],
+    "outage",
+    [
+        pytest.param(Outage(heartbeat_s=3, seconds=8, local_agents=2, budget=None), id="8s"),
+        pytest.param(
+            Outage(heartbeat_s=10, seconds=30, local_agents=0, budget=150_000),
+            marks=pytest.mark.slow,
+            id="30s-default-heartbeat-to-the-budget",
+        ),
+    ],
 )
-def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, hosts, heartbeat_s, outage_s):
+def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, hosts, outage):
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "flare2.cli", "keys", str(keys)], check=True, capture_output=True, timeout=60)
     log_dir = tmp_path / "run"
+    local = outage.local_agents
     manager = RunProcess(
         CARTPOLE,
         "--num-agents",
-        "2",
+        str(local),
         "--envs-per-agent",
         "2",
         "--max-steps",
-        "100000000",
+        str(outage.budget or 100_000_000),
         "--progress-interval",
         "0.5",
         "--device",
@@ -116,7 +135,7 @@ def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, host
         "--keys",
         str(keys),
         "--heartbeat-timeout",
-        str(heartbeat_s),
+        str(outage.heartbeat_s),
         log_dir=log_dir,
         prefix=("ip", "netns", "exec", hosts.a),
     )
@@ -127,36 +146,41 @@ def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, host
         attached = [attach_from(hosts.b, keys), attach_from(hosts.c, keys)]
         for _ in range(4):
             manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) attached", timeout_s=60)
-        manager.wait_for_line(r"agents 2 local, 4 remote, 12 envs", timeout_s=60)
+        manager.wait_for_line(rf"agents {local} local, 4 remote, {2 * local + 8} envs", timeout_s=60)
         joined = read_csv(log_dir / "progress.csv")[-1]
         assert joined["remote_episodes"] > 0 and joined["remote_env_steps"] > 0
 
         hosts.cut(up=False)
         cut_at = time.monotonic()
         for _ in range(4):
-            manager.wait_for_line(rf"remote agent r-\S+ silent for {heartbeat_s}s \(link lost\?\); dropped", 60)
+            manager.wait_for_line(rf"remote agent r-\S+ silent for {outage.heartbeat_s}s \(link lost\?\); dropped", 60)
         before = read_csv(log_dir / "progress.csv")[-1]["env_steps"]
-        # The outage lasts its length; meanwhile the run goes on with its own agents (each progress row says so).
-        while time.monotonic() - cut_at < outage_s:
-            manager.wait_for_line(r"agents 2 local, 0 remote", timeout_s=10)
-        assert read_csv(log_dir / "progress.csv")[-1]["env_steps"] > before
+        # The outage lasts its length; meanwhile the run goes on (each progress row says so).
+        while time.monotonic() - cut_at < outage.seconds:
+            manager.wait_for_line(rf"agents {local} local, 0 remote", timeout_s=10)
+        if local:
+            assert read_csv(log_dir / "progress.csv")[-1]["env_steps"] > before  # local training goes on
         assert all(run.process.poll() is None for run in attached), "attach gave up during the outage"
 
         hosts.cut(up=True)
         back_at = time.monotonic()
         for _ in range(4):
             manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) rejoined", timeout_s=60)
-        manager.wait_for_line(r"agents 2 local, 4 remote", timeout_s=60)
+        manager.wait_for_line(rf"agents {local} local, 4 remote", timeout_s=60)
         print(f"all 4 remote agents back {time.monotonic() - back_at:.1f}s after the links came up")
-        manager.wait_for_line(r"agents 2 local, 4 remote", timeout_s=60)
+        manager.wait_for_line(rf"agents {local} local, 4 remote", timeout_s=60)
         rejoined = read_csv(log_dir / "progress.csv")[-1]
         assert rejoined["remote_dropped"] == 4 and rejoined["remote_rejoins"] == 4
         assert rejoined["restarts"] == 0 and rejoined["remote_env_steps"] > joined["remote_env_steps"]
         # What the agents sent before their links broke arrives late; it is taken for what it is, not dropped.
         assert rejoined["dropped_messages"] == 0, manager.text[-3000:]
 
-        manager.process.send_signal(2)
-        assert manager.wait(timeout_s=30) == exit_codes.SIGINT
+        if outage.budget is None:
+            manager.process.send_signal(2)
+            assert manager.wait(timeout_s=30) == exit_codes.SIGINT
+        else:
+            assert manager.wait(timeout_s=600) == exit_codes.OK
+            assert read_csv(log_dir / "progress.csv")[-1]["env_steps"] >= outage.budget
         # The manager's stop reached the attached agents: they said bye and attach ended on its own.
         for run in attached:
             assert run.wait(timeout_s=30) == exit_codes.OK

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from flare2.core.data_parallel import average_gradients
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.errors import ConfigError
@@ -141,15 +142,17 @@ class Algorithm:
     def optimize(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer | None = None) -> float | None:
         """Backpropagate ``loss``, clip the gradients of ``optimizer``'s parameters to ``max_grad_norm`` and step it
         (``self.optimizer`` unless another is given, for algorithms with several); returns the gradient norm before
-        clipping, or None without ``max_grad_norm`` (nothing is clipped or measured then)."""
+        clipping, or None without ``max_grad_norm`` (nothing is clipped or measured then). With several learners
+        (``--learners``) the gradients are first averaged over them (:mod:`flare2.core.data_parallel`)."""
         optimizer = optimizer if optimizer is not None else self.optimizer
         if optimizer is None:
             raise ValueError(f"{type(self).__name__} must create self.optimizer before calling optimize()")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        average_gradients(params)
         grad_norm = None
         if self.max_grad_norm is not None:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
             grad_norm = float(nn.utils.clip_grad_norm_(params, self.max_grad_norm))
         optimizer.step()
         return grad_norm

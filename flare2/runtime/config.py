@@ -180,6 +180,10 @@ class RunConfig:
     compute process, which pays only where learn() spends its time outside Python (large models, a GPU), since with
     small models the two threads take turns at the GIL; ``inline``: between predictions, in the compute loop.
     ``auto``: a process where every CT's algorithm allows one and the machine has a second core, else inline."""
+    learners: int = 1
+    """Learner processes that train the model data-parallel (``flare2.core.data_parallel``): each takes an equal share
+    of every learn batch, and their gradients are averaged in ``Algorithm.optimize()``. More than 1 needs the
+    learner process (``learner`` auto or process); with ``device`` cuda, one GPU each."""
     serial: bool = False
     """Run the compute side and one agent in this process, over in-process ports (for debuggers; see
     flare2.runtime.manager.serial)."""
@@ -268,6 +272,14 @@ class RunConfig:
             )
         if self.learner not in LEARNERS:
             raise ConfigError(f"learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
+        if self.learners < 1:
+            raise ConfigError(f"--learners must be >= 1, got {self.learners}")
+        if self.learners > 1 and (self.serial or self.learner in ("thread", "inline")):
+            where = "--serial" if self.serial else f"--learner {self.learner}"
+            raise ConfigError(
+                f"--learners {self.learners} runs learner processes, which {where} does not: drop {where}"
+                + (", or give --no-serial (the env's preset may run serially)" if self.serial else "")
+            )
         if self.serial and self.learner in ("process", "thread"):
             raise ConfigError(
                 f"--serial runs learn() in this process, between predictions: drop --learner {self.learner}, or "

@@ -106,6 +106,10 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
         choices=LEARNERS, help="where learn() runs: a process of its own beside the predictions, a thread (pays where "
         "learn() runs mostly outside Python: large models, GPU), or inline between predictions; auto: a process where "
         "the algorithm allows one and there are 2 cores or more")),
+    ("batching", "--learners", _RUN, "learners", dict(
+        type=number_option(int, least=1), help="learner processes training the model data-parallel, each on an equal "
+        "share of every learn batch, gradients averaged (torch.distributed: one GPU each with --device cuda, gloo on "
+        "CPU cores otherwise)")),
     ("batching", "--max-message-bytes", _RUN, "max_message_bytes", dict(
         type=number_option(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
         "requests must fit; larger ones are refused with an error)")),

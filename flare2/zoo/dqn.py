@@ -19,6 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, adam, polyak_update
+from flare2.core.data_parallel import minibatch_share
 from flare2.zoo.models import QNetwork
 from flare2.zoo.record import DQNSettings
 from flare2.zoo.records.dqn import DQNConfig
@@ -75,7 +76,7 @@ class DQN(Algorithm):
         actions = experience.actions["action"][:, 0]
         self.anneal_lr(config.lr, self.predicted, config.anneal_steps)
         losses = []
-        for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
+        for index in torch.randperm(obs.shape[0], device=obs.device).split(minibatch_share(config.minibatch_size)):
             q = self.model(obs[index]).gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
             loss = F.smooth_l1_loss(q, self.targets(experience, index))
             self.optimize(loss)

@@ -26,6 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, adam
+from flare2.core.data_parallel import minibatch_share
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import flat_rows, take_rows
 from flare2.core.specs import Spec
@@ -208,7 +209,9 @@ class PPO(ClippedObjective):
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(config.epochs):
-            for index in torch.randperm(samples, device=advantages.device).split(config.minibatch_size):
+            for index in torch.randperm(samples, device=advantages.device).split(
+                minibatch_share(config.minibatch_size)
+            ):
                 policy, values = model.policy_and_value(take_rows(inputs, index))
                 log_prob, entropy = model.log_prob_and_entropy(policy, _unnamed(take_rows(actions, index)))
                 self.optimize(

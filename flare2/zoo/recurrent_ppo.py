@@ -17,6 +17,7 @@ import gymnasium as gym
 import torch
 
 from flare2.core.algorithm import Experience, Tensors
+from flare2.core.data_parallel import minibatch_share
 from flare2.errors import ConfigError
 from flare2.zoo.ppo import ClippedObjective, clipped_loss, importance_weights
 from flare2.zoo.record import RecurrentSettings
@@ -84,7 +85,9 @@ class RecurrentPPO(ClippedObjective):
         totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
         updates = 0
         for _ in range(config.epochs):
-            for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_sequences):
+            for index in torch.randperm(obs.shape[0], device=obs.device).split(
+                minibatch_share(config.minibatch_sequences)
+            ):
                 logits, new_values, _ = model.sequence(obs[index], first_hidden[index], ends[index])
                 log_prob, entropy = model.log_prob_and_entropy(logits, actions[index])
                 self.optimize(

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Experience, Tensors, adam, polyak_update
+from flare2.core.data_parallel import minibatch_share
 from flare2.zoo.models import BoxActorCritic
 from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.sac import SACConfig
@@ -142,7 +143,7 @@ class SAC(TwinCriticAlgorithm):
         costs: dict[str, list[torch.Tensor]] = {
             name: [] for name in ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean")
         }
-        for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
+        for index in torch.randperm(obs.shape[0], device=obs.device).split(minibatch_share(config.minibatch_size)):
             alpha = self.alpha()
             target = self.critic_target(rewards[index], next_obs[index], terminated[index])
             q1, q2 = model.q_values(obs[index], actions[index])

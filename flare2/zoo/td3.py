@@ -26,6 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, adam, polyak_update
+from flare2.core.data_parallel import minibatch_share
 from flare2.zoo.models import BoxActorCritic
 from flare2.zoo.record import ReplaySettings
 from flare2.zoo.records.td3 import TD3Config
@@ -134,7 +135,7 @@ class TD3(TwinCriticAlgorithm):
         config, model = self.config, self.model
         obs, actions, rewards, next_obs, terminated = self.transitions(experience)
         critic_losses, actor_losses, q_means = [], [], []
-        for index in torch.randperm(obs.shape[0], device=obs.device).split(config.minibatch_size):
+        for index in torch.randperm(obs.shape[0], device=obs.device).split(minibatch_share(config.minibatch_size)):
             target = self.critic_target(rewards[index], next_obs[index], terminated[index])
             q1, q2 = model.q_values(obs[index], actions[index])
             critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)

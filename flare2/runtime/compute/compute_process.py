@@ -81,6 +81,8 @@ class ComputeSettings:
     torch_threads: int
     learner: str
     """Where learn() runs: auto, process, thread or inline (see RunConfig.learner)."""
+    learners: int
+    """Learner processes training data-parallel (RunConfig.learners)."""
     busy_wait_us: int | None
     """RunConfig.busy_wait_us, resolved here once the learner is chosen."""
     local_agents: int
@@ -171,7 +173,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     local_prefix=os.path.join(settings.socket_dir, f"ct{index}"),
                 )
             )
-        kind = choose_learner(settings.learner, cts)
+        kind = choose_learner("process" if settings.learners > 1 else settings.learner, cts)
         if kind == "thread":
             for ct in cts:
                 ct.act_beside_learning()
@@ -181,8 +183,10 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             from flare2.runtime.compute.learner_process import (
                 LearnerProcess,
                 LearnerSettings,
+                check_learners,
             )
 
+            check_learners(settings.learners, str(cts[0].device), cts)
             learner = LearnerProcess(
                 cts,
                 LearnerSettings(
@@ -193,14 +197,17 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     torch_threads=settings.torch_threads,
                     resume_dir=settings.resume_dir,
                     parent_pid=os.getpid(),
+                    learners=settings.learners,
                 ),
             )
-        busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + (kind == "process"))
+        learner_processes = settings.learners if kind == "process" else 0
+        busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + learner_processes)
         hello = {
             "role": "compute",
             "pid": os.getpid(),
             "device": str(cts[0].device),
             "learner": kind,
+            "learners": learner_processes,
             "counters": counters,
             "cts": {
                 front.cdp.ct.name: {

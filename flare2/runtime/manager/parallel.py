@@ -242,6 +242,7 @@ class ParallelSchedule:
             resume_dir=config.resume_dir,
             torch_threads=config.torch_threads,
             learner=config.learner,
+            learners=config.learners,
             busy_wait_us=config.busy_wait_us,
             local_agents=config.agents.num_agents,
             max_message_bytes=config.max_message_bytes,
@@ -358,7 +359,11 @@ class ParallelSchedule:
         served = served if isinstance(served, dict) else {}
         counters = hello.get("counters")
         self.manager.compute_is_up(served, counters if isinstance(counters, dict) else {})
-        learner = {"process": "in a learner process", "thread": "in a learner thread"}.get(str(hello.get("learner")))
+        learners = hello.get("learners")
+        processes = (
+            f"in {learners} learner processes" if type(learners) is int and learners > 1 else "in a learner process"
+        )
+        learner = {"process": processes, "thread": "in a learner thread"}.get(str(hello.get("learner")))
         logger.info(
             "compute process is up on %s, CTs %s, learn() %s",
             hello.get("device"),

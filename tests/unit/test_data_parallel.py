@@ -1,0 +1,155 @@
+"""Learners on CPU cores (gloo): each learns from its share of a batch, their gradients averaged, through the same
+learner processes a run starts with --learners."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from flare2.core.computation_task import ComputationTask
+from flare2.core.learn_requests import pack
+from flare2.errors import ConfigError, LearnerDiedError
+from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch
+from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings, check_learners
+from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.zoo.a2c import A2C
+from flare2.zoo.models import ActorCritic
+
+CARTPOLE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2)
+
+
+def build_a2c() -> A2C:
+    return A2C(ActorCritic(*CARTPOLE, hidden=(16, 16)))
+
+
+class RankDependentA2C(A2C):
+    """Moves its weights outside optimize(), by a different amount on each learner."""
+
+    def learn(self, experience):
+        costs = super().learn(experience)
+        with torch.no_grad():
+            next(self.model.parameters()).add_(dist.get_rank() if dist.is_initialized() else 0)
+        return costs
+
+
+def build_rank_dependent() -> A2C:
+    return RankDependentA2C(ActorCritic(*CARTPOLE, hidden=(16, 16)))
+
+
+def learn_batches(ct: ComputationTask, count: int, sequences: int = 8, steps: int = 5) -> list[dict]:
+    """Learn requests of random CartPole steps, episode ends among them, as the CDP hands them to a learner."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(count):
+        lead = (sequences, steps)
+        stored = ct.specs.stored_specs()
+        step = {
+            "inputs": {"obs": rng.standard_normal((*lead, 4)).astype(np.float32)},
+            "next_inputs": {"obs": rng.standard_normal((*lead, 4)).astype(np.float32)},
+            "actions": {
+                name: rng.integers(0, 2, lead).astype(spec.dtype) if name == "action" else np.zeros(lead, spec.dtype)
+                for name, spec in stored["actions"].items()
+            },
+            "rewards": {"reward": np.ones(lead, np.float32)},
+            "states": {},
+            "terminated": rng.random(lead) < 0.1,
+            "truncated": np.zeros(lead, bool),
+            "policy_version": np.full(lead, ct.version, np.int64),
+        }
+        batches.append(pack(ct.specs, step, 0))
+    return batches
+
+
+def learn_with(learners: int, build, batches: int = 3, sequences: int = 8):
+    """The acting CT's weights after each batch, and the learners' weight digests after each, learned through
+    ``learners`` learner processes."""
+    torch.manual_seed(0)
+    ct = ComputationTask("RL", build(), device="cpu")
+    settings = LearnerSettings(
+        cts=(CTConfig("RL", build),),
+        device="cpu",
+        seed=0,
+        torch_threads=1,
+        resume_dir=None,
+        parent_pid=os.getpid(),
+        learners=learners,
+    )
+    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
+    process = LearnerProcess([ct], settings)
+    weights, digests = [], []
+    try:
+        for experience in learn_batches(ct, batches, sequences):
+            process.submit(LearnBatch(cdp, [], experience))
+            process.finish()
+            weights.append([tensor.clone() for tensor in ct.weight_tensors()])
+            digests.append(process.weight_digests)
+    finally:
+        process.close()
+    return weights, digests
+
+
+def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_the_whole_batch():
+    alone, _ = learn_with(1, build_a2c)
+    shared, digests = learn_with(2, build_a2c)
+    for update, (one, two) in enumerate(zip(alone, shared)):
+        assert len(set(digests[update])) == 1 and digests[update][0]
+        for a, b in zip(one, two):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    # And the updates did move the weights.
+    assert not torch.equal(alone[0][0], alone[-1][0])
+
+
+def test_learners_whose_weights_part_ways_stop_the_run_naming_the_cause():
+    with pytest.raises(ConfigError, match="the 2 learners hold different weights: with --learners every change"):
+        learn_with(2, build_rank_dependent, batches=1)
+
+
+def test_a_batch_that_does_not_split_evenly_over_the_learners_is_refused_naming_the_fix():
+    with pytest.raises(ConfigError, match="holds 7 sequences, which do not split evenly over --learners 2"):
+        learn_with(2, build_a2c, batches=1, sequences=7)
+
+
+def test_a_learner_that_dies_stops_the_run_saying_which_one_and_how():
+    torch.manual_seed(0)
+    ct = ComputationTask("RL", build_a2c(), device="cpu")
+    settings = LearnerSettings((CTConfig("RL", build_a2c),), "cpu", 0, 1, None, os.getpid(), learners=2)
+    process = LearnerProcess([ct], settings)
+    try:
+        os.kill(process.pids[1], signal.SIGKILL)
+        cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
+        with pytest.raises(LearnerDiedError, match=r"learner process 1 of 2 died \(killed by signal 9\)"):
+            process.submit(LearnBatch(cdp, [], learn_batches(ct, 1)[0]))
+            process.finish()
+    finally:
+        process.close()
+
+
+def test_learners_the_machine_or_the_run_cannot_take_are_refused_naming_the_fix(monkeypatch):
+    ct = ComputationTask("RL", build_a2c(), device="cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_learners(2, "cuda", [ct])
+    with pytest.raises(
+        ConfigError,
+        match=r"puts a learner on each GPU from cuda:1 on, but this machine has 2 GPU\(s\): "
+        r"use --learners 1 or fewer, or --device cpu",
+    ):
+        check_learners(2, "cuda:1", [ct])
+    with pytest.raises(ConfigError, match="--learners must be >= 1, got 0"):
+        RunConfig(
+            cts=(CTConfig("RL", build_a2c),), agents=AgentConfig("flare2.core.envs:GymAgent"), max_steps=10, learners=0
+        )
+    for conflict in ({"serial": True}, {"learner": "inline"}):
+        with pytest.raises(ConfigError, match="--learners 2 runs learner processes, which"):
+            RunConfig(
+                cts=(CTConfig("RL", build_a2c),),
+                agents=AgentConfig("flare2.core.envs:GymAgent"),
+                max_steps=10,
+                learners=2,
+                **conflict,
+            )

@@ -1,6 +1,6 @@
 """The ``flare2`` command: ``flare2 train`` trains a Gymnasium env with a zoo algorithm, ``flare2 eval`` plays the
 result, ``flare2 plot`` draws curves, ``flare2 tune`` searches settings, ``flare2 attach`` joins a run from another
-machine, ``flare2 keys`` makes CURVE keys."""
+machine, ``flare2 slurm`` runs attach on the nodes of a Slurm cluster, ``flare2 keys`` makes CURVE keys."""
 
 from __future__ import annotations
 
@@ -42,6 +42,35 @@ def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ConfigError as exc:
         parser.error(str(exc))
     return attach(config)
+
+
+def _slurm(args: argparse.Namespace, parser: argparse.ArgumentParser, attach: argparse.ArgumentParser) -> int:
+    from flare2.commands.slurm import SlurmJob, submit
+
+    # The nodes' attach options are checked here, so that a typo fails now rather than on every node of the job.
+    attach.parse_args([args.endpoint, *args.attach_options])
+    try:
+        job = SlurmJob(
+            endpoint=args.endpoint,
+            attach_options=tuple(args.attach_options),
+            nodes=args.nodes,
+            partition=args.partition,
+            time=args.time,
+            cpus_per_node=args.cpus_per_node,
+            output=args.output,
+            python=args.python,
+            sbatch_options=tuple(args.sbatch),
+        )
+        if args.print_script:
+            print(job.script(), end="")
+            return 0
+        job_id = submit(job)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    print(
+        f"submitted Slurm job {job_id}: one flare2 attach on each of {args.nodes} node(s); scancel {job_id} detaches them"
+    )
+    return 0
 
 
 def _keys(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -114,6 +143,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     attach.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
     attach.set_defaults(run=_attach, parser=attach)
+
+    slurm = commands.add_parser(
+        "slurm",
+        help="run flare2 attach on the nodes of a Slurm cluster: flare2 slurm --nodes K tcp://HOST:PORT --keys DIR",
+        description="Submit a Slurm job that runs one `flare2 attach ENDPOINT ATTACH_OPTIONS` on each of --nodes "
+        "nodes (sbatch, then srun). The nodes need the same Python environment and keys folder (a shared filesystem).",
+    )
+    slurm.add_argument("--nodes", type=int, required=True, help="nodes to start one flare2 attach on each")
+    slurm.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
+    slurm.add_argument("--time", default=None, help="the job's time limit, as sbatch takes it (4:00:00)")
+    slurm.add_argument("--cpus-per-node", type=int, default=None, help="CPUs to ask for on each node")
+    slurm.add_argument("--output", default="flare2-attach-%j.out", help="the job's log file (%%j: the job id)")
+    slurm.add_argument("--python", default=sys.executable, help="the Python the nodes run flare2 with")
+    slurm.add_argument(
+        "--sbatch", action="append", default=[], metavar="OPTION", help="one more sbatch option (--account=lab)"
+    )
+    slurm.add_argument("--print-script", action="store_true", help="print the batch script instead of submitting it")
+    slurm.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT")
+    slurm.add_argument(
+        "attach_options", nargs=argparse.REMAINDER, help="options of flare2 attach for every node (--keys DIR ...)"
+    )
+    slurm.set_defaults(run=lambda args, parser: _slurm(args, parser, attach), parser=slurm)
 
     keys = commands.add_parser("keys", help="make CurveZMQ key pairs for a run that other machines join")
     keys.add_argument("directory", help="where the keys go")

@@ -11,9 +11,6 @@ command typed on B or C.
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -21,72 +18,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from netns import Hosts, needs_root, three_hosts
 from runs import CARTPOLE, RunProcess, read_csv
 
 from flare2.runtime import exit_codes
 
-ADDRESS_A, ADDRESS_B, ADDRESS_C = "10.231.7.1", "10.231.7.2", "10.231.7.3"
 PORT = 47250
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None, reason="making network namespaces needs root and iproute2"
-)
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
-class Hosts:
-    """Namespace names, and the veth end each remote host's link can be cut at."""
-
-    def __init__(self, tag: str) -> None:
-        self.a, self.b, self.c = f"fl2a{tag}", f"fl2b{tag}", f"fl2c{tag}"
-        self.bridge = f"fl2br{tag}"
-        # veth pairs: (end in A, end in the remote host)
-        self.links = {self.b: (f"fl2ab{tag}", f"fl2b{tag}v"), self.c: (f"fl2ac{tag}", f"fl2c{tag}v")}
-
-    def cut(self, up: bool) -> None:
-        """B's link at B's end (B has no route to A meanwhile), C's at A's end (C's packets are lost)."""
-        state = "up" if up else "down"
-        ip("-n", self.b, "link", "set", self.links[self.b][1], state)
-        ip("-n", self.a, "link", "set", self.links[self.c][0], state)
+pytestmark = needs_root
 
 
 @pytest.fixture
 def hosts():
-    tag = secrets.token_hex(3)
-    made = Hosts(tag)
-    try:
-        subprocess.run(["ip", "netns", "add", made.a], check=True, capture_output=True, timeout=10)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot make network namespaces here: {exc.stderr.decode().strip()}")
-    try:
-        ip("-n", made.a, "link", "add", made.bridge, "type", "bridge")
-        ip("-n", made.a, "addr", "add", f"{ADDRESS_A}/24", "dev", made.bridge)
-        ip("-n", made.a, "link", "set", made.bridge, "up")
-        ip("-n", made.a, "link", "set", "lo", "up")
-        for host, address in ((made.b, ADDRESS_B), (made.c, ADDRESS_C)):
-            end_a, end_host = made.links[host]
-            ip("netns", "add", host)
-            ip("link", "add", end_a, "type", "veth", "peer", "name", end_host)
-            ip("link", "set", end_a, "netns", made.a)
-            ip("link", "set", end_host, "netns", host)
-            ip("-n", made.a, "link", "set", end_a, "master", made.bridge)
-            ip("-n", made.a, "link", "set", end_a, "up")
-            ip("-n", host, "addr", "add", f"{address}/24", "dev", end_host)
-            ip("-n", host, "link", "set", "lo", "up")
-            ip("-n", host, "link", "set", end_host, "up")
+    with three_hosts(subnet=7) as made:
         yield made
-    finally:
-        for host in (made.a, made.b, made.c):
-            subprocess.run(["ip", "netns", "del", host], capture_output=True, timeout=10)
 
 
-def attach_from(host: str, keys: Path, *options: str) -> RunProcess:
+def attach_from(hosts: Hosts, host: str, keys: Path) -> RunProcess:
+    endpoint = f"tcp://{hosts.address[hosts.a]}:{PORT}"
     return RunProcess.command(
-        ["ip", "netns", "exec", host, sys.executable, "-m", "flare2.cli", "attach", f"tcp://{ADDRESS_A}:{PORT}"]
-        + ["--keys", str(keys), "--num-agents", "2", *options]
+        hosts.run_in(host, sys.executable, "-m", "flare2.cli", "attach", endpoint, "--keys", str(keys))
+        + ["--num-agents", "2"]
     )
 
 
@@ -129,7 +81,7 @@ def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, host
         "--device",
         "cpu",
         "--bind",
-        ADDRESS_A,
+        hosts.address[hosts.a],
         "--port",
         str(PORT),
         "--keys",
@@ -137,13 +89,13 @@ def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, host
         "--heartbeat-timeout",
         str(outage.heartbeat_s),
         log_dir=log_dir,
-        prefix=("ip", "netns", "exec", hosts.a),
+        prefix=tuple(hosts.run_in(hosts.a)),
     )
     attached = []
     try:
         manager.wait_for_line(r"compute process is up", timeout_s=120)
         # No agent options: the run's recipe (its agent, CartPole with 2 envs each) comes from the manager.
-        attached = [attach_from(hosts.b, keys), attach_from(hosts.c, keys)]
+        attached = [attach_from(hosts, hosts.b, keys), attach_from(hosts, hosts.c, keys)]
         for _ in range(4):
             manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) attached", timeout_s=60)
         manager.wait_for_line(rf"agents {local} local, 4 remote, {2 * local + 8} envs", timeout_s=60)

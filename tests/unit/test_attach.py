@@ -1,4 +1,5 @@
-"""What `flare2 attach` plays: the run's recipe from the manager, and which of its own options may change it."""
+"""What `flare2 attach` plays (the run's recipe from the manager, and which of its own options may change it), and the
+batch script `flare2 slurm` submits."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import pytest
 
 from flare2.commands.attach import AttachConfig, plan_agents
+from flare2.commands.slurm import SlurmJob
 from flare2.errors import ConfigError
 
 RECIPE = {
@@ -73,3 +75,32 @@ def test_bad_attach_options_are_refused_naming_them():
         config(rejoin_for_s=-1)
     with pytest.raises(ConfigError, match="--envs-per-agent must be >= 1"):
         config(envs_per_agent=0)
+
+
+def test_the_slurm_job_runs_one_attach_per_node_with_the_options_given():
+    job = SlurmJob(
+        "tcp://10.0.0.1:5555",
+        ("--keys", "my keys/", "--num-agents", "2"),
+        nodes=4,
+        partition="cpu",
+        time="4:00:00",
+        cpus_per_node=8,
+        python="/shared/venv/bin/python",
+        sbatch_options=("--account=lab",),
+    )
+    script = job.script()
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --partition=cpu",
+        "#SBATCH --time=4:00:00",
+        "#SBATCH --account=lab",
+        "srun --kill-on-bad-exit=0 /shared/venv/bin/python -m flare2.cli attach tcp://10.0.0.1:5555 --keys 'my keys/' "
+        "--num-agents 2",
+    ):
+        assert line in script.splitlines()
+    with pytest.raises(ConfigError, match="--nodes must be >= 1"):
+        SlurmJob("tcp://10.0.0.1:5555", (), nodes=0)
+    with pytest.raises(ConfigError, match="--sbatch takes one sbatch option such as --account=lab"):
+        SlurmJob("tcp://10.0.0.1:5555", (), nodes=1, sbatch_options=("--account=lab\nrm -rf /",))

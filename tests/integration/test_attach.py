@@ -37,49 +37,7 @@ def attach(*args: str) -> RunProcess:
     return RunProcess.command([sys.executable, "-m", "flare2.cli", "attach", *args])
 
 
-def test_attached_agents_join_the_batches_and_detach_on_ctrl_c(tmp_path):
-    manager = RunProcess(
-        CARTPOLE,
-        "--num-agents",
-        "2",
-        "--max-steps",
-        "10000000",
-        "--progress-interval",
-        "0.5",
-        "--device",
-        "cpu",
-        log_dir=tmp_path,
-    )
-    remote = None
-    try:
-        manager.wait_for_line(UP, timeout_s=120)
-        endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
-        remote = attach(
-            endpoint,
-            "--agent",
-            "flare2.core.envs:GymAgent",
-            "--agent-kwargs",
-            '{"env_id": "CartPole-v1"}',
-            "--num-agents",
-            "2",
-        )
-        manager.wait_for_line(r"agents 2 local, 2 remote", timeout_s=60)
-        remote.process.send_signal(signal.SIGINT)
-        assert remote.wait(timeout_s=30) == 0
-        for _ in range(2):
-            manager.wait_for_line(r"remote agent r-\S+ detached", timeout_s=10)
-        manager.process.send_signal(signal.SIGTERM)
-        assert manager.wait(timeout_s=30) == 143
-    finally:
-        for run in (manager, remote):
-            if run is not None:
-                run.stop()
-    final = read_csv(tmp_path / "progress.csv")[-1]
-    assert final["remote_episodes"] > 0
-    assert final["restarts"] == 0 and final["remote_dropped"] == 0  # gone, not crashed
-
-
-def test_attach_restarts_an_agent_that_was_killed_and_the_manager_takes_it_back(tmp_path):
+def test_attach_restarts_a_killed_agent_the_manager_takes_back_and_gives_up_on_a_manager_gone_for_good(tmp_path):
     manager = RunProcess(
         CARTPOLE,
         "--num-agents",
@@ -100,7 +58,7 @@ def test_attach_restarts_an_agent_that_was_killed_and_the_manager_takes_it_back(
     try:
         manager.wait_for_line(UP, timeout_s=120)
         endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
-        remote = attach(endpoint, "--num-agents", "1")
+        remote = attach(endpoint, "--num-agents", "1", "--rejoin-for", "1")
         manager.wait_for_line(r"agents 1 local, 1 remote", timeout_s=60)
         (victim,) = agent_pids(remote.process.pid)
         os.kill(victim, signal.SIGKILL)
@@ -111,9 +69,16 @@ def test_attach_restarts_an_agent_that_was_killed_and_the_manager_takes_it_back(
         manager.wait_for_line(r"agents 1 local, 1 remote", timeout_s=60)
         (successor,) = agent_pids(remote.process.pid)
         assert successor != victim
-        manager.process.send_signal(signal.SIGTERM)
-        assert manager.wait(timeout_s=30) == 143
-        assert remote.wait(timeout_s=30) == exit_codes.OK
+        # Then the manager is gone for good: the agent notices after the heartbeat timeout, attach probes for
+        # --rejoin-for and ends.
+        manager.process.kill()
+        manager.wait(timeout_s=30)
+        remote.wait_for_line(r"lost the manager; a new one rejoins as soon as the run answers again", timeout_s=30)
+        remote.wait_for_line(
+            r"the manager has not answered for \ds \(--rejoin-for 1\): the run is over or out of reach", timeout_s=30
+        )
+        assert remote.wait(timeout_s=30) == exit_codes.MANAGER_LOST
+        assert wait_until_gone([successor], timeout_s=10) == []
     finally:
         for run in (manager, remote):
             if run is not None:
@@ -275,7 +240,7 @@ def test_a_peer_with_another_protocol_version_is_told_both_versions(tmp_path, ct
         manager.stop()
 
 
-def test_attach_with_no_agent_options_plays_the_runs_recipe_with_the_runs_statistics(tmp_path):
+def test_attach_with_no_agent_options_plays_the_runs_recipe_with_its_statistics_and_detaches_on_ctrl_c(tmp_path):
     # Acrobot's PPO preset normalises observations with statistics the run's agents merge in its CT.
     manager = RunProcess.command(
         [sys.executable, "-m", "flare2.cli", "train", "--env", "Acrobot-v1", "--algo", "ppo", "--no-serial"]
@@ -298,19 +263,24 @@ def test_attach_with_no_agent_options_plays_the_runs_recipe_with_the_runs_statis
             "--agent-kwargs sets 'env_id' to 'CartPole-v1', the run's agents play with 'Acrobot-v1'" in refused.stderr
         )
 
-        remote = attach(endpoint)
-        remote.wait_for_line(r"starting 1 agent\(s\) of flare2.core.envs:GymAgent with 2 env\(s\) each", timeout_s=60)
-        manager.wait_for_line(r"agents 1 local, 1 remote, 4 envs", timeout_s=60)
+        remote = attach(endpoint, "--num-agents", "2")
+        remote.wait_for_line(r"starting 2 agent\(s\) of flare2.core.envs:GymAgent with 2 env\(s\) each", timeout_s=60)
+        manager.wait_for_line(r"agents 1 local, 2 remote, 6 envs", timeout_s=60)
         while read_csv(tmp_path / "progress.csv")[-1]["remote_env_steps"] < 6000:
-            manager.wait_for_line(r"agents 1 local, 1 remote", timeout_s=60)
+            manager.wait_for_line(r"agents 1 local, 2 remote", timeout_s=60)
+        # Ctrl+C detaches them: gone, not crashed.
+        remote.process.send_signal(signal.SIGINT)
+        assert remote.wait(timeout_s=30) == exit_codes.OK
+        for _ in range(2):
+            manager.wait_for_line(r"remote agent r-\S+ detached", timeout_s=10)
         manager.process.send_signal(signal.SIGTERM)
         assert manager.wait(timeout_s=60) == exit_codes.SIGTERM
-        assert remote.wait(timeout_s=30) == exit_codes.OK
     finally:
         for run in (manager, remote):
             if run is not None:
                 run.stop()
     final = read_csv(tmp_path / "progress.csv")[-1]
+    assert final["restarts"] == 0 and final["remote_dropped"] == 0
     import torch
 
     counted = torch.load(tmp_path / "checkpoints" / "RL.pt", weights_only=True)["statistics"]["obs"]["count"]
@@ -320,40 +290,3 @@ def test_attach_with_no_agent_options_plays_the_runs_recipe_with_the_runs_statis
     local_steps = final["env_steps"] - final["remote_env_steps"]
     assert counted > local_steps + final["episodes"] + 2000
     assert counted >= final["env_steps"] - 2 * 1000
-
-
-def test_attach_gives_up_when_the_manager_stays_silent_past_rejoin_for(tmp_path):
-    manager = RunProcess(
-        CARTPOLE,
-        "--num-agents",
-        "1",
-        "--envs-per-agent",
-        "1",
-        "--max-steps",
-        "10000000",
-        "--heartbeat-timeout",
-        "2",
-        "--device",
-        "cpu",
-        log_dir=tmp_path,
-    )
-    remote = None
-    try:
-        manager.wait_for_line(UP, timeout_s=120)
-        endpoint = json.loads((tmp_path / "run.json").read_text())["control_endpoint"]
-        remote = attach(endpoint, "--num-agents", "2", "--rejoin-for", "1")
-        manager.wait_for_line(r"agents 1 local, 2 remote", timeout_s=60)
-        remote_agents = agent_pids(remote.process.pid)
-        manager.process.kill()
-        manager.wait(timeout_s=30)
-        # The agents notice the silence after the heartbeat timeout, attach probes for a second more, then ends.
-        remote.wait_for_line(r"lost the manager; a new one rejoins as soon as the run answers again", timeout_s=30)
-        remote.wait_for_line(
-            r"the manager has not answered for \ds \(--rejoin-for 1\): the run is over or out of reach", timeout_s=30
-        )
-        assert remote.wait(timeout_s=30) == exit_codes.MANAGER_LOST
-        assert wait_until_gone(remote_agents, timeout_s=10) == []
-    finally:
-        for run in (manager, remote):
-            if run is not None:
-                run.stop()

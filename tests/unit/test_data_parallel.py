@@ -105,24 +105,21 @@ def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_
     assert not torch.equal(alone[0][0], alone[-1][0])
 
 
-def test_learners_whose_weights_part_ways_stop_the_run_naming_the_cause():
-    with pytest.raises(ConfigError, match="the 2 learners hold different weights: with --learners every change"):
-        learn_with(2, build_rank_dependent, batches=1)
-
-
-def test_a_batch_that_does_not_split_evenly_over_the_learners_is_refused_naming_the_fix():
-    with pytest.raises(ConfigError, match="holds 7 sequences, which do not split evenly over --learners 2"):
-        learn_with(2, build_a2c, batches=1, sequences=7)
-
-
-def test_a_learner_that_dies_stops_the_run_saying_which_one_and_how():
+def test_uneven_shares_learners_that_part_ways_and_a_dead_learner_each_stop_the_run_naming_the_cause():
+    # One pair of learner processes for the three (each start costs seconds): refusals first, the death last.
     torch.manual_seed(0)
-    ct = ComputationTask("RL", build_a2c(), device="cpu")
-    settings = LearnerSettings((CTConfig("RL", build_a2c),), "cpu", 0, 1, None, os.getpid(), learners=2)
+    ct = ComputationTask("RL", build_rank_dependent(), device="cpu")
+    settings = LearnerSettings((CTConfig("RL", build_rank_dependent),), "cpu", 0, 1, None, os.getpid(), learners=2)
+    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
     process = LearnerProcess([ct], settings)
     try:
+        with pytest.raises(ConfigError, match="holds 7 sequences, which do not split evenly over --learners 2"):
+            process.submit(LearnBatch(cdp, [], learn_batches(ct, 1, sequences=7)[0]))
+        assert process.idle
+        with pytest.raises(ConfigError, match="the 2 learners hold different weights: with --learners every change"):
+            process.submit(LearnBatch(cdp, [], learn_batches(ct, 1)[0]))
+            process.finish()
         os.kill(process.pids[1], signal.SIGKILL)
-        cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
         with pytest.raises(LearnerDiedError, match=r"learner process 1 of 2 died \(killed by signal 9\)"):
             process.submit(LearnBatch(cdp, [], learn_batches(ct, 1)[0]))
             process.finish()

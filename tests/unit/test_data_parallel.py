@@ -66,13 +66,13 @@ def learn_batches(ct: ComputationTask, count: int, sequences: int = 8, steps: in
     return batches
 
 
-def learn_with(learners: int, build, batches: int = 3, sequences: int = 8):
-    """The acting CT's weights after each batch, and the learners' weight digests after each, learned through
-    ``learners`` learner processes."""
+def learn_with(learners: int) -> tuple[list[list[torch.Tensor]], list[list[str]]]:
+    """A2C's weights in the acting CT after each of 3 batches, and the learners' weight digests after each, learned
+    through ``learners`` learner processes."""
     torch.manual_seed(0)
-    ct = ComputationTask("RL", build(), device="cpu")
+    ct = ComputationTask("RL", build_a2c(), device="cpu")
     settings = LearnerSettings(
-        cts=(CTConfig("RL", build),),
+        cts=(CTConfig("RL", build_a2c),),
         device="cpu",
         seed=0,
         torch_threads=1,
@@ -84,7 +84,7 @@ def learn_with(learners: int, build, batches: int = 3, sequences: int = 8):
     process = LearnerProcess([ct], settings)
     weights, digests = [], []
     try:
-        for experience in learn_batches(ct, batches, sequences):
+        for experience in learn_batches(ct, 3):
             process.submit(LearnBatch(cdp, [], experience))
             process.finish()
             weights.append([tensor.clone() for tensor in ct.weight_tensors()])
@@ -95,8 +95,8 @@ def learn_with(learners: int, build, batches: int = 3, sequences: int = 8):
 
 
 def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_the_whole_batch():
-    alone, _ = learn_with(1, build_a2c)
-    shared, digests = learn_with(2, build_a2c)
+    alone, _ = learn_with(1)
+    shared, digests = learn_with(2)
     for update, (one, two) in enumerate(zip(alone, shared)):
         assert len(set(digests[update])) == 1 and digests[update][0]
         for a, b in zip(one, two):

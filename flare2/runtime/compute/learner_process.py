@@ -334,6 +334,9 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
     configure_child_logging()
     try:
         if settings.learners > 1:
+            if settings.device.startswith("cuda"):
+                # NCCL's collectives run on the current device: each learner's own GPU, not cuda:0 for all.
+                torch.cuda.set_device(settings.device)
             dist.init_process_group(
                 "nccl" if settings.device.startswith("cuda") else "gloo",
                 init_method=settings.rendezvous,

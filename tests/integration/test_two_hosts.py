@@ -55,7 +55,7 @@ class Outage:
 @pytest.mark.parametrize(
     "outage",
     [
-        pytest.param(Outage(heartbeat_s=3, seconds=8, local_agents=2, budget=None), id="8s"),
+        pytest.param(Outage(heartbeat_s=2, seconds=6, local_agents=2, budget=None), id="6s"),
         pytest.param(
             Outage(heartbeat_s=10, seconds=30, local_agents=0, budget=150_000),
             marks=pytest.mark.slow,

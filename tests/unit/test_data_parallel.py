@@ -15,7 +15,7 @@ import torch.distributed as dist
 from flare2.core.computation_task import ComputationTask
 from flare2.core.learn_requests import pack
 from flare2.errors import ConfigError, LearnerDiedError
-from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch
+from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch, learn_with_lag
 from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings, check_learners
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.zoo.a2c import A2C
@@ -66,43 +66,35 @@ def learn_batches(ct: ComputationTask, count: int, sequences: int = 8, steps: in
     return batches
 
 
-def learn_with(learners: int) -> tuple[list[list[torch.Tensor]], list[list[str]]]:
-    """A2C's weights in the acting CT after each of 3 batches, and the learners' weight digests after each, learned
-    through ``learners`` learner processes."""
+def fresh_ct() -> ComputationTask:
     torch.manual_seed(0)
-    ct = ComputationTask("RL", build_a2c(), device="cpu")
-    settings = LearnerSettings(
-        cts=(CTConfig("RL", build_a2c),),
-        device="cpu",
-        seed=0,
-        torch_threads=1,
-        resume_dir=None,
-        parent_pid=os.getpid(),
-        learners=learners,
-    )
-    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
-    process = LearnerProcess([ct], settings)
-    weights, digests = [], []
-    try:
-        for experience in learn_batches(ct, 3):
-            process.submit(LearnBatch(cdp, [], experience))
-            process.finish()
-            weights.append([tensor.clone() for tensor in ct.weight_tensors()])
-            digests.append(process.weight_digests)
-    finally:
-        process.close()
-    return weights, digests
+    return ComputationTask("RL", build_a2c(), device="cpu")
 
 
 def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_the_whole_batch():
-    alone, _ = learn_with(1)
-    shared, digests = learn_with(2)
-    for update, (one, two) in enumerate(zip(alone, shared)):
-        assert len(set(digests[update])) == 1 and digests[update][0]
-        for a, b in zip(one, two):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    # One learner on the whole batches, here in this process (the same learn_with_lag a learner process runs) ...
+    alone = fresh_ct()
+    batches = learn_batches(alone, 3)
+    expected = []
+    for experience in batches:
+        learn_with_lag(alone, experience)
+        expected.append([tensor.clone() for tensor in alone.weight_tensors()])
+    # ... and two learner processes, each on half of every batch, their gradients averaged.
+    ct = fresh_ct()
+    settings = LearnerSettings((CTConfig("RL", build_a2c),), "cpu", 0, 1, None, os.getpid(), learners=2)
+    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
+    process = LearnerProcess([ct], settings)
+    try:
+        for experience, weights in zip(batches, expected):
+            process.submit(LearnBatch(cdp, [], experience))
+            process.finish()
+            assert len(set(process.weight_digests)) == 1 and process.weight_digests[0]
+            for got, want in zip(ct.weight_tensors(), weights):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        process.close()
     # And the updates did move the weights.
-    assert not torch.equal(alone[0][0], alone[-1][0])
+    assert not torch.equal(expected[0][0], expected[-1][0])
 
 
 def test_uneven_shares_learners_that_part_ways_and_a_dead_learner_each_stop_the_run_naming_the_cause():

@@ -309,9 +309,11 @@ class LearnerProcess:
         if batch is None:
             raise LearnerDiedError(f"{self._name(0)} answered {answer['kind']!r} to no request")
         answers = [answer, *(self._batch_answer(rank) for rank in range(1, len(self._pipes)))]
-        failures = [f"{self._name(rank)}:\n{a['traceback']}" for rank, a in enumerate(answers) if a["kind"] == "failed"]
-        if failures:
-            batch.cdp.learn_failed(batch, failures[0] if len(answers) == 1 else "\n".join(failures))
+        failed = [(rank, a["traceback"]) for rank, a in enumerate(answers) if a["kind"] == "failed"]
+        if len(answers) == 1 and failed:
+            batch.cdp.learn_failed(batch, failed[0][1])
+        if failed:
+            batch.cdp.learn_failed(batch, "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed))
         ct = batch.cdp.ct
         self.weight_digests = [a["weights_digest"] for a in answers]
         if len(set(self.weight_digests)) > 1:

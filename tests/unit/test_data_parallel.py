@@ -15,7 +15,8 @@ import torch.distributed as dist
 from flare2.core.computation_task import ComputationTask
 from flare2.core.learn_requests import pack
 from flare2.errors import ConfigError, LearnerDiedError
-from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch, learn_with_lag
+from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch
+from flare2.runtime.compute.learn_calls import learn_with_lag
 from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings, check_learners
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.zoo.a2c import A2C

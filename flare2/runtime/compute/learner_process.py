@@ -53,8 +53,9 @@ from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.learn_requests import check_learn
 from flare2.core.transforms import RunningMoments
 from flare2.errors import ConfigError, LearnerDiedError
-from flare2.runtime.compute.cdp import LearnBatch, Learned, learn_with_lag
+from flare2.runtime.compute.cdp import LearnBatch
 from flare2.runtime.compute.cts import build_cts, resume
+from flare2.runtime.compute.learn_calls import Learned, learn_with_lag
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import (
     configure_child_logging,

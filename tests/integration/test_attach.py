@@ -87,8 +87,7 @@ def test_attach_restarts_a_killed_agent_the_manager_takes_back_and_gives_up_on_a
 
 def test_remote_agents_dropped_before_the_compute_process_is_up_are_taken_back_once_they_wake(tmp_path):
     # The CT is built only once the attached agents, frozen, have been dropped; they are thawed after it is up.
-    # A budget that takes the agents a good while once they play (about 20 s): all four must be back before it is
-    # reached (they were back 1.3 s after the CT was up when measured).
+    # A budget no run here reaches: the run is stopped with ctrl-c once all four are back.
     built_after = tmp_path / "agents_dropped"
     manager = RunProcess(
         HERE / "faulty_run.py",
@@ -99,7 +98,7 @@ def test_remote_agents_dropped_before_the_compute_process_is_up_are_taken_back_o
         "--envs-per-agent",
         "1",
         "--max-steps",
-        "20000",
+        "10000000",
         "--heartbeat-timeout",
         "3",
         "--progress-interval",
@@ -126,7 +125,8 @@ def test_remote_agents_dropped_before_the_compute_process_is_up_are_taken_back_o
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
         manager.wait_for_line(r"agents 1 local, 4 remote", timeout_s=90)
-        assert manager.wait(timeout_s=120) == 0, manager.text[-4000:]
+        manager.process.send_signal(signal.SIGINT)
+        assert manager.wait(timeout_s=60) == 130, manager.text[-4000:]
         assert remote.wait(timeout_s=30) == exit_codes.OK
     finally:
         for run in (manager, remote):

@@ -13,6 +13,7 @@ policy's values.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
@@ -24,6 +25,18 @@ from flare2.zoo.models import QNetwork
 from flare2.zoo.record import DQNSettings
 from flare2.zoo.records.dqn import DQNConfig
 from flare2.zoo.returns import n_step_returns
+
+
+@dataclass(frozen=True)
+class FirstStepReturns:
+    """The n-step return of each sampled sequence's first step: ``rewards + discount * V(bootstrap_inputs)``."""
+
+    rewards: torch.Tensor
+    """``[B]``: the discounted rewards up to the sequence's first episode end (or its last step)."""
+    discount: torch.Tensor
+    """``[B]``: gamma to the power of those steps, 0 where the episode terminated (nothing to bootstrap from)."""
+    bootstrap_inputs: torch.Tensor
+    """``[B, ...]``: the observation after that step, which the target network values."""
 
 
 class DQN(Algorithm):
@@ -74,11 +87,12 @@ class DQN(Algorithm):
         # make its n-step return. Sequences of one step give the usual one-step target.
         obs = experience.inputs[self.model.input_key][:, 0]
         actions = experience.actions["action"][:, 0]
+        returns = self.first_step_returns(experience)
         self.anneal_lr(config.lr, self.predicted, config.anneal_steps)
         losses = []
         for index in torch.randperm(obs.shape[0], device=obs.device).split(minibatch_share(config.minibatch_size)):
             q = self.model(obs[index]).gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
-            loss = F.smooth_l1_loss(q, self.targets(experience, index))
+            loss = F.smooth_l1_loss(q, self.targets(returns, index))
             self.optimize(loss)
             losses.append(loss.item())
             self.gradient_steps += 1
@@ -87,32 +101,38 @@ class DQN(Algorithm):
         return {"td_loss": sum(losses) / len(losses), "epsilon": self.epsilon}
 
     @torch.no_grad()
-    def targets(self, experience: Experience, index: torch.Tensor) -> torch.Tensor:
-        """The n-step targets of the first steps of the sequences at ``index``.
+    def first_step_returns(self, experience: Experience) -> FirstStepReturns:
+        """The n-step return of each sequence's first step, less the value it bootstraps from, which the networks
+        give at each gradient step (``targets``).
 
         A first step's return bootstraps from one observation only, the one after the sequence's first episode end
-        (or after its last step), so only that one is valued: a third of the forward passes for 3-step returns."""
-        rewards, terminated, truncated = (
-            experience.rewards["reward"][index],
-            experience.terminated[index],
-            experience.truncated[index],
-        )
+        (or after its last step), so only that one is valued: a third of the forward passes for 3-step returns.
+        Returns are linear in the rewards and in the next values, so the part of the rewards and the discount of
+        that value are each a return of their own, taken once for the whole learn() call."""
+        rewards, terminated, truncated = experience.rewards["reward"], experience.terminated, experience.truncated
         ends = terminated | truncated
         ends[:, -1] = True
-        rows = torch.arange(len(index), device=ends.device)
+        rows = torch.arange(len(ends), device=ends.device)
         bootstrap = ends.int().argmax(-1)  # the first end of each sequence
-        next_obs = experience.next_inputs[self.model.input_key][index, bootstrap]
+        bootstrapped = torch.zeros_like(rewards)
+        bootstrapped[rows, bootstrap] = 1.0
+        gamma = self.config.gamma
+        return FirstStepReturns(
+            rewards=n_step_returns(rewards, torch.zeros_like(rewards), terminated, truncated, gamma)[:, 0],
+            discount=n_step_returns(torch.zeros_like(rewards), bootstrapped, terminated, truncated, gamma)[:, 0],
+            bootstrap_inputs=experience.next_inputs[self.model.input_key][rows, bootstrap],
+        )
+
+    @torch.no_grad()
+    def targets(self, returns: FirstStepReturns, index: torch.Tensor) -> torch.Tensor:
+        """The n-step targets of the first steps of the sequences at ``index``, valued by the current networks."""
+        next_obs = returns.bootstrap_inputs[index]
         next_q = self.target(next_obs)
         if self.config.double_q:
             next_value = next_q.gather(-1, self.model(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
         else:
             next_value = next_q.max(-1).values
-        # n_step_returns reads the next values of later steps only for the steps after the first end, which the
-        # first step's return never reaches.
-        next_values = torch.zeros_like(rewards)
-        next_values[rows, bootstrap] = next_value
-        returns = n_step_returns(rewards, next_values, terminated, truncated, self.config.gamma)
-        return returns[:, 0]
+        return returns.rewards[index] + returns.discount[index] * next_value
 
     def _refresh_target(self) -> None:
         polyak_update(self.target, self.model, self.config.target_tau)

@@ -122,7 +122,7 @@ def test_sequences_give_n_step_targets_that_stop_at_an_episode_end():
     # Row 0 runs on; row 1 terminates after its second step; row 2 is truncated there.
     experience = three_sequences(obs, next_obs, terminated=(None, 1, None), truncated=(None, None, 1))
     value = algorithm.target(next_obs[0]).max(-1).values.tolist()  # the value after each step of a row
-    targets = algorithm.targets(experience, torch.arange(3))
+    targets = algorithm.targets(algorithm.first_step_returns(experience), torch.arange(3))
     expected = torch.tensor(
         [
             1.0 + 0.5 * 2.0 + 0.25 * 4.0 + 0.125 * value[2],
@@ -141,7 +141,7 @@ def test_double_q_sequences_value_only_the_observation_each_first_step_bootstrap
     chosen = algorithm.model(next_obs[0]).argmax(-1, keepdim=True)
     value = algorithm.target(next_obs[0]).gather(-1, chosen).squeeze(-1).tolist()
     expected = torch.tensor([1.0 + 0.5 * 2.0 + 0.25 * 4.0 + 0.125 * value[2], 1.0 + 0.5 * value[0], 1.0])
-    torch.testing.assert_close(algorithm.targets(experience, torch.arange(3)), expected)
+    torch.testing.assert_close(algorithm.targets(algorithm.first_step_returns(experience), torch.arange(3)), expected)
 
 
 def test_one_step_sequences_give_the_double_q_target():
@@ -150,7 +150,9 @@ def test_one_step_sequences_give_the_double_q_target():
     next_obs = torch.tensor([[0.5, -0.5]])
     chosen = algorithm.model(next_obs).argmax(-1)
     expected = 1.0 + 0.9 * algorithm.target(next_obs)[0, chosen].item()
-    torch.testing.assert_close(algorithm.targets(experience, torch.arange(2)), torch.full((2,), expected))
+    torch.testing.assert_close(
+        algorithm.targets(algorithm.first_step_returns(experience), torch.arange(2)), torch.full((2,), expected)
+    )
 
 
 def test_a_hidden_layer_size_below_one_is_refused_with_a_message_naming_the_option():

@@ -378,5 +378,9 @@ class BoxActorCritic(Model):
         x = torch.cat([self.features(obs), action], dim=-1)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
+    def first_q_value(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """The first critic's value alone (TD3's actor follows it)."""
+        return self.q1(torch.cat([self.features(obs), action], dim=-1)).squeeze(-1)
+
     def critic_parameters(self) -> list[nn.Parameter]:
         return [*self.q1.parameters(), *self.q2.parameters()]

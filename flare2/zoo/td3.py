@@ -145,7 +145,7 @@ class TD3(TwinCriticAlgorithm):
             self.gradient_steps += 1
             if self.gradient_steps % config.policy_delay == 0:
                 # Only the actor steps here; the critic's gradients from this loss are dropped at its next zero_grad.
-                actor_loss = -model.q_values(obs[index], model(obs[index]))[0].mean()
+                actor_loss = -model.first_q_value(obs[index], model(obs[index])).mean()
                 self.optimize(actor_loss, self.actor_optimizer)
                 actor_losses.append(actor_loss.item())
                 polyak_update(self.target, model, config.tau)

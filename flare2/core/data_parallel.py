@@ -29,6 +29,23 @@ def minibatch_share(minibatch_size: int) -> int:
     return max(1, minibatch_size // learners())
 
 
+def average_buffers(modules: list[torch.nn.Module]) -> None:
+    """Replace each floating-point buffer of ``modules`` with its mean over the learners (in one collective call).
+    Integer buffers (BatchNorm's count of batches) are the same on every learner, which takes as many steps."""
+    count = learners()
+    buffers = [buffer for module in modules for buffer in module.buffers() if buffer.is_floating_point()]
+    if count == 1 or not buffers:
+        return
+    with torch.no_grad():
+        flat = torch.cat([buffer.reshape(-1).to(torch.float64) for buffer in buffers])
+        dist.all_reduce(flat)
+        flat /= count
+        offset = 0
+        for buffer in buffers:
+            buffer.copy_(flat[offset : offset + buffer.numel()].view_as(buffer))
+            offset += buffer.numel()
+
+
 def average_gradients(parameters: list[torch.Tensor]) -> None:
     """Replace each parameter's gradient with its mean over the learners (in one collective call); a parameter
     without a gradient counts as a zero one, so every learner sends the same layout."""

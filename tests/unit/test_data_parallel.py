@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from flare2.core.computation_task import ComputationTask
-from flare2.core.learn_requests import pack
+from flare2.core.learn_requests import pack, unpack
 from flare2.errors import ConfigError, LearnerDiedError
 from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch
 from flare2.runtime.compute.learn_calls import learn_with_lag
@@ -41,6 +41,23 @@ class RankDependentA2C(A2C):
 
 def build_rank_dependent() -> A2C:
     return RankDependentA2C(ActorCritic(*CARTPOLE, hidden=(16, 16)))
+
+
+class NormalisingA2C(A2C):
+    """Keeps BatchNorm running statistics of the observations it learns from: buffers learn() moves without the
+    optimizer."""
+
+    def __init__(self, model: ActorCritic) -> None:
+        super().__init__(model)
+        self.norm = torch.nn.BatchNorm1d(4, momentum=0.5)
+
+    def learn(self, experience):
+        self.norm.train()(experience.inputs["obs"].flatten(0, 1))
+        return super().learn(experience)
+
+
+def build_normalising() -> A2C:
+    return NormalisingA2C(ActorCritic(*CARTPOLE, hidden=(16, 16)))
 
 
 def learn_batches(ct: ComputationTask, count: int, sequences: int = 8, steps: int = 5) -> list[dict]:
@@ -96,6 +113,24 @@ def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_
         process.close()
     # And the updates did move the weights.
     assert not torch.equal(expected[0][0], expected[-1][0])
+
+
+def test_learners_average_the_buffers_learn_moves_so_their_weights_stay_identical():
+    torch.manual_seed(0)
+    ct = ComputationTask("RL", build_normalising(), device="cpu")
+    settings = LearnerSettings((CTConfig("RL", build_normalising),), "cpu", 0, 1, None, os.getpid(), learners=2)
+    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
+    process = LearnerProcess([ct], settings)
+    [batch] = learn_batches(ct, 1)
+    try:
+        process.submit(LearnBatch(cdp, [], batch))
+        process.finish()
+        assert len(set(process.weight_digests)) == 1 and process.weight_digests[0]
+    finally:
+        process.close()
+    # From 0, one update at momentum 0.5 on each half: their mean is half the mean of the whole batch.
+    whole = torch.from_numpy(unpack(ct.specs, batch)["inputs"]["obs"]).reshape(-1, 4).mean(0)
+    torch.testing.assert_close(ct.algorithm.norm.running_mean, 0.5 * whole)
 
 
 def test_uneven_shares_learners_that_part_ways_and_a_dead_learner_each_stop_the_run_naming_the_cause():

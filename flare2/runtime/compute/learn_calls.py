@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from flare2.core.data_parallel import average_buffers
+from flare2.core.devices import module_attributes
 from flare2.core.learn_requests import unpack
 
 if TYPE_CHECKING:
@@ -25,7 +27,7 @@ class Learned(NamedTuple):
 def learn_with_lag(ct: ComputationTask, batch: dict[str, Any], share: tuple[int, int] = (0, 1)) -> Learned:
     """``ct.learn()`` of a batch of requests as they crossed (``flare2.core.learn_requests``), with the policy lag of
     its steps and its time (spelling the batch out included). ``share``: (learner, learners) of ``--learners``, each
-    learning from its equal share of the batch's sequences."""
+    learning from its equal share of the batch's sequences, their buffers averaged after it."""
     start = time.perf_counter()
     experience = unpack(ct.specs, batch)
     if share[1] > 1:
@@ -33,6 +35,8 @@ def learn_with_lag(ct: ComputationTask, batch: dict[str, Any], share: tuple[int,
     versions = experience["policy_version"]
     lag_sum = ct.version * versions.size - int(versions.sum())
     costs = ct.learn(experience)
+    if share[1] > 1:
+        average_buffers(module_attributes(vars(ct.algorithm)))
     return Learned(costs, lag_sum, versions.size, time.perf_counter() - start)
 
 

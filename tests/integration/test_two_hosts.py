@@ -99,8 +99,12 @@ def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, host
         for _ in range(4):
             manager.wait_for_line(r"remote agent r-\S+ \(pid \d+ on \S+\) attached", timeout_s=60)
         manager.wait_for_line(rf"agents {local} local, 4 remote, {2 * local + 8} envs", timeout_s=60)
-        joined = read_csv(log_dir / "progress.csv")[-1]
-        assert joined["remote_episodes"] > 0 and joined["remote_env_steps"] > 0
+        # Their first episodes reach the progress rows a few rows later.
+        deadline = time.monotonic() + 60
+        while (joined := read_csv(log_dir / "progress.csv")[-1])["remote_episodes"] == 0:
+            assert time.monotonic() < deadline, f"no remote episode counted within 60 s:\n{manager.text[-3000:]}"
+            manager.wait_for_line(r"flare2.progress INFO", timeout_s=10)
+        assert joined["remote_env_steps"] > 0
 
         hosts.cut(up=False)
         cut_at = time.monotonic()

@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from flare2.core.data_parallel import average_buffers
-from flare2.core.devices import module_attributes
 from flare2.core.learn_requests import unpack
 
 if TYPE_CHECKING:
@@ -36,6 +34,10 @@ def learn_with_lag(ct: ComputationTask, batch: dict[str, Any], share: tuple[int,
     lag_sum = ct.version * versions.size - int(versions.sum())
     costs = ct.learn(experience)
     if share[1] > 1:
+        # Imported here: the manager imports this module (through the CDP) and must not import torch.
+        from flare2.core.data_parallel import average_buffers
+        from flare2.core.devices import module_attributes
+
         average_buffers(module_attributes(vars(ct.algorithm)))
     return Learned(costs, lag_sum, versions.size, time.perf_counter() - start)
 

@@ -67,7 +67,7 @@ RECORD = AlgorithmRecord(
     # against 20.7k/20.2k/21.1k env steps), CartPole 57.0/60.8/45.5 s against 55.0/50.3/51.6 s (78.4k/76.9k/68.4k
     # against 83.5k/74.7k/83.5k).
     presets={
-        # The example's settings, measured in the README's results (with double Q).
+        # The example's settings (which the docs' results measured with double Q), with SB3's targets.
         "CartPole-v1": {"algorithm": {"double_q": False}, "run": {"eval_every": 1}},
         # rl-baselines3-zoo's settings for Acrobot (its exploration, network, learning rate and buffer; a gradient
         # step of 128 transitions per env step, as its gradient_steps=-1), with flare2's soft target updates and

@@ -84,9 +84,16 @@ def learn_batches(ct: ComputationTask, count: int, sequences: int = 8, steps: in
     return batches
 
 
-def fresh_ct() -> ComputationTask:
+def fresh_ct(build=build_a2c) -> ComputationTask:
     torch.manual_seed(0)
-    return ComputationTask("RL", build_a2c(), device="cpu")
+    return ComputationTask("RL", build(), device="cpu")
+
+
+def two_learners(build) -> tuple[ComputationTask, ComputationDataProcessor, LearnerProcess]:
+    """A CT of ``build``'s algorithm, its CDP, and two learner processes started from its weights."""
+    ct = fresh_ct(build)
+    settings = LearnerSettings((CTConfig("RL", build),), "cpu", 0, 1, None, os.getpid(), learners=2)
+    return ct, ComputationDataProcessor(ct, reply=lambda *_: None), LearnerProcess([ct], settings)
 
 
 def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_the_whole_batch():
@@ -98,10 +105,7 @@ def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_
         learn_with_lag(alone, experience)
         expected.append([tensor.clone() for tensor in alone.weight_tensors()])
     # ... and two learner processes, each on half of every batch, their gradients averaged.
-    ct = fresh_ct()
-    settings = LearnerSettings((CTConfig("RL", build_a2c),), "cpu", 0, 1, None, os.getpid(), learners=2)
-    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
-    process = LearnerProcess([ct], settings)
+    ct, cdp, process = two_learners(build_a2c)
     try:
         for experience, weights in zip(batches, expected):
             process.submit(LearnBatch(cdp, [], experience))
@@ -116,11 +120,7 @@ def test_two_learners_stay_bit_identical_and_each_update_equals_one_learners_on_
 
 
 def test_learners_average_the_buffers_learn_moves_so_their_weights_stay_identical():
-    torch.manual_seed(0)
-    ct = ComputationTask("RL", build_normalising(), device="cpu")
-    settings = LearnerSettings((CTConfig("RL", build_normalising),), "cpu", 0, 1, None, os.getpid(), learners=2)
-    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
-    process = LearnerProcess([ct], settings)
+    ct, cdp, process = two_learners(build_normalising)
     [batch] = learn_batches(ct, 1)
     try:
         process.submit(LearnBatch(cdp, [], batch))
@@ -135,11 +135,7 @@ def test_learners_average_the_buffers_learn_moves_so_their_weights_stay_identica
 
 def test_uneven_shares_learners_that_part_ways_and_a_dead_learner_each_stop_the_run_naming_the_cause():
     # One pair of learner processes for the three (each start costs seconds): refusals first, the death last.
-    torch.manual_seed(0)
-    ct = ComputationTask("RL", build_rank_dependent(), device="cpu")
-    settings = LearnerSettings((CTConfig("RL", build_rank_dependent),), "cpu", 0, 1, None, os.getpid(), learners=2)
-    cdp = ComputationDataProcessor(ct, reply=lambda *_: None)
-    process = LearnerProcess([ct], settings)
+    ct, cdp, process = two_learners(build_rank_dependent)
     try:
         with pytest.raises(ConfigError, match="holds 7 sequences, which do not split evenly over --learners 2"):
             process.submit(LearnBatch(cdp, [], learn_batches(ct, 1, sequences=7)[0]))

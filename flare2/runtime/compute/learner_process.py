@@ -311,10 +311,10 @@ class LearnerProcess:
             raise LearnerDiedError(f"{self._name(0)} answered {answer['kind']!r} to no request")
         answers = [answer, *(self._batch_answer(rank) for rank in range(1, len(self._pipes)))]
         failed = [(rank, a["traceback"]) for rank, a in enumerate(answers) if a["kind"] == "failed"]
-        if len(answers) == 1 and failed:
-            batch.cdp.learn_failed(batch, failed[0][1])
         if failed:
-            batch.cdp.learn_failed(batch, "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed))
+            # One learner's traceback goes as it is; several are each headed by the learner that raised.
+            together = "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed)
+            batch.cdp.learn_failed(batch, failed[0][1] if len(answers) == 1 else together)
         ct = batch.cdp.ct
         self.weight_digests = [a["weights_digest"] for a in answers]
         if len(set(self.weight_digests)) > 1:

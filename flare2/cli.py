@@ -1,6 +1,6 @@
 """The ``flare2`` command: ``flare2 train`` trains a Gymnasium env with a zoo algorithm, ``flare2 eval`` plays the
 result, ``flare2 plot`` draws curves, ``flare2 tune`` searches settings, ``flare2 attach`` joins a run from another
-machine, ``flare2 slurm`` runs attach on the nodes of a Slurm cluster, ``flare2 keys`` makes CURVE keys."""
+machine, ``flare2 learn`` adds learners from another machine, ``flare2 slurm`` runs attach on the nodes of a Slurm cluster, ``flare2 keys`` makes CURVE keys."""
 
 from __future__ import annotations
 
@@ -73,6 +73,18 @@ def _slurm(args: argparse.Namespace, parser: argparse.ArgumentParser, attach: ar
     return 0
 
 
+def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from flare2.commands.learn import LearnConfig, learn
+    from flare2.wire.security import load_client
+
+    try:
+        curve = load_client(args.keys, args.key_name) if args.keys else None
+        config = LearnConfig(endpoint=args.endpoint, learners=args.learners, curve=curve, wait_s=args.wait)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return learn(config)
+
+
 def _keys(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from flare2.wire.security import make_keys
 
@@ -143,6 +155,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     attach.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
     attach.set_defaults(run=_attach, parser=attach)
+
+    learn = commands.add_parser(
+        "learn",
+        help="start learners here that join the learners of a run on another machine (its --remote-learners)",
+        description="Take --learners of the ranks a run started with --learners N --remote-learners K waits for, "
+        "and run a learner process for each: the run sends the recipe (algorithm, settings, env, device kind) and "
+        "the learners meet through torch.distributed's rendezvous at the run's address. torch.distributed's traffic "
+        "is neither encrypted nor authenticated: use it on a network the run trusts.",
+    )
+    learn.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
+    learn.add_argument(
+        "--learners", type=int, default=1, help="learner processes here (one GPU each when the run learns on cuda)"
+    )
+    learn.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for a run whose compute process is still starting",
+    )
+    learn.add_argument("--keys", default=None, metavar="DIR", help="folder with server.key and the client's key_secret")
+    learn.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
+    learn.set_defaults(run=_learn, parser=learn)
 
     slurm = commands.add_parser(
         "slurm",

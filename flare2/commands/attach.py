@@ -149,20 +149,24 @@ def plan_agents(config: AttachConfig, recipe: Any) -> AgentPlan:
 def probe(config: AttachConfig) -> dict[str, Any]:
     """Ask the manager who it is, what it serves and what its agents play; raises TransportError/ConfigError with a
     message for the user."""
+    return probe_manager(config.endpoint, curve=config.curve, timeout_s=config.probe_timeout_s)
+
+
+def probe_manager(
+    endpoint: str, *, curve: CurveClient | None, timeout_s: float, asks: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The manager's answer to a probe hello (which ``asks`` for more: ``flare2 learn``'s learner ranks); raises
+    TransportError/ConfigError with a message for the user."""
     with context() as ctx:
-        requester = Requester(ctx, config.endpoint, identity=f"probe-{secrets.token_hex(6)}", curve=config.curve)
+        requester = Requester(ctx, endpoint, identity=f"probe-{secrets.token_hex(6)}", curve=curve)
         try:
             reply = requester.request(
-                HELLO, {"role": "probe"}, timeout_s=config.probe_timeout_s, what="hello to the manager"
+                HELLO, {"role": "probe", **(asks or {})}, timeout_s=timeout_s, what="hello to the manager"
             ).payload
         except ReplyTimeoutError:
-            keys = (
-                " and that --keys holds the run's keys"
-                if config.curve
-                else " (a run bound beyond loopback needs --keys)"
-            )
+            keys = " and that --keys holds the run's keys" if curve else " (a run bound beyond loopback needs --keys)"
             raise TransportError(
-                f"no manager answered at {config.endpoint} within {config.probe_timeout_s:.0f}s: check the address, "
+                f"no manager answered at {endpoint} within {timeout_s:.0f}s: check the address, "
                 f"that the run is up and that the port is reachable{keys}"
             ) from None
         finally:

@@ -32,7 +32,7 @@ from flare2.errors import ConfigError, FlareError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.options import transform_options
 from flare2.runtime.run_files import TRAIN_FILE
-from flare2.zoo.registry import lookup
+from flare2.zoo.registry import lookup, rebuild
 
 logger = logging.getLogger(__name__)
 
@@ -160,19 +160,25 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
             raise KeyError(f"no {sorted(missing)}")
     except (ValueError, KeyError, TypeError) as exc:
         raise _not_as_written(train_file, exc) from None
+    recipe = {
+        "algo": run["algo"],
+        "env": run["env"],
+        "env_kwargs": _env_kwargs(run),
+        "algorithm": run["algorithm"],
+        "agent": run["agent"],
+        "preprocessing": _preprocessing(run),
+    }
     try:
-        record = lookup(run["algo"])
+        lookup(run["algo"])
     except ConfigError as exc:  # an algorithm of a package this Python lacks: the message names how one is added
         raise ConfigError(f"{train_file} is a run of algo {run['algo']!r}: {exc}") from None
     try:
-        config = record.config_class(**_tuples(run["algorithm"]))
-        settings = record.settings_class(**_tuples(run["agent"]))
-    except (ValueError, KeyError, TypeError) as exc:
+        build = rebuild(recipe)
+    except ConfigError as exc:
         raise _not_as_written(train_file, exc) from None
 
     from flare2.core.computation_task import ComputationTask
 
-    build = record.builder(run["env"], _env_kwargs(run), config, settings, preprocessing=_preprocessing(run))
     ct = ComputationTask(DEFAULT_CT, build(), device=device)
     ct.load(path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, DEFAULT_CT))
     return TrainedPolicy(run, ct)
@@ -189,11 +195,6 @@ def _env_kwargs(run: dict[str, Any]) -> dict[str, Any]:
 
 def _preprocessing(run: dict[str, Any]) -> bool:
     return bool(run["run"].get("env_preprocessing", True))
-
-
-def _tuples(values: dict[str, Any]) -> dict[str, Any]:
-    """JSON gives lists where the settings hold tuples."""
-    return {key: tuple(value) if isinstance(value, list) else value for key, value in values.items()}
 
 
 class _Played(Exception):

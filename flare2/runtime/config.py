@@ -184,6 +184,10 @@ class RunConfig:
     """Learner processes that train the model data-parallel (``flare2.core.data_parallel``): each takes an equal share
     of every learn batch, and their gradients are averaged in ``Algorithm.optimize()``. More than 1 needs the
     learner process (``learner`` auto or process); with ``device`` cuda, one GPU each."""
+    remote_learners: int = 0
+    """How many of the ``learners`` run on other machines, each started there by ``flare2 learn`` (which takes the
+    run's recipe from the manager); they meet the others through torch.distributed's rendezvous at the run's
+    address. Only CTs built from plain data (those of ``flare2 train``) can be sent."""
     serial: bool = False
     """Run the compute side and one agent in this process, over in-process ports (for debuggers; see
     flare2.runtime.manager.serial)."""
@@ -274,6 +278,17 @@ class RunConfig:
             raise ConfigError(f"learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
         if self.learners < 1:
             raise ConfigError(f"--learners must be >= 1, got {self.learners}")
+        if not 0 <= self.remote_learners < self.learners:
+            raise ConfigError(
+                f"--remote-learners must be in 0..{self.learners - 1} (--learners counts them, and the first learner "
+                f"runs beside the compute process), got {self.remote_learners}"
+            )
+        sent = [ct.name for ct in self.cts if not callable(getattr(ct.build, "recipe", None))]
+        if self.remote_learners and sent:
+            raise ConfigError(
+                f"--remote-learners sends the CTs' builds to other machines as data, and CT {sent[0]!r} is built by a "
+                "Python function (a script's CTConfig.build): train it with `flare2 train`, or keep --remote-learners 0"
+            )
         if self.learners > 1 and (self.serial or self.learner in ("thread", "inline")):
             where = "--serial" if self.serial else f"--learner {self.learner}"
             raise ConfigError(

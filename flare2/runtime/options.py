@@ -110,6 +110,10 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
         type=number_option(int, least=1), help="learner processes training the model data-parallel, each on an equal "
         "share of every learn batch, gradients averaged (torch.distributed: one GPU each with --device cuda, gloo on "
         "CPU cores otherwise)")),
+    ("batching", "--remote-learners", _RUN, "remote_learners", dict(
+        type=number_option(int, least=0), help="how many of --learners run on other machines, each started there "
+        "with `flare2 learn MANAGER_ENDPOINT --keys DIR` (torch.distributed's traffic is not encrypted: a trusted "
+        "network only)")),
     ("batching", "--max-message-bytes", _RUN, "max_message_bytes", dict(
         type=number_option(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
         "requests must fit; larger ones are refused with an error)")),

@@ -27,7 +27,8 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
 # an observation view once (flare2.core.predict_requests).
 # 8: the manager's answer to a probe carries the run's id and its agents' recipe; a remote agent's hello says whether
 # it rejoins in place of one that lost the manager.
-PROTOCOL_VERSION = 8
+# 9: a probe may ask for learner ranks (``flare2 learn``), answered with the learners' recipe.
+PROTOCOL_VERSION = 9
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1

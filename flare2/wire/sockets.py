@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -133,6 +134,13 @@ def router_send(sock: zmq.Socket, identity: bytes, message: Message) -> bool:
         if exc.errno in (zmq.EHOSTUNREACH, zmq.EAGAIN):
             return False
         raise
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now, for a listener that is not a ZeroMQ socket (the learners' rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def poll_timeout_ms(seconds: float) -> int:

@@ -269,13 +269,15 @@ class AlgorithmRecord:
     ) -> Any:
         """A picklable function of no arguments that builds the Algorithm (a CT's ``build``) for the env as the
         agents play it (``preprocessing``: ``flare2.core.env_making.make_gym_env``)."""
-        return _Build(self.build, env_id, env_kwargs, config, settings, preprocessing)
+        return _Build(self.name, self.build, env_id, env_kwargs, config, settings, preprocessing)
 
 
 @dataclass(frozen=True)
 class _Build:
-    """Builds a record's Algorithm for an env; pickled to the compute process, where the build function is imported."""
+    """Builds a record's Algorithm for an env; pickled to the compute process, where the build function is imported,
+    and sent as its :meth:`recipe` to learners on other machines."""
 
+    algo: str
     path: str
     env_id: str
     env_kwargs: dict[str, Any]
@@ -297,6 +299,18 @@ class _Build:
             ) from None
         env = make_gym_env(self.env_id, self.env_kwargs, preprocessing=self.preprocessing)
         return function(env, self.config, self.settings)
+
+    def recipe(self) -> dict[str, Any]:
+        """This build as plain data (``flare2.zoo.registry.rebuild`` makes it again): the same fields as a
+        ``train.json``."""
+        return {
+            "algo": self.algo,
+            "env": self.env_id,
+            "env_kwargs": self.env_kwargs,
+            "algorithm": dataclasses.asdict(self.config),
+            "agent": dataclasses.asdict(self.settings),
+            "preprocessing": self.preprocessing,
+        }
 
 
 def field_names(dataclass_type: type) -> set[str]:

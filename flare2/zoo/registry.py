@@ -27,6 +27,7 @@ import difflib
 import importlib
 import importlib.metadata
 import pkgutil
+from typing import Any
 
 import gymnasium as gym
 
@@ -76,6 +77,26 @@ def lookup(name: str) -> AlgorithmRecord:
             f"through flare2.zoo.register(record) or a {ENTRY_POINT_GROUP!r} entry point"
         )
     return register(_load_entry_point(entry_point))
+
+
+def rebuild(recipe: Any) -> Any:
+    """A CT's build function again from its ``recipe()`` (the build of a ``flare2 train`` run, as ``train.json`` or
+    a learner on another machine has it); a ConfigError says what in it is wrong."""
+    try:
+        record = lookup(recipe["algo"])
+        config = record.config_class(**_tuples(recipe["algorithm"]))
+        settings = record.settings_class(**_tuples(recipe["agent"]))
+        env_id, env_kwargs, preprocessing = recipe["env"], recipe["env_kwargs"], recipe["preprocessing"]
+        if not isinstance(env_id, str) or not isinstance(env_kwargs, dict) or not isinstance(preprocessing, bool):
+            raise TypeError("env, env_kwargs or preprocessing of the wrong type")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"not a build recipe of flare2 train ({exc!r})") from None
+    return record.builder(env_id, env_kwargs, config, settings, preprocessing=preprocessing)
+
+
+def _tuples(values: dict[str, Any]) -> dict[str, Any]:
+    """JSON and msgpack give lists where the settings hold tuples."""
+    return {key: tuple(value) if isinstance(value, list) else value for key, value in values.items()}
 
 
 def names() -> list[str]:

@@ -83,6 +83,11 @@ class ComputeSettings:
     """Where learn() runs: auto, process, thread or inline (see RunConfig.learner)."""
     learners: int
     """Learner processes training data-parallel (RunConfig.learners)."""
+    remote_learners: int
+    """How many of them join from other machines (RunConfig.remote_learners)."""
+    learner_rendezvous: str
+    """Where the learners meet (tcp://HOST:PORT, chosen by the manager); empty for one learner."""
+    startup_timeout_s: float
     busy_wait_us: int | None
     """RunConfig.busy_wait_us, resolved here once the learner is chosen."""
     local_agents: int
@@ -186,7 +191,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                 check_learners,
             )
 
-            check_learners(settings.learners, str(cts[0].device), cts)
+            check_learners(settings.learners, str(cts[0].device), cts, remote=settings.remote_learners)
             learner = LearnerProcess(
                 cts,
                 LearnerSettings(
@@ -198,6 +203,9 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     resume_dir=settings.resume_dir,
                     parent_pid=os.getpid(),
                     learners=settings.learners,
+                    remote_learners=settings.remote_learners,
+                    rendezvous=settings.learner_rendezvous,
+                    rendezvous_timeout_s=settings.startup_timeout_s,
                 ),
             )
         learner_processes = settings.learners if kind == "process" else 0

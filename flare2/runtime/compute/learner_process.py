@@ -21,15 +21,18 @@ it when every CT's Algorithm allows it (``Algorithm.may_learn_in_own_process``):
 With ``--learners N`` there are N such processes (one per GPU with
 ``--device cuda``, learner ``r`` on ``cuda:r``; CPU processes otherwise),
 joined in one ``torch.distributed`` process group (NCCL between GPUs, gloo on
-the CPU) that meets at a TCP address on this machine. Every learn batch goes
-to each of them; each learns from its equal share of the batch's sequences,
-and ``Algorithm.optimize()`` averages their gradients
-(:mod:`flare2.core.data_parallel`), so their weights stay identical. The first
-one writes the weights to shared memory and the checkpoints; the compute
-process takes the mean of their costs. When one of them dies, the others
-fail in their next gradient average, the compute process reports which one
-died and how, and the run stops (``--resume`` goes on from the last
-checkpoint).
+the CPU; :mod:`flare2.runtime.compute.learner_group`). ``--remote-learners K``
+of them run on other machines (``flare2 learn``), the rest here. Only the first
+one talks to the compute process: it hands every learn batch on to the others
+over the group and answers with all of their answers. Each learns from its
+equal share of the batch's sequences, and ``Algorithm.optimize()`` averages
+their gradients (:mod:`flare2.core.data_parallel`), so their weights stay
+identical. The first one writes the weights to shared memory and the
+checkpoints; the compute process takes the mean of their costs. When one of
+them dies, the others fail in their next collective call, the compute process
+reports which one died and how (a learner on another machine prints its own
+traceback where it was started), and the run stops (``--resume`` goes on from
+the last checkpoint).
 """
 
 from __future__ import annotations
@@ -37,12 +40,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing
-import socket
+import tempfile
 import traceback
 from collections import deque
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -53,9 +56,17 @@ from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.learn_requests import check_learn
 from flare2.core.transforms import RunningMoments
 from flare2.errors import ConfigError, LearnerDiedError
+from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.compute.cdp import LearnBatch
 from flare2.runtime.compute.cts import build_cts, resume
 from flare2.runtime.compute.learn_calls import Learned, learn_with_lag
+from flare2.runtime.compute.learner_group import (
+    IDLE_BROADCAST_S,
+    broadcast_bytes,
+    broadcast_tensors,
+    gather_bytes,
+    join,
+)
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import (
     configure_child_logging,
@@ -63,16 +74,17 @@ from flare2.runtime.processes import (
     ignore_interrupts,
 )
 from flare2.wire.codec import decode, encode
+from flare2.wire.sockets import free_port
 
 logger = logging.getLogger(__name__)
 
 _PIPE_MAX_BYTES = 1 << 40
-"""The pipe joins two processes of one run; a learn batch is as large as the batching makes it."""
+"""The pipe and the learners' group join processes of one run; a learn batch is as large as the batching makes it."""
 _ALIVE_CHECK_S = 1.0
-"""While waiting for an answer, how often to look whether the learner process is still there."""
+"""While waiting for an answer, how often to look whether the learner processes are still there."""
 _STOP_TIMEOUT_S = 5.0
-_RENDEZVOUS_TIMEOUT_S = 120.0
-"""How long learners wait for each other to join their process group."""
+_LEAVING = ("failed", "group_failed")
+"""What a learner says as it leaves the group: its learn() raised, or a collective call failed."""
 
 
 @dataclass(frozen=True)
@@ -82,14 +94,23 @@ class LearnerSettings:
     seed: int
     torch_threads: int
     resume_dir: str | None
-    """The run being resumed (``--resume``): the learner loads the same checkpoints as the compute process."""
+    """The run being resumed (``--resume``): the first learner loads its checkpoints and shares them."""
     parent_pid: int
     learners: int = 1
+    remote_learners: int = 0
+    """How many of the ``learners`` join from other machines (``flare2 learn``); they take the last ranks."""
     rank: int = 0
-    """Which of the ``learners`` this one is (0 writes the weights and the checkpoints)."""
+    """Which of the ``learners`` this one is (0 talks to the compute process, writes the weights and checkpoints)."""
     rendezvous: str = ""
-    """Where the learners' process group meets (``tcp://HOST:PORT``, torch.distributed's init method); empty for one
-    learner."""
+    """Where the learners' process group meets (``tcp://HOST:PORT``, torch.distributed's init method); empty: a free
+    port on loopback (or no group, for one learner)."""
+    rendezvous_timeout_s: float = 120.0
+    """How long the learners wait for each other to join (the run's --startup-timeout)."""
+
+    @property
+    def local_learners(self) -> int:
+        """The learners the compute process starts on its own machine."""
+        return self.learners - self.remote_learners
 
 
 def learner_device(device: str, rank: int) -> str:
@@ -100,8 +121,9 @@ def learner_device(device: str, rank: int) -> str:
     return f"cuda:{first + rank}"
 
 
-def check_learners(learners: int, device: str, cts: list[ComputationTask]) -> None:
-    """A ConfigError for ``--learners`` the machine or the CTs cannot take, naming the fix."""
+def check_learners(learners: int, device: str, cts: list[ComputationTask], *, remote: int = 0) -> None:
+    """A ConfigError for ``--learners`` (``remote`` of them elsewhere) the machine or the CTs cannot take, naming the
+    fix."""
     if learners == 1:
         return
     ragged = [f"{ct.name}.{key}" for ct in cts for key, spec in ct.specs.inputs.items() if spec.ragged]
@@ -110,12 +132,14 @@ def check_learners(learners: int, device: str, cts: list[ComputationTask]) -> No
             f"--learners {learners} splits each learn batch by sequences, which ragged inputs ({', '.join(ragged)}) "
             "cannot be yet: use --learners 1"
         )
+    here = learners - remote
     if device.startswith("cuda"):
         first, available = int(learner_device(device, 0).partition(":")[2]), torch.cuda.device_count()
-        if first + learners > available:
+        if first + here > available:
+            learners_here = f"--learners {learners}" + (f" ({here} of them here)" if remote else "")
             raise ConfigError(
-                f"--learners {learners} with --device {device} puts a learner on each GPU from cuda:{first} on, but "
-                f"this machine has {available} GPU(s): use --learners {max(1, available - first)} or fewer, or "
+                f"{learners_here} with --device {device} puts a learner on each GPU from cuda:{first} on, but this "
+                f"machine has {available} GPU(s): use --learners {max(1, available - first) + remote} or fewer, or "
                 "--device cpu for learners on CPU cores"
             )
 
@@ -128,39 +152,38 @@ def weights_digest(ct: ComputationTask) -> str:
     return digest.hexdigest()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def shared_weights(ct: ComputationTask) -> list[torch.Tensor]:
     """A copy of the CT's weights in shared memory (host memory, whatever the device)."""
     return [tensor.detach().to("cpu", copy=True).share_memory_() for tensor in ct.weight_tensors()]
 
 
 class LearnerProcess:
-    """The compute process's end: hands learn batches over to the learner processes, one batch at a time, and adopts
-    the weights they make.
+    """The compute process's end: hands learn batches over to the first learner process, one batch at a time, and
+    adopts the weights the learners make.
 
     ``wake_socket`` (the first learner's pipe) becomes readable when an answer is ready for ``deliver``.
     """
 
     def __init__(self, cts: list[ComputationTask], settings: LearnerSettings) -> None:
         self._cts = cts
+        self._learners = settings.learners
+        self._remote = settings.remote_learners
         self._weights = [shared_weights(ct) for ct in cts]
         spawn = multiprocessing.get_context("spawn")
-        rendezvous = f"tcp://127.0.0.1:{_free_port()}" if settings.learners > 1 else ""
+        rendezvous = settings.rendezvous or (f"tcp://127.0.0.1:{free_port('127.0.0.1')}" if self._learners > 1 else "")
         self._pipes: list[Connection] = []
         self._processes: list[multiprocessing.process.BaseProcess] = []
-        self._pending: list[deque[dict[str, Any]]] = [deque() for _ in range(settings.learners)]
+        self._pending: list[deque[dict[str, Any]]] = [deque() for _ in range(settings.local_learners)]
         """Answers read from a learner's pipe ahead of their turn (a gone learner's last words)."""
-        for rank in range(settings.learners):
+        for rank in range(settings.local_learners):
             pipe, child_end = spawn.Pipe()
             own = replace(settings, rank=rank, rendezvous=rendezvous, device=learner_device(settings.device, rank))
             # Daemonic: multiprocessing ends it with this process even when the loop leaves by an exception.
             process = spawn.Process(
-                target=learner_main, args=(own, child_end, self._weights), name=f"flare2-learner-{rank}", daemon=True
+                target=learner_main,
+                args=(own, child_end, self._weights if rank == 0 else None),
+                name=f"flare2-learner-{rank}",
+                daemon=True,
             )
             process.start()
             child_end.close()
@@ -171,8 +194,10 @@ class LearnerProcess:
         self.weight_digests: list[str] = []
         """Each learner's digest of its weights after the last batch (empty strings with one learner)."""
         # Not waited for: predictions are served while they import torch and build the CTs, and the first learn
-        # batch waits in the pipes meanwhile.
+        # batch waits in the pipe meanwhile.
         logger.info("%s started (pid %s)", self._name(), ", ".join(map(str, self.pids)))
+        if self._remote:
+            logger.info("%d of the learners join at %s from other machines (flare2 learn)", self._remote, rendezvous)
 
     @property
     def idle(self) -> bool:
@@ -184,16 +209,14 @@ class LearnerProcess:
 
     def submit(self, batch: LearnBatch) -> None:
         sequences = batch.experience["terminated"].shape[0]
-        learners = len(self._pipes)
-        if sequences % learners:
+        if sequences % self._learners:
             raise ConfigError(
                 f"a learn batch of CT {batch.cdp.ct.name!r} holds {sequences} sequences, which do not split evenly "
-                f"over --learners {learners} (each must take as many gradient steps as the others): make the envs "
-                f"in a learn batch (--envs-per-agent times the agents batched together) a multiple of {learners}"
+                f"over --learners {self._learners} (each must take as many gradient steps as the others): make the "
+                f"envs in a learn batch (--envs-per-agent times the agents batched together) a multiple of "
+                f"{self._learners}"
             )
-        request = encode({"kind": "learn", "ct": self._cts.index(batch.cdp.ct), "experience": batch.experience})
-        for rank in range(learners):
-            self._send(rank, request)
+        self._send(encode({"kind": "learn", "ct": self._cts.index(batch.cdp.ct), "experience": batch.experience}))
         self._in_flight = batch
 
     def deliver(self) -> None:
@@ -219,17 +242,17 @@ class LearnerProcess:
             "predict_calls": predict_calls,
             "statistics": statistics,
         }
-        self._send(0, encode(request))
+        self._send(encode(request))
         while (answer := self._receive(0))["kind"] != "saved":
             self._on_answer(answer)
 
     def close(self) -> None:
-        for rank, process in enumerate(self._processes):
-            if process.is_alive():
-                try:
-                    self._send(rank, encode({"kind": "stop"}))
-                except LearnerDiedError:
-                    pass  # it went meanwhile: nothing left to stop
+        """Stop the learners: the first one passes the word on to the others."""
+        if self._processes[0].is_alive():
+            try:
+                self._send(encode({"kind": "stop"}))
+            except LearnerDiedError:
+                pass  # it went meanwhile: nothing left to stop
         for process in self._processes:
             process.join(_STOP_TIMEOUT_S)
             if process.is_alive():
@@ -241,15 +264,15 @@ class LearnerProcess:
     # ---- the pipes -----------------------------------------------------------------------
 
     def _name(self, rank: int | None = None) -> str:
-        if len(self._pipes) == 1:
+        if self._learners == 1:
             return "the learner process"
-        return f"learner process {rank} of {len(self._pipes)}" if rank is not None else f"{len(self._pipes)} learners"
+        return f"learner process {rank} of {self._learners}" if rank is not None else f"{self._learners} learners"
 
-    def _send(self, rank: int, request: bytes) -> None:
+    def _send(self, request: bytes) -> None:
         try:
-            self._pipes[rank].send_bytes(request)
+            self._pipes[0].send_bytes(request)
         except OSError:
-            raise self._died(rank) from None
+            raise self._died(0) from None
 
     def _receive(self, rank: int) -> dict[str, Any]:
         pending = self._pending[rank]
@@ -263,23 +286,28 @@ class LearnerProcess:
                 self._check_the_others(rank)
         return pending.popleft()
 
+    def _last_words(self, rank: int) -> list[dict[str, Any]]:
+        """What a learner that is gone (or going) left in its pipe."""
+        left = self._pending[rank]
+        try:
+            while self._pipes[rank].poll(0):
+                left.append(decode(self._pipes[rank].recv_bytes(), max_bytes=_PIPE_MAX_BYTES))
+        except (EOFError, OSError):
+            pass
+        return list(left)
+
     def _check_the_others(self, rank: int) -> None:
         """The learners wait for each other: one that is gone leaves the rest waiting (to join the group, or in a
-        gradient average), so it ends the wait, unless it left because its learn() raised (the others fail in the
-        average then, and every traceback is reported)."""
+        collective call), so it ends the wait, unless it left saying why (its learn() raised, or a collective call
+        failed: the first learner's answer then tells)."""
         for other, process in enumerate(self._processes):
             if other == rank or process.is_alive():
                 continue
-            left = self._pending[other]
-            try:
-                while self._pipes[other].poll(0):
-                    left.append(decode(self._pipes[other].recv_bytes(), max_bytes=_PIPE_MAX_BYTES))
-            except (EOFError, OSError):
-                pass
+            left = self._last_words(other)
             for answer in left:
                 if answer["kind"] == "build_failed":
                     self._on_status(answer)
-            if not any(answer["kind"] == "failed" for answer in left):
+            if not any(answer["kind"] in _LEAVING for answer in left):
                 raise self._died(other)
 
     def _died(self, rank: int) -> LearnerDiedError:
@@ -289,80 +317,113 @@ class LearnerProcess:
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         return LearnerDiedError(f"{self._name(rank)} died ({how})")
 
-    def _batch_answer(self, rank: int) -> dict[str, Any]:
-        """Learner ``rank``'s answer to the batch in flight (past its word that it is ready)."""
-        while (answer := self._receive(rank))["kind"] in ("ready", "build_failed"):
-            self._on_status(answer)
-        return answer
-
     def _on_status(self, answer: dict[str, Any]) -> None:
         if answer["kind"] == "build_failed":
-            raise LearnerDiedError(f"{self._name()} could not build the CTs", answer["traceback"])
+            raise LearnerDiedError(
+                f"{self._name()} could not build the CTs or join the other learners", answer["traceback"]
+            )
         if answer.get("rank", 0) == 0:
             logger.info("%s ready", self._name())
 
+    def _failures(self, first: dict[str, Any]) -> list[tuple[int, str]]:
+        """The tracebacks of the learn() calls that raised on a failed batch, the first learner's answer ``first``
+        and the words the others here left (on a failure every learner leaves); a learner here that died without a
+        word is the cause, and raised as such."""
+        failed = [(0, first["traceback"])] if first["kind"] == "failed" else []
+        for rank in range(1, len(self._processes)):
+            self._processes[rank].join(_STOP_TIMEOUT_S)
+            left = self._last_words(rank)
+            if not any(answer["kind"] in _LEAVING for answer in left) and not self._processes[rank].is_alive():
+                raise self._died(rank)
+            failed += [(rank, answer["traceback"]) for answer in left if answer["kind"] == "failed"]
+        return failed
+
     def _on_answer(self, answer: dict[str, Any]) -> None:
-        """The first learner's answer: the others' to the same batch follow; then the batch is replied to."""
+        """The first learner's answer, which holds every learner's: then the batch is replied to."""
         if answer["kind"] in ("ready", "build_failed"):
             self._on_status(answer)
             return
         batch, self._in_flight = self._in_flight, None
         if batch is None:
             raise LearnerDiedError(f"{self._name(0)} answered {answer['kind']!r} to no request")
-        answers = [answer, *(self._batch_answer(rank) for rank in range(1, len(self._pipes)))]
-        failed = [(rank, a["traceback"]) for rank, a in enumerate(answers) if a["kind"] == "failed"]
-        if failed:
+        if answer["kind"] in _LEAVING:
+            failed = self._failures(answer) if self._learners > 1 else [(0, answer["traceback"])]
+            if not failed:
+                raise LearnerDiedError(
+                    f"the {self._name()} lost one another and none here raised: a learner on another machine left "
+                    "(its `flare2 learn` says why)",
+                    answer["traceback"],
+                )
             # One learner's traceback goes as it is; several are each headed by the learner that raised.
             together = "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed)
-            batch.cdp.learn_failed(batch, failed[0][1] if len(answers) == 1 else together)
+            batch.cdp.learn_failed(batch, failed[0][1] if len(failed) == 1 else together + self._remote_hint())
+        answers = answer["answers"]
         ct = batch.cdp.ct
         self.weight_digests = [a["weights_digest"] for a in answers]
         if len(set(self.weight_digests)) > 1:
             raise ConfigError(
-                f"after learn() call {answer['learn_calls']} of CT {ct.name!r} the {self._name()} hold different "
+                f"after learn() call {answers[0]['learn_calls']} of CT {ct.name!r} the {self._name()} hold different "
                 f"weights: with --learners every change to the weights must be a step of Algorithm.optimize() (which "
                 f"averages the gradients) taken alike on each learner; {type(ct.algorithm).__name__}.learn() changes "
                 "them some other way (or a different number of times): run it with --learners 1"
             )
-        ct.adopt_weights(self._weights[self._cts.index(ct)], learn_calls=answer["learn_calls"])
-        costs = {key: float(np.mean([a["costs"][key] for a in answers])) for key in answer["costs"]}
+        ct.adopt_weights(self._weights[self._cts.index(ct)], learn_calls=answers[0]["learn_calls"])
+        costs = {key: float(np.mean([a["costs"][key] for a in answers])) for key in answers[0]["costs"]}
         lag_sum, lag_steps = sum(a["lag_sum"] for a in answers), sum(a["lag_steps"] for a in answers)
         batch.cdp.learned(batch, Learned(costs, lag_sum, lag_steps, max(a["seconds"] for a in answers)))
 
+    def _remote_hint(self) -> str:
+        if not self._remote:
+            return ""
+        return (
+            f"\n(the {self._remote} learner(s) on other machines print their own tracebacks where `flare2 learn` runs)"
+        )
 
-def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list[torch.Tensor]]) -> None:
-    """Entry point of a learner process (started with the spawn method by the compute process)."""
+
+def remote_learner_main(settings: LearnerSettings) -> None:
+    """Entry point of a learner process ``flare2 learn`` starts on another machine: exit code 1 when it failed."""
+    if not learner_main(settings, None, None):
+        raise SystemExit(1)
+
+
+def learner_main(settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None) -> bool:
+    """Entry point of a learner process (started with the spawn method by the compute process, or by ``flare2
+    learn`` on another machine, which gives it no pipe: it logs what it would have said). Returns whether it stopped
+    when asked (False: it left on a failure)."""
     die_with_parent(settings.parent_pid)
     ignore_interrupts()
     configure_child_logging()
+    say = _Voice(pipe, settings.rank)
     try:
-        if settings.learners > 1:
-            if settings.device.startswith("cuda"):
-                # NCCL's collectives run on the current device: each learner's own GPU, not cuda:0 for all.
-                torch.cuda.set_device(settings.device)
-            dist.init_process_group(
-                "nccl" if settings.device.startswith("cuda") else "gloo",
-                init_method=settings.rendezvous,
-                rank=settings.rank,
-                world_size=settings.learners,
-                timeout=timedelta(seconds=_RENDEZVOUS_TIMEOUT_S),
+        group = (
+            join(
+                settings.rendezvous,
+                settings.rank,
+                settings.learners,
+                device=settings.device,
+                timeout_s=settings.rendezvous_timeout_s,
             )
-        cts = _build(settings, weights)
+            if settings.learners > 1
+            else None
+        )
+        cts = _build(settings, weights, group)
     except Exception:  # noqa: BLE001 - user code builds the CTs: its traceback goes to the compute process
-        pipe.send_bytes(encode({"kind": "build_failed", "traceback": traceback.format_exc()}))
-        return
-    pipe.send_bytes(encode({"kind": "ready", "rank": settings.rank}))
+        say({"kind": "build_failed", "traceback": traceback.format_exc()})
+        return False
+    say({"kind": "ready", "rank": settings.rank})
+    requests = _Requests(pipe, group)
     while True:
         try:
-            request = decode(pipe.recv_bytes(), max_bytes=_PIPE_MAX_BYTES)
-        except EOFError:
-            return  # the compute process is gone (the kernel ends this process with it too)
+            request = requests.next()
+        except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
+            say({"kind": "group_failed", "traceback": traceback.format_exc()})
+            return False
         kind = request["kind"]
         if kind == "stop":
-            return
-        if kind == "save":
+            return True
+        if kind == "save":  # only the first learner is asked
             _save(cts, request)
-            pipe.send_bytes(encode({"kind": "saved"}))
+            say({"kind": "saved"})
             continue
         index = request["ct"]
         ct = cts[index]
@@ -377,26 +438,76 @@ def learner_main(settings: LearnerSettings, pipe: Connection, weights: list[list
         try:
             result = learn_with_lag(ct, experience, share=(settings.rank, settings.learners))
         except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
-            pipe.send_bytes(encode({"kind": "failed", "traceback": traceback.format_exc()}))
-            if settings.learners > 1:
-                # The others wait in a gradient average this one will not join: leaving fails theirs at once.
-                return
+            say({"kind": "failed", "traceback": traceback.format_exc()})
+            if group is not None:
+                # The others wait in a collective call this one will not join: leaving fails theirs at once.
+                return False
             continue
-        if settings.rank == 0:
+        if settings.rank == 0 and weights is not None:
             copy_tensors(weights[index], ct.weight_tensors())
-        pipe.send_bytes(
-            encode(
-                {
-                    "kind": "learned",
-                    "costs": result.costs,
-                    "lag_sum": result.lag_sum,
-                    "lag_steps": result.lag_steps,
-                    "seconds": result.seconds,
-                    "learn_calls": ct.learn_calls,
-                    "weights_digest": weights_digest(ct) if settings.learners > 1 else "",
-                }
-            )
-        )
+        answer = {
+            "costs": result.costs,
+            "lag_sum": result.lag_sum,
+            "lag_steps": result.lag_steps,
+            "seconds": result.seconds,
+            "learn_calls": ct.learn_calls,
+            "weights_digest": weights_digest(ct) if group is not None else "",
+        }
+        try:
+            answers = [answer] if group is None else [decode(data) for data in gather_bytes(encode(answer), group)]
+        except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
+            say({"kind": "group_failed", "traceback": traceback.format_exc()})
+            return False
+        if settings.rank == 0:
+            say({"kind": "learned", "answers": answers})
+
+
+class _Voice:
+    """What a learner says: down its pipe to the compute process, or, without one (``flare2 learn``), to its log;
+    of the first learner's answers to batches only the first learner's reach the compute process."""
+
+    def __init__(self, pipe: Connection | None, rank: int) -> None:
+        self._pipe = pipe
+        self._rank = rank
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        if self._pipe is not None:
+            if message["kind"] != "learned" or self._rank == 0:
+                self._pipe.send_bytes(encode(message))
+            return
+        if "traceback" in message:
+            logger.error("learner %d: %s\n%s", self._rank, message["kind"].replace("_", " "), message["traceback"])
+        elif message["kind"] == "ready":
+            logger.info("learner %d joined the run's learners", self._rank)
+
+
+class _Requests:
+    """The requests a learner takes in turn: the first from the compute process's pipe, handing on to the others
+    what they must take too (learn batches, the word to stop); the others from the first, over the group."""
+
+    def __init__(self, pipe: Connection | None, group: dist.ProcessGroup | None) -> None:
+        self._pipe = pipe
+        self._group = group
+
+    def next(self) -> dict[str, Any]:
+        group = self._group
+        if group is not None and dist.get_rank() != 0:
+            while (request := decode(broadcast_bytes(None, group), max_bytes=_PIPE_MAX_BYTES))["kind"] == "idle":
+                pass
+            return request
+        if self._pipe is None:
+            raise RuntimeError("the first learner is the compute process's child: it takes requests from its pipe")
+        while group is not None and not self._pipe.poll(IDLE_BROADCAST_S):
+            broadcast_bytes(encode({"kind": "idle"}), group)
+        try:
+            data = self._pipe.recv_bytes()
+        except EOFError:
+            # The compute process is gone (the kernel ends this process with it too): the others stop.
+            data = encode({"kind": "stop"})
+        request = decode(data, max_bytes=_PIPE_MAX_BYTES)
+        if group is not None and request["kind"] in ("learn", "stop"):
+            broadcast_bytes(data, group)
+        return request
 
 
 def _save(cts: list[ComputationTask], request: dict[str, Any]) -> None:
@@ -413,9 +524,31 @@ def _save(cts: list[ComputationTask], request: dict[str, Any]) -> None:
             ct.save(request["paths"][ct.name], request["counters"])
 
 
-def _build(settings: LearnerSettings, weights: list[list[torch.Tensor]]) -> list[ComputationTask]:
+def _build(
+    settings: LearnerSettings, weights: list[list[torch.Tensor]] | None, group: dist.ProcessGroup | None
+) -> list[ComputationTask]:
+    """The CTs, from the compute process's weights (the first learner, through shared memory) or the first
+    learner's (the others, over the group), with the optimizers and counters of a resumed run."""
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
-    resume(cts, settings.resume_dir)
-    for index, ct in enumerate(cts):
-        copy_tensors(ct.weight_tensors(), weights[index])
+    if settings.rank == 0:
+        resume(cts, settings.resume_dir)
+        for index, ct in enumerate(cts):
+            copy_tensors(ct.weight_tensors(), (weights or [])[index])
+    if group is None:
+        return cts
+    # The others load the same checkpoints, from the first learner's bytes: their machine may not hold them.
+    files = (
+        {ct.name: resume_checkpoint_path(settings.resume_dir, ct.name).read_bytes() for ct in cts}
+        if settings.rank == 0 and settings.resume_dir
+        else {}
+    )
+    files = decode(broadcast_bytes(encode(files) if settings.rank == 0 else None, group), max_bytes=_PIPE_MAX_BYTES)
+    if settings.rank != 0 and files:
+        with tempfile.TemporaryDirectory(prefix="flare2-resume-") as directory:
+            for ct in cts:
+                path = Path(directory) / f"{ct.name}.pt"
+                path.write_bytes(files[ct.name])
+                ct.load(path)
+    for ct in cts:
+        broadcast_tensors(ct.weight_tensors())
     return cts

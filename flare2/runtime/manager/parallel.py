@@ -243,6 +243,9 @@ class ParallelSchedule:
             torch_threads=config.torch_threads,
             learner=config.learner,
             learners=config.learners,
+            remote_learners=config.remote_learners,
+            learner_rendezvous=self.desk.learner_rendezvous,
+            startup_timeout_s=config.startup_timeout_s,
             busy_wait_us=config.busy_wait_us,
             local_agents=config.agents.num_agents,
             max_message_bytes=config.max_message_bytes,
@@ -370,7 +373,7 @@ class ParallelSchedule:
             sorted(served),
             learner or "between predictions",
         )
-        self.desk.compute_is_up(control, served)
+        self.desk.compute_is_up(control, served, device=str(hello.get("device")))
 
     # ---- stopping --------------------------------------------------------------------
 

@@ -77,6 +77,10 @@ class LearnerDiedError(RemoteError):
     """The learner process ended, or could not start, without being asked to."""
 
 
+class LearnersPartedError(FlareError):
+    """A collective call of the learners of ``--learners`` failed: one of them is gone."""
+
+
 class RunFailed(FlareError):
     """The run cannot go on; ``exit_code`` (one of ``flare2.runtime.exit_codes``) says why."""
 

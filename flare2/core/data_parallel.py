@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from flare2.errors import LearnersPartedError
+
 
 def learners() -> int:
     """How many learners share each learn batch (1 without ``--learners``)."""
@@ -38,7 +40,7 @@ def average_buffers(modules: list[torch.nn.Module]) -> None:
         return
     with torch.no_grad():
         flat = torch.cat([buffer.reshape(-1).to(torch.float64) for buffer in buffers])
-        dist.all_reduce(flat)
+        _all_reduce(flat, "buffer")
         flat /= count
         offset = 0
         for buffer in buffers:
@@ -54,7 +56,7 @@ def average_gradients(parameters: list[torch.Tensor]) -> None:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
     flat = torch.cat([grad.reshape(-1) for grad in grads])
-    dist.all_reduce(flat)
+    _all_reduce(flat, "gradient")
     flat /= count
     offset = 0
     for parameter, grad in zip(parameters, grads):
@@ -64,3 +66,11 @@ def average_gradients(parameters: list[torch.Tensor]) -> None:
             parameter.grad = mean.clone()
         else:
             parameter.grad.copy_(mean)
+
+
+def _all_reduce(flat: torch.Tensor, what: str) -> None:
+    """Sum ``flat`` over the learners; a LearnersPartedError when one of them is gone (the collective call fails)."""
+    try:
+        dist.all_reduce(flat)
+    except RuntimeError as exc:  # gloo and NCCL report a learner that left as a RuntimeError of their own
+        raise LearnersPartedError(f"the learners' {what} average failed: another learner is gone ({exc})") from exc

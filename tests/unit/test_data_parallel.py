@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -14,11 +15,13 @@ import torch.distributed as dist
 
 from flare2.core.computation_task import ComputationTask
 from flare2.core.learn_requests import pack, unpack
-from flare2.errors import ConfigError, LearnerDiedError
+from flare2.errors import ConfigError, LearnerDiedError, TransportError
 from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch
 from flare2.runtime.compute.learn_calls import learn_with_lag
+from flare2.runtime.compute.learner_group import join
 from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings, check_learners
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.wire.sockets import free_port
 from flare2.zoo.a2c import A2C
 from flare2.zoo.models import ActorCritic
 
@@ -165,6 +168,11 @@ def test_learners_the_machine_or_the_run_cannot_take_are_refused_naming_the_fix(
         RunConfig(
             cts=(CTConfig("RL", build_a2c),), agents=AgentConfig("flare2.core.envs:GymAgent"), max_steps=10, learners=0
         )
+    run = {"cts": (CTConfig("RL", build_a2c),), "agents": AgentConfig("flare2.core.envs:GymAgent"), "max_steps": 10}
+    with pytest.raises(ConfigError, match=r"--remote-learners must be in 0..1 \(--learners counts them"):
+        RunConfig(**run, learners=2, remote_learners=2)
+    with pytest.raises(ConfigError, match="CT 'RL' is built by a Python function .* train it with `flare2 train`"):
+        RunConfig(**run, learners=2, remote_learners=1)
     for conflict in ({"serial": True}, {"learner": "inline"}):
         with pytest.raises(ConfigError, match="--learners 2 runs learner processes, which"):
             RunConfig(
@@ -174,3 +182,17 @@ def test_learners_the_machine_or_the_run_cannot_take_are_refused_naming_the_fix(
                 learners=2,
                 **conflict,
             )
+
+
+def test_a_rendezvous_that_does_not_answer_ends_in_a_message_naming_it_within_twice_its_timeout():
+    port = free_port("127.0.0.1")  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(
+        TransportError,
+        match=rf"the learners' process group at tcp://127.0.0.1:{port} did not take in "
+        rf"learner 1 within 2s: check that this machine reaches 127.0.0.1 on TCP port {port}",
+    ):
+        join(f"tcp://127.0.0.1:{port}", 1, 2, device="cpu", timeout_s=2)
+    # torch's store tries to connect twice, each for the timeout.
+    assert time.monotonic() - started < 2 * 2 + 3
+    assert not dist.is_initialized()

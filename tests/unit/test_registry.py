@@ -12,6 +12,7 @@ from tool_modules import ROOT, load_tool
 from flare2.commands.train import resolve
 from flare2.commands.tune import search_space
 from flare2.errors import ConfigError
+from flare2.wire.codec import decode, encode
 from flare2.zoo import registry
 from flare2.zoo.record import BOX, DISCRETE, ActorCriticSettings, AlgorithmRecord
 from flare2.zoo.records.a2c import A2CConfig
@@ -76,6 +77,23 @@ def test_a_registered_record_is_what_flare2_train_and_tune_read(tmp_path):
     # The CT's build travels to the compute process by pickling, and names the build function by its path.
     build = pickle.loads(pickle.dumps(plan.run.cts[0].build))
     assert (build.path, build.env_id, build.config) == ("flare2.zoo.a2c:build", "CartPole-v1", SmallConfig(0.02, 0.95))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--env", "Acrobot-v1", "--algo", "ppo", "--hidden", "32", "16"],
+        ["--env", "Pendulum-v1", "--algo", "sac"],
+        ["--env", "CartPole-v1", "--algo", "dqn", "--max-episode-steps", "200"],
+    ],
+)
+def test_a_build_crosses_to_a_learner_on_another_machine_as_data_and_is_the_same_build_there(argv, tmp_path):
+    build = resolve([*argv, "--log-dir", str(tmp_path)]).run.cts[0].build
+    # What `flare2 learn` gets: the recipe through flare2's codec (lists for tuples, no pickle).
+    crossed = decode(encode(build.recipe()))
+    assert registry.rebuild(crossed) == build
+    with pytest.raises(ConfigError, match="not a build recipe of flare2 train"):
+        registry.rebuild({**crossed, "algorithm": {**crossed["algorithm"], "no_such_setting": 1}})
 
 
 def test_registering_twice_is_harmless_but_a_taken_name_is_refused():

@@ -55,7 +55,7 @@ import torch.distributed as dist
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.learn_requests import check_learn
 from flare2.core.transforms import RunningMoments
-from flare2.errors import ConfigError, LearnerDiedError
+from flare2.errors import ConfigError, LearnerDiedError, LearnersPartedError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.compute.cdp import LearnBatch
 from flare2.runtime.compute.cts import build_cts, resume
@@ -437,6 +437,9 @@ def learner_main(settings: LearnerSettings, pipe: Connection | None, weights: li
         }
         try:
             result = learn_with_lag(ct, experience, share=(settings.rank, settings.learners))
+        except LearnersPartedError:
+            say({"kind": "group_failed", "traceback": traceback.format_exc()})
+            return False
         except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
             say({"kind": "failed", "traceback": traceback.format_exc()})
             if group is not None:

@@ -1,0 +1,125 @@
+"""Learners of ``flare2 learn`` joining the learners of a ``flare2 train`` run (``--remote-learners``), over loopback
+here; tests/integration/test_two_hosts.py runs one from another host."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from runs import RunProcess, compute_pid, read_csv
+
+from flare2.runtime import exit_codes
+
+FLARE2 = [sys.executable, "-m", "flare2.cli"]
+
+
+def train_with_a_remote_learner(log_dir: Path, *options: str, prefix: tuple[str, ...] = ()) -> RunProcess:
+    return RunProcess.command(
+        [
+            *prefix,
+            *FLARE2,
+            "train",
+            "--env",
+            "CartPole-v1",
+            "--algo",
+            "ppo",
+            "--learners",
+            "2",
+            "--remote-learners",
+            "1",
+            "--device",
+            "cpu",
+            "--progress-interval",
+            "0.5",
+            "--log-dir",
+            str(log_dir),
+            *options,
+        ]
+    )
+
+
+def control_endpoint(manager: RunProcess) -> str:
+    line = manager.wait_for_line(r"control endpoint tcp://\S+,", timeout_s=60)
+    found = re.search(r"control endpoint (tcp://\S+),", line)
+    assert found is not None
+    return found.group(1)
+
+
+def learn(endpoint: str, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FLARE2, "learn", endpoint, *options], capture_output=True, text=True, timeout=60)
+
+
+def test_a_learner_of_flare2_learn_trains_with_the_run_resumes_with_it_and_its_death_stops_the_run(tmp_path):
+    log_dir = tmp_path / "run"
+    manager = train_with_a_remote_learner(log_dir, "--port", "0", "--max-steps", "4000")
+    learners: list[RunProcess] = []
+    try:
+        endpoint = control_endpoint(manager)
+        too_many = learn(endpoint, "--learners", "2")
+        assert too_many.returncode == exit_codes.CONFIG_ERROR, too_many.stderr
+        assert (
+            "the run has 1 of its 1 remote learner rank(s) left (--remote-learners 1): start this with --learners 1"
+            in (too_many.stderr)
+        )
+        learners.append(RunProcess.command([*FLARE2, "learn", endpoint]))
+        learners[-1].wait_for_line(r"learner 1 joined the run's learners", timeout_s=120)
+        taken = learn(endpoint)
+        assert taken.returncode == exit_codes.CONFIG_ERROR and "every one is taken" in taken.stderr, taken.stderr
+        # Every batch's answer carries each learner's digest of its weights: ones that parted would stop the run.
+        assert manager.wait(timeout_s=120) == exit_codes.OK
+        assert learners[-1].wait(timeout_s=30) == exit_codes.OK, learners[-1].text
+        assert read_csv(log_dir / "progress.csv")[-1]["learn_steps"] > 0
+
+        # Resumed, the learner of flare2 learn takes the first learner's checkpoint (the optimizer's moments too:
+        # without them its steps, and so its weights, would part from the first learner's after the first batch).
+        manager = train_with_a_remote_learner(
+            log_dir, "--port", "0", "--max-steps", "1000000", "--resume", str(log_dir)
+        )
+        endpoint = control_endpoint(manager)
+        learners.append(RunProcess.command([*FLARE2, "learn", endpoint]))
+        learners[-1].wait_for_line(r"learner 1 joined the run's learners", timeout_s=120)
+        resumed_at = read_csv(log_dir / "progress.csv")[-1]["learn_steps"]
+        while read_csv(log_dir / "progress.csv")[-1]["learn_steps"] < resumed_at + 3:
+            manager.wait_for_line(r"flare2.progress INFO", timeout_s=60)
+        # A learner that dies stops the run: the others cannot average their gradients without it.
+        # The learner process is the one multiprocessing child of flare2 learn.
+        os.kill(compute_pid(learners[-1].process.pid), signal.SIGKILL)
+        assert manager.wait(timeout_s=120) == exit_codes.FAILED
+        assert "a learner on another machine left (its `flare2 learn` says why)" in manager.text, manager.text[-3000:]
+        assert learners[-1].wait(timeout_s=30) == exit_codes.FAILED
+    finally:
+        for run in [manager, *learners]:
+            run.stop()
+
+
+def test_flare2_learn_refused_by_a_run_without_remote_learners_and_by_a_rendezvous_that_does_not_answer(tmp_path):
+    manager = RunProcess.command(
+        [
+            *FLARE2,
+            "train",
+            "--env",
+            "CartPole-v1",
+            "--algo",
+            "ppo",
+            "--max-steps",
+            "100000000",
+            "--port",
+            "0",
+            "--log-dir",
+            str(tmp_path / "run"),
+        ]
+    )
+    try:
+        refused = learn(control_endpoint(manager))
+        assert refused.returncode == exit_codes.CONFIG_ERROR
+        assert "this run takes no learners from other machines: start it with --learners N --remote-learners K" in (
+            refused.stderr
+        )
+    finally:
+        manager.process.send_signal(signal.SIGINT)
+        manager.wait(timeout_s=60)
+        manager.stop()

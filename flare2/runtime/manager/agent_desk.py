@@ -2,7 +2,8 @@
 
 Hellos of local and remote agents (kept until the compute process is up,
 then welcomed with the endpoints each one needs), probes from ``flare2
-attach`` (answered with the run's id and its agents' recipe), stats, byes and
+attach`` (answered with the run's id and its agents' recipe) and ``flare2 learn``
+(given learner ranks and the learners' recipe), stats, byes and
 errors; the LIVE set each CDP batches by (sent from one place, and only once
 the compute process is up); heartbeats; remote agents dropped when silent,
 their late stats still counted, and the ones that rejoin in their place

@@ -44,16 +44,18 @@ def _attach(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return attach(config)
 
 
-def _slurm(args: argparse.Namespace, parser: argparse.ArgumentParser, attach: argparse.ArgumentParser) -> int:
+def _slurm(args: argparse.Namespace, parser: argparse.ArgumentParser, nodes: dict[str, argparse.ArgumentParser]) -> int:
     from flare2.commands.slurm import SlurmJob, submit
 
-    # The nodes' attach options are checked here, so that a typo fails now rather than on every node of the job.
-    attach.parse_args([args.endpoint, *args.attach_options])
+    command = "learn" if args.learn else "attach"
+    # The nodes' options are checked here, so that a typo fails now rather than on every node of the job.
+    nodes[command].parse_args([args.endpoint, *args.node_options])
     try:
         job = SlurmJob(
             endpoint=args.endpoint,
-            attach_options=tuple(args.attach_options),
+            node_options=tuple(args.node_options),
             nodes=args.nodes,
+            command=command,
             partition=args.partition,
             time=args.time,
             cpus_per_node=args.cpus_per_node,
@@ -68,7 +70,7 @@ def _slurm(args: argparse.Namespace, parser: argparse.ArgumentParser, attach: ar
     except ConfigError as exc:
         parser.error(str(exc))
     print(
-        f"submitted Slurm job {job_id}: one flare2 attach on each of {args.nodes} node(s); scancel {job_id} detaches them"
+        f"submitted Slurm job {job_id}: one flare2 {command} on each of {args.nodes} node(s); scancel {job_id} ends them"
     )
     return 0
 
@@ -181,15 +183,24 @@ def main(argv: list[str] | None = None) -> int:
 
     slurm = commands.add_parser(
         "slurm",
-        help="run flare2 attach on the nodes of a Slurm cluster: flare2 slurm --nodes K tcp://HOST:PORT --keys DIR",
-        description="Submit a Slurm job that runs one `flare2 attach ENDPOINT ATTACH_OPTIONS` on each of --nodes "
-        "nodes (sbatch, then srun). The nodes need the same Python environment and keys folder (a shared filesystem).",
+        help="run flare2 attach (or learn) on the nodes of a Slurm cluster: flare2 slurm --nodes K tcp://HOST:PORT "
+        "--keys DIR",
+        description="Submit a Slurm job that runs one `flare2 attach ENDPOINT OPTIONS` (with --learn, one `flare2 "
+        "learn ENDPOINT OPTIONS`) on each of --nodes nodes (sbatch, then srun). The nodes need the same Python "
+        "environment and keys folder (a shared filesystem).",
     )
-    slurm.add_argument("--nodes", type=int, required=True, help="nodes to start one flare2 attach on each")
+    slurm.add_argument("--nodes", type=int, required=True, help="nodes to start one flare2 attach (or learn) on each")
+    slurm.add_argument(
+        "--learn", action="store_true", help="run flare2 learn (learners of a run's --remote-learners), not attach"
+    )
     slurm.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's)")
     slurm.add_argument("--time", default=None, help="the job's time limit, as sbatch takes it (4:00:00)")
     slurm.add_argument("--cpus-per-node", type=int, default=None, help="CPUs to ask for on each node")
-    slurm.add_argument("--output", default="flare2-attach-%j.out", help="the job's log file (%%j: the job id)")
+    slurm.add_argument(
+        "--output",
+        default=None,
+        help="the job's log file (%%j: the job id; default flare2-attach-%%j.out or flare2-learn-%%j.out)",
+    )
     slurm.add_argument("--python", default=sys.executable, help="the Python the nodes run flare2 with")
     slurm.add_argument(
         "--sbatch", action="append", default=[], metavar="OPTION", help="one more sbatch option (--account=lab)"
@@ -197,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     slurm.add_argument("--print-script", action="store_true", help="print the batch script instead of submitting it")
     slurm.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT")
     slurm.add_argument(
-        "attach_options", nargs=argparse.REMAINDER, help="options of flare2 attach for every node (--keys DIR ...)"
+        "node_options",
+        nargs=argparse.REMAINDER,
+        help="options of flare2 attach (or learn) for every node (--keys DIR ...)",
     )
-    slurm.set_defaults(run=lambda args, parser: _slurm(args, parser, attach), parser=slurm)
+    slurm.set_defaults(run=lambda args, parser: _slurm(args, parser, {"attach": attach, "learn": learn}), parser=slurm)
 
     keys = commands.add_parser("keys", help="make CurveZMQ key pairs for a run that other machines join")
     keys.add_argument("directory", help="where the keys go")

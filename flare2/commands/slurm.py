@@ -1,11 +1,13 @@
-"""``flare2 slurm``: a run's remote agents on the nodes of a Slurm cluster, one ``flare2 attach`` per node.
+"""``flare2 slurm``: a run's remote agents (or learners) on the nodes of a Slurm cluster, one ``flare2 attach`` (or,
+with ``--learn``, one ``flare2 learn``) per node.
 
 It writes a batch script that asks for ``--nodes`` nodes with one task each
 and runs ``flare2 attach ENDPOINT ...`` there through ``srun``, and submits it
 with ``sbatch`` (``--print-script`` shows it instead). Slurm only places the
 processes: each attach reaches the manager over flare2's own ZeroMQ + CURVE,
 takes the run's recipe, rejoins after a network outage and ends when the run
-ends, and the job with them. The nodes must see the same Python environment
+ends, and the job with them; each ``flare2 learn`` takes learner ranks of a run
+started with ``--remote-learners`` the same way. The nodes must see the same Python environment
 and the keys folder where the submitting machine does (a shared filesystem,
 as clusters have; ``--python`` names another interpreter).
 """
@@ -20,25 +22,33 @@ from dataclasses import dataclass
 
 from flare2.errors import ConfigError
 
+NODE_COMMANDS = ("attach", "learn")
+"""What a job may run on each node: ``flare2 attach`` (agents) or ``flare2 learn`` (learners)."""
+
 
 @dataclass(frozen=True)
 class SlurmJob:
     endpoint: str
-    attach_options: tuple[str, ...]
-    """Options of ``flare2 attach`` (``--keys DIR --num-agents 2`` ...), given to each node's attach as they are."""
+    node_options: tuple[str, ...]
+    """Options of the node command (``--keys DIR --num-agents 2`` ...), given to each node's as they are."""
     nodes: int
+    command: str = "attach"
+    """The node command, one of NODE_COMMANDS."""
     partition: str | None = None
     time: str | None = None
     """Slurm's time limit (``4:00:00``); None: the partition's."""
     cpus_per_node: int | None = None
-    job_name: str = "flare2-attach"
-    output: str = "flare2-attach-%j.out"
-    """Where each node's log goes (Slurm's ``%j`` is the job id, ``%N`` the node)."""
+    output: str | None = None
+    """Where each node's log goes (Slurm's ``%j`` is the job id, ``%N`` the node); None: flare2-COMMAND-%j.out."""
     python: str = sys.executable
     sbatch_options: tuple[str, ...] = ()
     """More ``#SBATCH`` lines, as sbatch takes them (``--account=lab``, ``--qos=long``)."""
 
     def __post_init__(self) -> None:
+        if self.command not in NODE_COMMANDS:
+            raise ConfigError(
+                f"a Slurm job runs flare2 {' or '.join(NODE_COMMANDS)} on its nodes, not {self.command!r}"
+            )
         if self.nodes < 1:
             raise ConfigError(f"--nodes must be >= 1, got {self.nodes}")
         if self.cpus_per_node is not None and self.cpus_per_node < 1:
@@ -48,13 +58,13 @@ class SlurmJob:
                 raise ConfigError(f"--sbatch takes one sbatch option such as --account=lab, got {option!r}")
 
     def script(self) -> str:
-        """The batch script: the allocation, then one attach per node."""
+        """The batch script: the allocation, then one node command per node."""
         lines = [
             "#!/bin/bash",
-            f"#SBATCH --job-name={self.job_name}",
+            f"#SBATCH --job-name=flare2-{self.command}",
             f"#SBATCH --nodes={self.nodes}",
             "#SBATCH --ntasks-per-node=1",
-            f"#SBATCH --output={self.output}",
+            f"#SBATCH --output={self.output or f'flare2-{self.command}-%j.out'}",
         ]
         if self.cpus_per_node is not None:
             lines.append(f"#SBATCH --cpus-per-task={self.cpus_per_node}")
@@ -63,12 +73,12 @@ class SlurmJob:
         if self.time:
             lines.append(f"#SBATCH --time={self.time}")
         lines += [f"#SBATCH {option}" for option in self.sbatch_options]
-        attach = [self.python, "-m", "flare2.cli", "attach", self.endpoint, *self.attach_options]
+        command = [self.python, "-m", "flare2.cli", self.command, self.endpoint, *self.node_options]
         lines += [
             "",
-            "# One flare2 attach per node; each ends when the run does (or detaches on scancel), and the job with them.",
+            f"# One flare2 {self.command} per node; each ends when the run does (or on scancel), and the job with them.",
             # A node whose attach fails must not take the other nodes' agents down with it.
-            f"srun --kill-on-bad-exit=0 {shlex.join(attach)}",
+            f"srun --kill-on-bad-exit=0 {shlex.join(command)}",
             "",
         ]
         return "\n".join(lines)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from netns import Hosts, needs_root, three_hosts
 from runs import CARTPOLE, RunProcess, wait_until_gone
+from test_remote_learners import train_with_a_remote_learner
 
 from flare2.runtime import exit_codes
 
@@ -155,6 +156,48 @@ def test_flare2_slurm_starts_an_attach_on_each_node_and_the_run_counts_their_age
         log = (tmp_path / f"attach-{job}.out").read_text()
         assert log.count("starting 1 agent(s) of flare2.core.envs:GymAgent with 2 env(s) each") == 2, log
         assert log.count("all agents have left (exit codes [0])") == 2, log
+    finally:
+        manager.stop()
+
+
+def test_flare2_slurm_learn_starts_a_learner_on_a_node_that_joins_the_runs_learners(tmp_path, cluster):
+    hosts, _ = cluster
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "flare2.cli", "keys", str(keys)], check=True, capture_output=True, timeout=60)
+    address = hosts.address[hosts.a]
+    manager = train_with_a_remote_learner(
+        tmp_path / "run",
+        "--max-steps",
+        "6000",
+        "--bind",
+        address,
+        "--port",
+        str(PORT),
+        "--keys",
+        str(keys),
+        prefix=tuple(hosts.run_in(hosts.a)),
+    )
+    try:
+        manager.wait_for_line(r"compute process is up", timeout_s=120)
+        output = str(tmp_path / "learn-%j.out")
+        submitted = subprocess.run(
+            hosts.run_in(hosts.a, sys.executable, "-m", "flare2.cli", "slurm", "--learn", "--nodes", "1")
+            + ["--output", output, f"tcp://{address}:{PORT}", "--keys", str(keys)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        job = submitted.stdout.split()[3].rstrip(":")
+        manager.wait_for_line(r"learner ranks 1..1 go to a flare2 learn on another machine", timeout_s=120)
+        # The run learns with the node's learner to its budget, and its stop ends the learner and the job.
+        assert manager.wait(timeout_s=180) == exit_codes.OK
+        deadline = time.monotonic() + 60
+        while job_is_queued(hosts, job):
+            assert time.monotonic() < deadline, f"job {job} still running 60 s after the run ended"
+            time.sleep(0.5)
+        log = (tmp_path / f"learn-{job}.out").read_text()
+        assert "learner 1 joined the run's learners" in log and "the run stopped its learners" in log, log
     finally:
         manager.stop()
 

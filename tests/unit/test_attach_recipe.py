@@ -4,6 +4,7 @@ batch script `flare2 slurm` submits."""
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -100,6 +101,16 @@ def test_the_slurm_job_runs_one_attach_per_node_with_the_options_given():
         "--num-agents 2",
     ):
         assert line in script.splitlines()
+    assert "#SBATCH --output=flare2-attach-%j.out" in script.splitlines()
+    learners = SlurmJob("tcp://10.0.0.1:5555", ("--keys", "keys/", "--learners", "2"), nodes=2, command="learn")
+    for line in (
+        "#SBATCH --job-name=flare2-learn",
+        "#SBATCH --output=flare2-learn-%j.out",
+        f"srun --kill-on-bad-exit=0 {sys.executable} -m flare2.cli learn tcp://10.0.0.1:5555 --keys keys/ --learners 2",
+    ):
+        assert line in learners.script().splitlines()
+    with pytest.raises(ConfigError, match="a Slurm job runs flare2 attach or learn on its nodes, not 'train'"):
+        SlurmJob("tcp://10.0.0.1:5555", (), nodes=1, command="train")
     with pytest.raises(ConfigError, match="--nodes must be >= 1"):
         SlurmJob("tcp://10.0.0.1:5555", (), nodes=0)
     with pytest.raises(ConfigError, match="--sbatch takes one sbatch option such as --account=lab"):

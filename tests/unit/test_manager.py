@@ -11,7 +11,10 @@ from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.runtime.manager import agent_desk
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.manager.parallel import ParallelSchedule
-from flare2.wire.protocol import BYE, HELLO, STATS, WELCOME, Message
+from flare2.wire.protocol import BYE, ERROR, HELLO, STATS, WELCOME, Message
+from flare2.zoo.record import ActorCriticSettings
+from flare2.zoo.records.ppo import PPOConfig
+from flare2.zoo.registry import lookup
 
 
 def build():  # never called: no compute process is started here
@@ -110,3 +113,62 @@ def test_a_remote_agent_that_says_bye_before_the_compute_process_is_up_leaves_th
     run.desk.on_message(control, b"r-early", remote_hello("r-early"))
     run.desk.on_message(control, b"r-early", Message(BYE, {}, "r-early", 2))
     assert "r-early" not in run.agents.remotes
+
+
+def learner_probe(count, name: str = "probe-l") -> tuple[bytes, Message]:
+    return name.encode(), Message(HELLO, {"role": "probe", "learners": count}, name, 1)
+
+
+def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_and_are_refused_past_them(
+    tmp_path, control, monkeypatch
+):
+    build = lookup("ppo").builder("CartPole-v1", {}, PPOConfig(), ActorCriticSettings(), preprocessing=True)
+    config = RunConfig(
+        cts=(CTConfig("RL", build),),
+        agents=AgentConfig("flare2.core.envs:GymAgent", {"env_id": "CartPole-v1"}),
+        max_steps=10,
+        log_dir=str(tmp_path),
+        learners=3,
+        remote_learners=2,
+        seed=5,
+    )
+    run = Manager(config).schedule
+    assert isinstance(run, ParallelSchedule)
+    sent = sent_by_the_desk(monkeypatch)
+    run.desk.on_message(control, *learner_probe(1))
+    assert sent.pop()[1].payload["learners"] == {"starting": True}
+    run.desk.compute_is_up(control, {}, device="cpu")
+    run.desk.on_message(control, *learner_probe(3))
+    refused = sent.pop()[1]
+    assert refused.kind == ERROR and "the run has 2 of its 2 remote learner rank(s) left" in refused.payload["reason"]
+    assert "start this with --learners 2" in refused.payload["reason"]
+    run.desk.on_message(control, *learner_probe(1))
+    given = sent.pop()[1].payload["learners"]
+    assert {key: given[key] for key in ("first_rank", "count", "learners", "device", "seed")} == {
+        "first_rank": 1,
+        "count": 1,
+        "learners": 3,
+        "device": "cpu",
+        "seed": 5,
+    }
+    assert given["rendezvous"] == run.desk.learner_rendezvous and given["cts"] == [
+        {"name": "RL", "build": build.recipe()}
+    ]
+    run.desk.on_message(control, *learner_probe(1))
+    assert sent.pop()[1].payload["learners"]["first_rank"] == 2
+    run.desk.on_message(control, *learner_probe(1))
+    assert "every one is taken" in sent.pop()[1].payload["reason"]
+    for bad in (0, "1", None):
+        run.desk.on_message(control, *learner_probe(bad))
+        assert "a learner probe must ask for 1 or more learners" in sent.pop()[1].payload["reason"]
+
+
+def test_a_run_without_remote_learners_refuses_learner_probes_naming_the_options(tmp_path, control, monkeypatch):
+    run = manager(tmp_path)
+    sent = sent_by_the_desk(monkeypatch)
+    run.desk.on_message(control, *learner_probe(1))
+    refused = sent.pop()[1]
+    assert refused.kind == ERROR
+    assert refused.payload["reason"] == (
+        "this run takes no learners from other machines: start it with --learners N --remote-learners K"
+    )

@@ -344,19 +344,20 @@ class LearnerProcess:
             self._on_status(answer)
             return
         batch, self._in_flight = self._in_flight, None
-        if batch is None:
-            raise LearnerDiedError(f"{self._name(0)} answered {answer['kind']!r} to no request")
         if answer["kind"] in _LEAVING:
             failed = self._failures(answer) if self._learners > 1 else [(0, answer["traceback"])]
             if not failed:
+                elsewhere = ": a learner on another machine left (its `flare2 learn` says why)" if self._remote else ""
                 raise LearnerDiedError(
-                    f"the {self._name()} lost one another and none here raised: a learner on another machine left "
-                    "(its `flare2 learn` says why)",
-                    answer["traceback"],
+                    f"the {self._name()} lost one another and none here raised{elsewhere}", answer["traceback"]
                 )
             # One learner's traceback goes as it is; several are each headed by the learner that raised.
             together = "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed)
-            batch.cdp.learn_failed(batch, failed[0][1] if len(failed) == 1 else together + self._remote_hint())
+            if batch is not None:
+                batch.cdp.learn_failed(batch, failed[0][1] if len(failed) == 1 else together + self._remote_hint())
+        if batch is None:
+            # A collective call between batches (the word that no batch is coming yet) fails as well.
+            raise LearnerDiedError(f"{self._name(0)} answered {answer['kind']!r} to no request")
         answers = answer["answers"]
         ct = batch.cdp.ct
         self.weight_digests = [a["weights_digest"] for a in answers]

@@ -394,6 +394,18 @@ def learner_main(settings: LearnerSettings, pipe: Connection | None, weights: li
     die_with_parent(settings.parent_pid)
     ignore_interrupts()
     configure_child_logging()
+    try:
+        return _learn_until_stopped(settings, pipe, weights)
+    finally:
+        if dist.is_initialized():
+            # Taken down before the interpreter's exit: left to it, gloo's threads can end the process in
+            # std::terminate ("terminate called without an active exception") after a clean stop.
+            dist.destroy_process_group()
+
+
+def _learn_until_stopped(
+    settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None
+) -> bool:
     say = _Voice(pipe, settings.rank)
     try:
         group = (

@@ -6,8 +6,8 @@ the manager (a probe, over the run's CURVE keys) for ``--learners`` of those
 ranks and for the learners' recipe: each CT's build as data (the algorithm,
 its settings and the env, as ``train.json`` holds them), the seed, the device
 kind and where the learners' process group meets. It starts one learner
-process per rank (with ``--device cuda``, one per GPU of this machine from
-cuda:0 on); each builds the CTs, joins the group through torch.distributed's
+process per rank (when the run learns on cuda, one per GPU of this machine from
+cuda:0 on: the probe says how many it has, and the manager refuses more); each builds the CTs, joins the group through torch.distributed's
 rendezvous, takes the first learner's weights (and the checkpoints of a
 resumed run) and then learns its share of every learn batch, as the learners
 beside the compute process do (:mod:`flare2.runtime.compute.learner_process`).
@@ -98,11 +98,12 @@ def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
 
 def ask_for_ranks(config: LearnConfig) -> dict[str, Any]:
     """The manager's answer with this machine's learner ranks, once its compute process is up."""
+    import torch  # the GPUs here, which the manager must know of before it gives ranks for cuda learners
+
+    asks = {"learners": config.learners, "gpus": torch.cuda.device_count()}
     deadline = time.monotonic() + config.wait_s
     while True:
-        reply = probe_manager(
-            config.endpoint, curve=config.curve, timeout_s=config.probe_timeout_s, asks={"learners": config.learners}
-        )
+        reply = probe_manager(config.endpoint, curve=config.curve, timeout_s=config.probe_timeout_s, asks=asks)
         if not (isinstance(reply.get("learners"), dict) and reply["learners"].get("starting")):
             return reply
         if time.monotonic() > deadline:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import zmq
@@ -115,13 +116,12 @@ def test_a_remote_agent_that_says_bye_before_the_compute_process_is_up_leaves_th
     assert "r-early" not in run.agents.remotes
 
 
-def learner_probe(count, name: str = "probe-l") -> tuple[bytes, Message]:
-    return name.encode(), Message(HELLO, {"role": "probe", "learners": count}, name, 1)
+def learner_probe(count, name: str = "probe-l", gpus: int = 0) -> tuple[bytes, Message]:
+    return name.encode(), Message(HELLO, {"role": "probe", "learners": count, "gpus": gpus}, name, 1)
 
 
-def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_and_are_refused_past_them(
-    tmp_path, control, monkeypatch
-):
+def with_remote_learners(tmp_path) -> tuple[ParallelSchedule, Any]:
+    """A run of 3 learners, 2 of them on other machines, and its CT's build."""
     build = lookup("ppo").builder("CartPole-v1", {}, PPOConfig(), ActorCriticSettings(), preprocessing=True)
     config = RunConfig(
         cts=(CTConfig("RL", build),),
@@ -134,6 +134,13 @@ def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_
     )
     run = Manager(config).schedule
     assert isinstance(run, ParallelSchedule)
+    return run, build
+
+
+def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_and_are_refused_past_them(
+    tmp_path, control, monkeypatch
+):
+    run, build = with_remote_learners(tmp_path)
     sent = sent_by_the_desk(monkeypatch)
     run.desk.on_message(control, *learner_probe(1))
     assert sent.pop()[1].payload["learners"] == {"starting": True}
@@ -151,9 +158,8 @@ def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_
         "device": "cpu",
         "seed": 5,
     }
-    assert given["rendezvous"] == run.desk.learner_rendezvous and given["cts"] == [
-        {"name": "RL", "build": build.recipe()}
-    ]
+    assert given["rendezvous"] == run.desk.learner_rendezvous
+    assert given["cts"] == [{"name": "RL", "build": build.recipe()}]
     run.desk.on_message(control, *learner_probe(1))
     assert sent.pop()[1].payload["learners"]["first_rank"] == 2
     run.desk.on_message(control, *learner_probe(1))
@@ -161,6 +167,18 @@ def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_
     for bad in (0, "1", None):
         run.desk.on_message(control, *learner_probe(bad))
         assert "a learner probe must ask for 1 or more learners" in sent.pop()[1].payload["reason"]
+
+
+def test_a_run_that_learns_on_cuda_takes_no_more_learners_from_a_machine_than_it_has_gpus(
+    tmp_path, control, monkeypatch
+):
+    run, _ = with_remote_learners(tmp_path)
+    sent = sent_by_the_desk(monkeypatch)
+    run.desk.compute_is_up(control, {}, device="cuda:0")
+    run.desk.on_message(control, *learner_probe(2, gpus=1))
+    assert "has 1 GPU(s) for --learners 2: use --learners 1 or fewer" in sent.pop()[1].payload["reason"]
+    run.desk.on_message(control, *learner_probe(2, gpus=2))
+    assert sent.pop()[1].payload["learners"]["count"] == 2
 
 
 def test_a_run_without_remote_learners_refuses_learner_probes_naming_the_options(tmp_path, control, monkeypatch):

@@ -159,7 +159,7 @@ class AgentDesk:
             reply = {"protocol_version": PROTOCOL_VERSION, "run_id": self.run_id, "cts": cts, "recipe": recipe}
             if "learners" in message.payload:
                 try:
-                    reply["learners"] = self._learner_ranks(message.payload["learners"])
+                    reply["learners"] = self._learner_ranks(message.payload["learners"], message.payload.get("gpus"))
                 except ConfigError as exc:
                     router_send(
                         control, identity, Message(ERROR, error_payload(str(exc), code="config"), seq=message.seq)
@@ -193,9 +193,10 @@ class AgentDesk:
         else:
             self._welcome(control, message)
 
-    def _learner_ranks(self, wanted: Any) -> dict[str, Any]:
-        """Ranks for ``wanted`` learners of ``flare2 learn`` and what they need to join: the learners' recipe, or
-        ``{"starting": True}`` until the compute process is up; a ConfigError says why none are given."""
+    def _learner_ranks(self, wanted: Any, gpus: Any) -> dict[str, Any]:
+        """Ranks for ``wanted`` learners of ``flare2 learn`` on a machine of ``gpus`` GPUs and what they need to
+        join: the learners' recipe, or ``{"starting": True}`` until the compute process is up; a ConfigError says
+        why none are given."""
         config = self.config
         remote = config.remote_learners
         if type(wanted) is not int or wanted < 1:
@@ -212,6 +213,11 @@ class AgentDesk:
             )
         if not self._compute_device:
             return {"starting": True}
+        if self._compute_device.startswith("cuda") and not (type(gpus) is int and gpus >= wanted):
+            raise ConfigError(
+                f"the run learns on cuda, one GPU per learner, and the machine of this flare2 learn has {gpus} GPU(s) "
+                f"for --learners {wanted}: use --learners {gpus} or fewer, or another machine"
+            )
         first = self._next_learner_rank
         self._next_learner_rank += wanted
         logger.info("learner ranks %d..%d go to a flare2 learn on another machine", first, first + wanted - 1)

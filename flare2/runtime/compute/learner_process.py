@@ -479,8 +479,8 @@ def _learn_until_stopped(
 
 
 class _Voice:
-    """What a learner says: down its pipe to the compute process, or, without one (``flare2 learn``), to its log;
-    of the first learner's answers to batches only the first learner's reach the compute process."""
+    """What a learner says: down its pipe to the compute process, or, without one (``flare2 learn``), to its log.
+    Answers to batches go from the first learner alone, which gathered the others'."""
 
     def __init__(self, pipe: Connection | None, rank: int) -> None:
         self._pipe = pipe

@@ -88,6 +88,7 @@ class ComputeSettings:
     learner_rendezvous: str
     """Where the learners meet (tcp://HOST:PORT, chosen by the manager); empty for one learner."""
     startup_timeout_s: float
+    """How long the learners wait for each other to join (RunConfig.startup_timeout_s)."""
     busy_wait_us: int | None
     """RunConfig.busy_wait_us, resolved here once the learner is chosen."""
     local_agents: int

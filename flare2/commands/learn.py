@@ -68,7 +68,7 @@ def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
         first, count, learners = plan["first_rank"], plan["count"], plan["learners"]
         rendezvous, device, seed, threads = plan["rendezvous"], plan["device"], plan["seed"], plan["torch_threads"]
         timeout_s = float(plan["timeout_s"])
-        cts = tuple(CTConfig(ct["name"], rebuild(ct["build"])) for ct in plan["cts"])
+        builds = {ct["name"]: ct["build"] for ct in plan["cts"]}
         if not all(type(value) is int for value in (first, count, learners, seed, threads)):
             raise TypeError("ranks, seed or threads not integers")
         if not (isinstance(rendezvous, str) and isinstance(device, str) and 0 < first and first + count <= learners):
@@ -78,10 +78,16 @@ def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
             f"the manager at {endpoint} answered with no valid learner recipe ({exc!r}): run the same flare2 version "
             "on both machines"
         ) from None
+    cts = []
+    for name, build in builds.items():
+        try:
+            cts.append(CTConfig(name, rebuild(build)))
+        except ConfigError as exc:
+            raise ConfigError(f"the run's CT {name!r} cannot be built here: {exc}") from None
     kind = "cuda" if device.startswith("cuda") else device
     return [
         LearnerSettings(
-            cts=cts,
+            cts=tuple(cts),
             device=learner_device(kind, index),
             seed=seed,
             torch_threads=threads,

@@ -83,7 +83,11 @@ def rebuild(recipe: Any) -> Any:
     """A CT's build function again from its ``recipe()`` (the build of a ``flare2 train`` run, as ``train.json`` or
     a learner on another machine has it); a ConfigError says what in it is wrong."""
     try:
-        record = lookup(recipe["algo"])
+        algo = recipe["algo"]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"not a build recipe of flare2 train ({exc!r})") from None
+    record = lookup(algo)  # its ConfigError names the algorithms this Python knows, and how one joins them
+    try:
         config = record.config_class(**_tuples(recipe["algorithm"]))
         settings = record.settings_class(**_tuples(recipe["agent"]))
         env_id, env_kwargs, preprocessing = recipe["env"], recipe["env_kwargs"], recipe["preprocessing"]

@@ -115,3 +115,34 @@ def test_the_slurm_job_runs_one_attach_per_node_with_the_options_given():
         SlurmJob("tcp://10.0.0.1:5555", (), nodes=0)
     with pytest.raises(ConfigError, match="--sbatch takes one sbatch option such as --account=lab"):
         SlurmJob("tcp://10.0.0.1:5555", (), nodes=1, sbatch_options=("--account=lab\nrm -rf /",))
+
+
+def test_flare2_learn_builds_its_learners_from_the_managers_recipe_and_names_what_it_cannot_build():
+    from flare2.commands.learn import learner_plan
+    from flare2.zoo.record import ActorCriticSettings
+    from flare2.zoo.records.ppo import PPOConfig
+    from flare2.zoo.registry import lookup
+
+    build = lookup("ppo").builder("CartPole-v1", {}, PPOConfig(), ActorCriticSettings(), preprocessing=True)
+    given = {
+        "first_rank": 2,
+        "count": 2,
+        "learners": 4,
+        "rendezvous": "tcp://10.0.0.1:29500",
+        "timeout_s": 120.0,
+        "device": "cpu",
+        "seed": 3,
+        "torch_threads": 1,
+        "cts": [{"name": "RL", "build": build.recipe()}],
+    }
+    plan = learner_plan({"learners": given}, "tcp://10.0.0.1:5555")
+    assert [(s.rank, s.learners, s.device, s.rendezvous) for s in plan] == [
+        (2, 4, "cpu", "tcp://10.0.0.1:29500"),
+        (3, 4, "cpu", "tcp://10.0.0.1:29500"),
+    ]
+    assert plan[0].cts[0].build == build
+    elsewhere = {**given, "cts": [{"name": "RL", "build": {**build.recipe(), "algo": "my-ppo"}}]}
+    with pytest.raises(ConfigError, match="the run's CT 'RL' cannot be built here: invalid choice: 'my-ppo'"):
+        learner_plan({"learners": elsewhere}, "tcp://10.0.0.1:5555")
+    with pytest.raises(ConfigError, match="answered with no valid learner recipe .* the same flare2 version"):
+        learner_plan({"learners": {**given, "first_rank": 0}}, "tcp://10.0.0.1:5555")

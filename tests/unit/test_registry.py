@@ -94,6 +94,9 @@ def test_a_build_crosses_to_a_learner_on_another_machine_as_data_and_is_the_same
     assert registry.rebuild(crossed) == build
     with pytest.raises(ConfigError, match="not a build recipe of flare2 train"):
         registry.rebuild({**crossed, "algorithm": {**crossed["algorithm"], "no_such_setting": 1}})
+    # An algorithm this Python lacks (a plugin not installed here): lookup's own message, naming how one joins.
+    with pytest.raises(ConfigError, match="invalid choice: 'my-ppo' .* entry point"):
+        registry.rebuild({**crossed, "algo": "my-ppo"})
 
 
 def test_registering_twice_is_harmless_but_a_taken_name_is_refused():

@@ -6,11 +6,14 @@ the manager (a probe, over the run's CURVE keys) for ``--learners`` of those
 ranks and for the learners' recipe: each CT's build as data (the algorithm,
 its settings and the env, as ``train.json`` holds them), the seed, the device
 kind and where the learners' process group meets. It starts one learner
-process per rank (when the run learns on cuda, one per GPU of this machine from
-cuda:0 on: the probe says how many it has, and the manager refuses more); each builds the CTs, joins the group through torch.distributed's
-rendezvous, takes the first learner's weights (and the checkpoints of a
-resumed run) and then learns its share of every learn batch, as the learners
-beside the compute process do (:mod:`flare2.runtime.compute.learner_process`).
+process per rank (when the run learns on cuda, one per GPU of this machine
+from cuda:0 on: the probe says how many it has, and the manager refuses more);
+each builds the CTs, joins the group through torch.distributed's rendezvous,
+takes the first learner's weights (and the checkpoints of a resumed run) and
+then learns its share of every learn batch, as the learners beside the compute
+process do (:mod:`flare2.runtime.compute.learner_process`). Ranks it was given
+but could not use (a CT it cannot build here) stay unfilled: the run then stops
+when its learners do not all join within its startup timeout.
 
 It ends with the run: 0 when the run stopped its learners, 1 when one of them
 failed (its traceback is printed here; the run stops too, since the others

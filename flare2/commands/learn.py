@@ -63,7 +63,7 @@ def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
     """The LearnerSettings of each rank the manager gave (from its probe answer); a ConfigError for an answer that
     is not a valid recipe."""
     # Imported here: building the settings needs torch, the probe does not.
-    from flare2.runtime.compute.learner_process import LearnerSettings, learner_device
+    from flare2.runtime.compute.learner_main import LearnerSettings, learner_device
     from flare2.zoo.registry import rebuild
 
     plan: Any = reply.get("learners")
@@ -132,7 +132,7 @@ def learn(config: LearnConfig) -> int:
     except FlareError as exc:
         logger.error("%s", exc)
         return exit_codes.CONFIG_ERROR
-    from flare2.runtime.compute.learner_process import remote_learner_main
+    from flare2.runtime.compute.learner_main import remote_learner_main
 
     spawn = multiprocessing.get_context("spawn")
     processes = [

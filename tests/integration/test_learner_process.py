@@ -17,7 +17,8 @@ from flare2.core.computation_task import ComputationTask
 from flare2.errors import ConfigError, LearnerDiedError, UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.compute_process import build_cts, choose_learner
-from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings
+from flare2.runtime.compute.learner_main import LearnerSettings
+from flare2.runtime.compute.learner_process import LearnerProcess
 from flare2.runtime.config import BatchingConfig, CTConfig
 from flare2.wire.protocol import LEARN, LEARNED, Message
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
+from netns import Hosts
 from runs import RunProcess, compute_pid, read_csv
 
 from flare2.runtime import exit_codes
@@ -40,6 +42,27 @@ def train_with_a_remote_learner(log_dir: Path, *options: str, prefix: tuple[str,
             *options,
         ]
     )
+
+
+def run_on_host_a_with_keys(hosts: Hosts, tmp_path: Path, port: int) -> tuple[RunProcess, Path]:
+    """A run of 6000 steps on network-namespace host A, waiting for a learner from another host; and its keys."""
+    keys = tmp_path / "keys"
+    subprocess.run([*FLARE2, "keys", str(keys)], check=True, capture_output=True, timeout=60)
+    address = hosts.address[hosts.a]
+    manager = train_with_a_remote_learner(
+        tmp_path / "run",
+        "--max-steps",
+        "6000",
+        "--bind",
+        address,
+        "--port",
+        str(port),
+        "--keys",
+        str(keys),
+        prefix=tuple(hosts.run_in(hosts.a)),
+    )
+    manager.wait_for_line(r"compute process is up", timeout_s=120)
+    return manager, keys
 
 
 def control_endpoint(manager: RunProcess) -> str:

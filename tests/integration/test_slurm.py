@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from netns import Hosts, needs_root, three_hosts
 from runs import CARTPOLE, RunProcess, wait_until_gone
-from test_remote_learners import train_with_a_remote_learner
+from test_remote_learners import run_on_host_a_with_keys
 
 from flare2.runtime import exit_codes
 
@@ -148,10 +148,7 @@ def test_flare2_slurm_starts_an_attach_on_each_node_and_the_run_counts_their_age
         manager.process.send_signal(signal.SIGINT)
         assert manager.wait(timeout_s=30) == exit_codes.SIGINT
         # The run's stop ends each node's attach, and the job with them.
-        deadline = time.monotonic() + 60
-        while job_is_queued(hosts, job):
-            assert time.monotonic() < deadline, f"job {job} still running 60 s after the run ended"
-            time.sleep(0.5)
+        wait_for_the_job_to_end(hosts, job)
         # The job's log: both nodes' attach, each with the run's recipe, each ended by the run's stop.
         log = (tmp_path / f"attach-{job}.out").read_text()
         assert log.count("starting 1 agent(s) of flare2.core.envs:GymAgent with 2 env(s) each") == 2, log
@@ -162,27 +159,12 @@ def test_flare2_slurm_starts_an_attach_on_each_node_and_the_run_counts_their_age
 
 def test_flare2_slurm_learn_starts_a_learner_on_a_node_that_joins_the_runs_learners(tmp_path, cluster):
     hosts, _ = cluster
-    keys = tmp_path / "keys"
-    subprocess.run([sys.executable, "-m", "flare2.cli", "keys", str(keys)], check=True, capture_output=True, timeout=60)
-    address = hosts.address[hosts.a]
-    manager = train_with_a_remote_learner(
-        tmp_path / "run",
-        "--max-steps",
-        "6000",
-        "--bind",
-        address,
-        "--port",
-        str(PORT),
-        "--keys",
-        str(keys),
-        prefix=tuple(hosts.run_in(hosts.a)),
-    )
+    manager, keys = run_on_host_a_with_keys(hosts, tmp_path, PORT)
     try:
-        manager.wait_for_line(r"compute process is up", timeout_s=120)
         output = str(tmp_path / "learn-%j.out")
         submitted = subprocess.run(
             hosts.run_in(hosts.a, sys.executable, "-m", "flare2.cli", "slurm", "--learn", "--nodes", "1")
-            + ["--output", output, f"tcp://{address}:{PORT}", "--keys", str(keys)],
+            + ["--output", output, f"tcp://{hosts.address[hosts.a]}:{PORT}", "--keys", str(keys)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -192,14 +174,19 @@ def test_flare2_slurm_learn_starts_a_learner_on_a_node_that_joins_the_runs_learn
         manager.wait_for_line(r"learner ranks 1..1 go to a flare2 learn on another machine", timeout_s=120)
         # The run learns with the node's learner to its budget, and its stop ends the learner and the job.
         assert manager.wait(timeout_s=180) == exit_codes.OK
-        deadline = time.monotonic() + 60
-        while job_is_queued(hosts, job):
-            assert time.monotonic() < deadline, f"job {job} still running 60 s after the run ended"
-            time.sleep(0.5)
+        wait_for_the_job_to_end(hosts, job)
         log = (tmp_path / f"learn-{job}.out").read_text()
         assert "learner 1 joined the run's learners" in log and "the run stopped its learners" in log, log
     finally:
         manager.stop()
+
+
+def wait_for_the_job_to_end(hosts: Hosts, job: str) -> None:
+    """The run's stop ends each node's command, and the job with them, within a minute."""
+    deadline = time.monotonic() + 60
+    while job_is_queued(hosts, job):
+        assert time.monotonic() < deadline, f"job {job} still running 60 s after the run ended"
+        time.sleep(0.5)
 
 
 def job_is_queued(hosts: Hosts, job: str) -> bool:

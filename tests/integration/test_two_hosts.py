@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from netns import Hosts, needs_root, three_hosts
 from runs import CARTPOLE, RunProcess, read_csv
-from test_remote_learners import train_with_a_remote_learner
+from test_remote_learners import run_on_host_a_with_keys
 
 from flare2.runtime import exit_codes
 
@@ -150,25 +150,10 @@ def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, host
 
 @pytest.mark.slow  # the same code path as tests/integration/test_remote_learners.py, which runs over loopback
 def test_a_learner_on_another_host_joins_the_runs_learners_over_the_link(tmp_path, hosts):
-    keys = tmp_path / "keys"
-    subprocess.run([sys.executable, "-m", "flare2.cli", "keys", str(keys)], check=True, capture_output=True, timeout=60)
-    log_dir = tmp_path / "run"
+    manager, keys = run_on_host_a_with_keys(hosts, tmp_path, PORT)
     address = hosts.address[hosts.a]
-    manager = train_with_a_remote_learner(
-        log_dir,
-        "--max-steps",
-        "6000",
-        "--bind",
-        address,
-        "--port",
-        str(PORT),
-        "--keys",
-        str(keys),
-        prefix=tuple(hosts.run_in(hosts.a)),
-    )
     learner = None
     try:
-        manager.wait_for_line(r"compute process is up", timeout_s=120)
         learner = RunProcess.command(
             hosts.run_in(hosts.b, sys.executable, "-m", "flare2.cli", "learn", f"tcp://{address}:{PORT}")
             + ["--keys", str(keys)]
@@ -178,7 +163,7 @@ def test_a_learner_on_another_host_joins_the_runs_learners_over_the_link(tmp_pat
         learner.wait_for_line(r"learner 1 joined the run's learners", timeout_s=120)
         assert manager.wait(timeout_s=180) == exit_codes.OK
         assert learner.wait(timeout_s=30) == exit_codes.OK, learner.text
-        assert read_csv(log_dir / "progress.csv")[-1]["learn_steps"] > 0
+        assert read_csv(tmp_path / "run" / "progress.csv")[-1]["learn_steps"] > 0
     finally:
         for run in [manager, learner]:
             if run is not None:

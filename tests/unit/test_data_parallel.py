@@ -19,7 +19,8 @@ from flare2.errors import ConfigError, LearnerDiedError, TransportError
 from flare2.runtime.compute.cdp import ComputationDataProcessor, LearnBatch
 from flare2.runtime.compute.learn_calls import learn_with_lag
 from flare2.runtime.compute.learner_group import join
-from flare2.runtime.compute.learner_process import LearnerProcess, LearnerSettings, check_learners
+from flare2.runtime.compute.learner_main import LearnerSettings
+from flare2.runtime.compute.learner_process import LearnerProcess, check_learners
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.wire.sockets import free_port
 from flare2.zoo.a2c import A2C

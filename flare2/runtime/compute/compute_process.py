@@ -186,11 +186,8 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             learner = LearnerThread(ctx)
         elif kind == "process":
             # Imported here: the manager imports this module and must not load torch.
-            from flare2.runtime.compute.learner_process import (
-                LearnerProcess,
-                LearnerSettings,
-                check_learners,
-            )
+            from flare2.runtime.compute.learner_main import LearnerSettings
+            from flare2.runtime.compute.learner_process import LearnerProcess, check_learners
 
             check_learners(settings.learners, str(cts[0].device), cts, remote=settings.remote_learners)
             learner = LearnerProcess(

@@ -37,88 +37,35 @@ the last checkpoint).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import multiprocessing
-import tempfile
-import traceback
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from flare2.core.computation_task import ComputationTask, copy_tensors
-from flare2.core.learn_requests import check_learn
-from flare2.core.transforms import RunningMoments
-from flare2.errors import ConfigError, LearnerDiedError, LearnersPartedError
-from flare2.runtime.checkpoints import resume_checkpoint_path
+from flare2.core.computation_task import ComputationTask
+from flare2.errors import ConfigError, LearnerDiedError
 from flare2.runtime.compute.cdp import LearnBatch
-from flare2.runtime.compute.cts import build_cts, resume
-from flare2.runtime.compute.learn_calls import Learned, learn_with_lag
-from flare2.runtime.compute.learner_group import (
-    IDLE_BROADCAST_S,
-    broadcast_bytes,
-    broadcast_tensors,
-    gather_bytes,
-    join,
-)
-from flare2.runtime.config import CTConfig
-from flare2.runtime.processes import (
-    configure_child_logging,
-    die_with_parent,
-    ignore_interrupts,
+from flare2.runtime.compute.learn_calls import Learned
+from flare2.runtime.compute.learner_main import (
+    LEAVING,
+    PIPE_MAX_BYTES,
+    LearnerSettings,
+    learner_device,
+    learner_main,
 )
 from flare2.wire.codec import decode, encode
 from flare2.wire.sockets import free_port
 
 logger = logging.getLogger(__name__)
 
-_PIPE_MAX_BYTES = 1 << 40
-"""The pipe and the learners' group join processes of one run; a learn batch is as large as the batching makes it."""
 _ALIVE_CHECK_S = 1.0
 """While waiting for an answer, how often to look whether the learner processes are still there."""
 _STOP_TIMEOUT_S = 5.0
-_LEAVING = ("failed", "group_failed")
-"""What a learner says as it leaves the group: its learn() raised, or a collective call failed."""
-
-
-@dataclass(frozen=True)
-class LearnerSettings:
-    cts: tuple[CTConfig, ...]
-    device: str
-    seed: int
-    torch_threads: int
-    resume_dir: str | None
-    """The run being resumed (``--resume``): the first learner loads its checkpoints and shares them."""
-    parent_pid: int
-    learners: int = 1
-    remote_learners: int = 0
-    """How many of the ``learners`` join from other machines (``flare2 learn``); they take the last ranks."""
-    rank: int = 0
-    """Which of the ``learners`` this one is (0 talks to the compute process, writes the weights and checkpoints)."""
-    rendezvous: str = ""
-    """Where the learners' process group meets (``tcp://HOST:PORT``, torch.distributed's init method); empty: a free
-    port on loopback (or no group, for one learner)."""
-    rendezvous_timeout_s: float = 120.0
-    """How long the learners wait for each other to join (the run's --startup-timeout)."""
-
-    @property
-    def local_learners(self) -> int:
-        """The learners the compute process starts on its own machine."""
-        return self.learners - self.remote_learners
-
-
-def learner_device(device: str, rank: int) -> str:
-    """The device of learner ``rank``: the next GPUs from the compute process's on, or the CPU."""
-    if not device.startswith("cuda"):
-        return device
-    first = int(device.partition(":")[2] or 0)
-    return f"cuda:{first + rank}"
 
 
 def check_learners(learners: int, device: str, cts: list[ComputationTask], *, remote: int = 0) -> None:
@@ -142,14 +89,6 @@ def check_learners(learners: int, device: str, cts: list[ComputationTask], *, re
                 f"machine has {available} GPU(s): use --learners {max(1, available - first) + remote} or fewer, or "
                 "--device cpu for learners on CPU cores"
             )
-
-
-def weights_digest(ct: ComputationTask) -> str:
-    """A digest of every bit of the CT's weights: learners that took the same steps have the same one."""
-    digest = hashlib.blake2b(digest_size=16)
-    for tensor in ct.weight_tensors():
-        digest.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def shared_weights(ct: ComputationTask) -> list[torch.Tensor]:
@@ -279,7 +218,7 @@ class LearnerProcess:
         while not pending:
             if self._pipes[rank].poll(_ALIVE_CHECK_S):
                 try:
-                    pending.append(decode(self._pipes[rank].recv_bytes(), max_bytes=_PIPE_MAX_BYTES))
+                    pending.append(decode(self._pipes[rank].recv_bytes(), max_bytes=PIPE_MAX_BYTES))
                 except (EOFError, OSError):
                     raise self._died(rank) from None
             else:
@@ -291,7 +230,7 @@ class LearnerProcess:
         left = self._pending[rank]
         try:
             while self._pipes[rank].poll(0):
-                left.append(decode(self._pipes[rank].recv_bytes(), max_bytes=_PIPE_MAX_BYTES))
+                left.append(decode(self._pipes[rank].recv_bytes(), max_bytes=PIPE_MAX_BYTES))
         except (EOFError, OSError):
             pass
         return list(left)
@@ -307,7 +246,7 @@ class LearnerProcess:
             for answer in left:
                 if answer["kind"] == "build_failed":
                     self._on_status(answer)
-            if not any(answer["kind"] in _LEAVING for answer in left):
+            if not any(answer["kind"] in LEAVING for answer in left):
                 raise self._died(other)
 
     def _died(self, rank: int) -> LearnerDiedError:
@@ -333,7 +272,7 @@ class LearnerProcess:
         for rank in range(1, len(self._processes)):
             self._processes[rank].join(_STOP_TIMEOUT_S)
             left = self._last_words(rank)
-            if not any(answer["kind"] in _LEAVING for answer in left) and not self._processes[rank].is_alive():
+            if not any(answer["kind"] in LEAVING for answer in left) and not self._processes[rank].is_alive():
                 raise self._died(rank)
             failed += [(rank, answer["traceback"]) for answer in left if answer["kind"] == "failed"]
         return failed
@@ -344,7 +283,7 @@ class LearnerProcess:
             self._on_status(answer)
             return
         batch, self._in_flight = self._in_flight, None
-        if answer["kind"] in _LEAVING:
+        if answer["kind"] in LEAVING:
             failed = self._failures(answer) if self._learners > 1 else [(0, answer["traceback"])]
             if not failed:
                 elsewhere = ": a learner on another machine left (its `flare2 learn` says why)" if self._remote else ""
@@ -379,192 +318,3 @@ class LearnerProcess:
         return (
             f"\n(the {self._remote} learner(s) on other machines print their own tracebacks where `flare2 learn` runs)"
         )
-
-
-def remote_learner_main(settings: LearnerSettings) -> None:
-    """Entry point of a learner process ``flare2 learn`` starts on another machine: exit code 1 when it failed."""
-    if not learner_main(settings, None, None):
-        raise SystemExit(1)
-
-
-def learner_main(settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None) -> bool:
-    """Entry point of a learner process (started with the spawn method by the compute process, or by ``flare2
-    learn`` on another machine, which gives it no pipe: it logs what it would have said). Returns whether it stopped
-    when asked (False: it left on a failure)."""
-    die_with_parent(settings.parent_pid)
-    ignore_interrupts()
-    configure_child_logging()
-    try:
-        return _learn_until_stopped(settings, pipe, weights)
-    finally:
-        if dist.is_initialized():
-            # Taken down before the interpreter's exit: left to it, gloo's threads can end the process in
-            # std::terminate ("terminate called without an active exception") after a clean stop.
-            dist.destroy_process_group()
-
-
-def _learn_until_stopped(
-    settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None
-) -> bool:
-    say = _Voice(pipe, settings.rank)
-    try:
-        group = (
-            join(
-                settings.rendezvous,
-                settings.rank,
-                settings.learners,
-                device=settings.device,
-                timeout_s=settings.rendezvous_timeout_s,
-            )
-            if settings.learners > 1
-            else None
-        )
-        cts = _build(settings, weights, group)
-    except Exception:  # noqa: BLE001 - user code builds the CTs: its traceback goes to the compute process
-        say({"kind": "build_failed", "traceback": traceback.format_exc()})
-        return False
-    say({"kind": "ready", "rank": settings.rank})
-    requests = _Requests(pipe, group)
-    while True:
-        try:
-            request = requests.next()
-        except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
-            say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return False
-        kind = request["kind"]
-        if kind == "stop":
-            return True
-        if kind == "save":  # only the first learner is asked
-            _save(cts, request)
-            say({"kind": "saved"})
-            continue
-        index = request["ct"]
-        ct = cts[index]
-        experience = request["experience"]
-        # Ragged arrays come down the pipe as their wire maps, which this turns back into Ragged.
-        check_learn(ct.specs, experience)
-        # Decoded arrays are views of the message: learn() gets writable copies of its own.
-        experience = {
-            key: {name: array.copy() for name, array in value.items()} if isinstance(value, dict) else value.copy()
-            for key, value in experience.items()
-        }
-        try:
-            result = learn_with_lag(ct, experience, share=(settings.rank, settings.learners))
-        except LearnersPartedError:
-            say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return False
-        except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
-            say({"kind": "failed", "traceback": traceback.format_exc()})
-            if group is not None:
-                # The others wait in a collective call this one will not join: leaving fails theirs at once.
-                return False
-            continue
-        if settings.rank == 0 and weights is not None:
-            copy_tensors(weights[index], ct.weight_tensors())
-        answer = {
-            "costs": result.costs,
-            "lag_sum": result.lag_sum,
-            "lag_steps": result.lag_steps,
-            "seconds": result.seconds,
-            "learn_calls": ct.learn_calls,
-            "weights_digest": weights_digest(ct) if group is not None else "",
-        }
-        try:
-            answers = [answer] if group is None else [decode(data) for data in gather_bytes(encode(answer), group)]
-        except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
-            say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return False
-        if settings.rank == 0:
-            say({"kind": "learned", "answers": answers})
-
-
-class _Voice:
-    """What a learner says: down its pipe to the compute process, or, without one (``flare2 learn``), to its log.
-    Answers to batches go from the first learner alone, which gathered the others'."""
-
-    def __init__(self, pipe: Connection | None, rank: int) -> None:
-        self._pipe = pipe
-        self._rank = rank
-
-    def __call__(self, message: dict[str, Any]) -> None:
-        if self._pipe is not None:
-            if message["kind"] != "learned" or self._rank == 0:
-                self._pipe.send_bytes(encode(message))
-            return
-        if "traceback" in message:
-            logger.error("learner %d: %s\n%s", self._rank, message["kind"].replace("_", " "), message["traceback"])
-        elif message["kind"] == "ready":
-            logger.info("learner %d joined the run's learners", self._rank)
-
-
-class _Requests:
-    """The requests a learner takes in turn: the first from the compute process's pipe, handing on to the others
-    what they must take too (learn batches, the word to stop); the others from the first, over the group."""
-
-    def __init__(self, pipe: Connection | None, group: dist.ProcessGroup | None) -> None:
-        self._pipe = pipe
-        self._group = group
-
-    def next(self) -> dict[str, Any]:
-        group = self._group
-        if group is not None and dist.get_rank() != 0:
-            while (request := decode(broadcast_bytes(None, group), max_bytes=_PIPE_MAX_BYTES))["kind"] == "idle":
-                pass
-            return request
-        if self._pipe is None:
-            raise RuntimeError("the first learner is the compute process's child: it takes requests from its pipe")
-        while group is not None and not self._pipe.poll(IDLE_BROADCAST_S):
-            broadcast_bytes(encode({"kind": "idle"}), group)
-        try:
-            data = self._pipe.recv_bytes()
-        except EOFError:
-            # The compute process is gone (the kernel ends this process with it too): the others stop.
-            data = encode({"kind": "stop"})
-        request = decode(data, max_bytes=_PIPE_MAX_BYTES)
-        if group is not None and request["kind"] in ("learn", "stop"):
-            broadcast_bytes(data, group)
-        return request
-
-
-def _save(cts: list[ComputationTask], request: dict[str, Any]) -> None:
-    for ct in cts:
-        if ct.name in request["paths"]:
-            ct.predict_calls = request["predict_calls"][ct.name]
-            # Statistics are kept of fixed-shape inputs only (check_statistics_request).
-            ct.statistics = {
-                key: RunningMoments.from_wire(
-                    moments, cast("tuple[int, ...]", ct.specs.inputs[key].shape), f"statistics of {key!r}"
-                )
-                for key, moments in request["statistics"][ct.name].items()
-            }
-            ct.save(request["paths"][ct.name], request["counters"])
-
-
-def _build(
-    settings: LearnerSettings, weights: list[list[torch.Tensor]] | None, group: dist.ProcessGroup | None
-) -> list[ComputationTask]:
-    """The CTs, from the compute process's weights (the first learner, through shared memory) or the first
-    learner's (the others, over the group), with the optimizers and counters of a resumed run."""
-    cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
-    if settings.rank == 0:
-        resume(cts, settings.resume_dir)
-        for index, ct in enumerate(cts):
-            copy_tensors(ct.weight_tensors(), (weights or [])[index])
-    if group is None:
-        return cts
-    # The others load the same checkpoints, from the first learner's bytes: their machine may not hold them.
-    files = (
-        {ct.name: resume_checkpoint_path(settings.resume_dir, ct.name).read_bytes() for ct in cts}
-        if settings.rank == 0 and settings.resume_dir
-        else {}
-    )
-    files = decode(broadcast_bytes(encode(files) if settings.rank == 0 else None, group), max_bytes=_PIPE_MAX_BYTES)
-    if settings.rank != 0 and files:
-        with tempfile.TemporaryDirectory(prefix="flare2-resume-") as directory:
-            for ct in cts:
-                path = Path(directory) / f"{ct.name}.pt"
-                path.write_bytes(files[ct.name])
-                ct.load(path)
-    for ct in cts:
-        broadcast_tensors(ct.weight_tensors())
-    return cts

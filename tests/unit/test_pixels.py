@@ -158,7 +158,8 @@ def test_atari_games_take_their_algorithms_atari_preset_whatever_the_id():
         ppo = lookup("ppo").preset(env_id)
         assert ppo["algorithm"]["clip"] == 0.1 and ppo["agent"]["sample_interval"] == 128
         assert lookup("dqn").preset(env_id)["agent"]["frames"] == 4
-        assert "learner" not in lookup("appo").preset(env_id)["run"]
+        # PPO's preset waits for learn(); APPO's learns beside the acting, in a thread on the compute process's cores.
+        assert ppo["run"]["learner"] == "inline" and lookup("appo").preset(env_id)["run"]["learner"] == "thread"
     assert "frames" not in lookup("ppo").preset("Acrobot-v1")["agent"]
     pytest.importorskip("minatar")
     assert lookup("ppo").preset("MinAtar/Breakout-v1")["algorithm"]["epochs"] == 3

@@ -38,7 +38,8 @@ machine to itself, and the others' load is counted on its cores alone:
 
 Both stop at the same rule: the mean return of the last 100 finished training
 episodes (as rl-baselines3-zoo reports it) reaches the row's threshold, or the
-preset's step budget (max_steps, or --max-steps in its place) runs out. The threshold is the env's
+preset's step budget (max_steps; RACE_BUDGETS' for the rows it names, with why; --max-steps in their
+place) runs out. The threshold is the env's
 Gymnasium reward_threshold, or THRESHOLDS' for envs without one. Every run is
 one command measured from start to exit (tools/proctree.py): process wall
 time, peak RSS of its whole process tree, and how many cores other processes
@@ -109,6 +110,17 @@ THRESHOLDS: dict[str, float] = {
 """Mean training return a row must reach, for the envs Gymnasium gives none; each with its source."""
 
 
+RACE_BUDGETS: dict[str, tuple[int, str]] = {
+    "sac/Pendulum-v1": (
+        50_000,
+        "the preset's 20k steps are exactly the 100 episodes of the training mean, which a run could then read only "
+        "at its last step; 50k as TD3's Pendulum preset",
+    ),
+}
+"""Rows that race with a budget other than their preset's, and why. Only for presets whose settings do not follow
+the budget (no annealing over it): _row refuses one that changes them."""
+
+
 def threshold_of(env_id: str) -> tuple[float, str] | None:
     """The row's threshold and where it comes from: Gymnasium's reward_threshold, else THRESHOLDS; None if neither."""
     try:
@@ -134,9 +146,12 @@ class Row:
     threshold: float
     threshold_source: str
     budget: int
-    """Env steps each side may take: the preset's max_steps (or --max-steps in its place)."""
+    """Env steps each side may take: the preset's max_steps, RACE_BUDGETS' where it has the row, --max-steps in
+    their place."""
     preset_budget: int
     spec: Sb3Spec
+    budget_reason: str = ""
+    """Why the budget is not the preset's, where RACE_BUDGETS sets it."""
 
     @property
     def name(self) -> str:
@@ -216,16 +231,26 @@ def _row(algo: str, env_id: str, max_steps: int | None) -> Row:
     threshold, source = found
     argv = ["--algo", algo, "--env", env_id, "--device", "cpu", "--stop-return", f"{threshold:g}"]
     preset_budget = int(resolve(argv, parser_class=_RaisingParser).options["max_steps"])
-    budget = max_steps or preset_budget
+    race_budget, reason = RACE_BUDGETS.get(f"{algo}/{env_id}", (preset_budget, ""))
+    budget = max_steps or race_budget
     # Resolved with the budget the run is given, so that settings derived from it (anneal_steps) are the run's.
     plan = resolve([*argv, "--max-steps", str(budget)], parser_class=_RaisingParser)
+    if max_steps is None and budget != preset_budget:
+        preset = resolve([*argv, "--max-steps", str(preset_budget)], parser_class=_RaisingParser)
+        if (preset.config, preset.settings) != (plan.config, plan.settings):
+            raise ValueError(
+                f"RACE_BUDGETS gives {algo}/{env_id} {budget} env steps, but settings of its preset follow the budget "
+                f"(an annealing): the row would race other settings than the preset's; remove it from RACE_BUDGETS"
+            )
     spec = sb3_spec(algo, plan.config, plan.settings, plan.options, budget=budget)
-    return Row(algo, env_id, threshold, source, budget, preset_budget, spec)
+    return Row(algo, env_id, threshold, source, budget, preset_budget, spec, reason if budget == race_budget else "")
 
 
 def describe_row(row: Row) -> list[str]:
     """What a row races, in lines: the threshold and budget, SB3's call, the matched and the unmatched settings."""
-    budget = f"{row.budget}" + (f" (the preset's: {row.preset_budget})" if row.budget != row.preset_budget else "")
+    budget = f"{row.budget}"
+    if row.budget != row.preset_budget:
+        budget += f" (the preset's: {row.preset_budget}" + (f"; {row.budget_reason})" if row.budget_reason else ")")
     lines = [
         f"{row.name}: threshold {row.threshold:g} ({row.threshold_source}), budget {budget} env steps",
         f"  SB3: {row.spec.describe()}",

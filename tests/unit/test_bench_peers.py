@@ -296,9 +296,26 @@ def test_sac_maps_to_sb3s_defaults_with_a_learned_entropy_coefficient(bench):
     )
 
 
+def test_a_race_budget_that_would_change_a_presets_settings_is_refused(bench, monkeypatch):
+    # PPO's CartPole preset anneals its learning rate over the budget: another budget races other settings.
+    monkeypatch.setitem(bench.RACE_BUDGETS, "ppo/CartPole-v1", (200_000, "longer"))
+    rows, skipped = bench.race_rows([("ppo", "CartPole-v1")])
+    assert rows == [] and "settings of its preset follow the budget" in skipped[0]
+
+
 def test_the_sac_pendulum_row_races_the_zoo_settings(bench):
     (row,), skipped = bench.race_rows([("sac", "Pendulum-v1")])
-    assert (row.name, row.threshold, row.budget, skipped) == ("sac/Pendulum-v1", -200.0, 20_000, [])
+    # Its preset's 20k steps are the 100 episodes of the training mean: the race gives it TD3's 50k, which changes
+    # none of its settings.
+    assert (row.name, row.threshold, row.budget, row.preset_budget, skipped) == (
+        "sac/Pendulum-v1",
+        -200.0,
+        50_000,
+        20_000,
+        [],
+    )
+    assert row.flare2_args(0, "d")[-2:] == ["--max-steps", "50000"]
+    assert "budget 50000 (the preset's: 20000; the preset's 20k steps are exactly" in bench.describe_row(row)[0]
     assert row.spec.algo == "SAC"
     assert {key: row.spec.kwargs[key] for key in ("learning_rate", "learning_starts", "buffer_size", "ent_coef")} == {
         "learning_rate": 1e-3,

@@ -136,6 +136,20 @@ def test_failures_no_restart_can_cure_end_the_run_with_their_own_exit_code(tmp_p
     assert schedule.totals.restarts == 0
 
 
+def test_stopping_waits_for_the_bye_of_a_welcomed_agent_only(tmp_path):
+    # An agent told to stop before its welcome (the compute process failed at start) exits with no stats to send:
+    # waiting for its bye would hold every such run up for the whole stop timeout.
+    schedule = manager_schedule(tmp_path, compute_up=False)
+    agent, slot = failed_agent(schedule)
+    slot.process = SimpleNamespace(poll=lambda: 0)
+    agent.registered = False
+    assert not schedule._said_no_bye_yet(slot)
+    agent.registered = True
+    assert schedule._said_no_bye_yet(slot)
+    agent.said_bye = True
+    assert not schedule._said_no_bye_yet(slot)
+
+
 def test_one_failure_past_max_restarts_ends_the_run_naming_the_option(tmp_path, control):
     schedule = manager_schedule(tmp_path, max_restarts=2)
     for _ in range(2):

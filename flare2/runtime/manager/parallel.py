@@ -419,8 +419,10 @@ class ParallelSchedule:
             logger.warning("dropped %d malformed or unexpected control messages", self.totals.dropped_messages)
 
     def _said_no_bye_yet(self, slot: AgentSlot) -> bool:
-        """Whether the agent exited cleanly but its bye has not arrived yet."""
-        return slot.process.poll() == 0 and not self.agents.slots[slot.index].said_bye
+        """Whether the agent exited cleanly but its bye has not arrived yet. One stopped before its welcome (the
+        compute process failed at start, say) has no stats to send and says none."""
+        agent = self.agents.slots[slot.index]
+        return slot.process.poll() == 0 and agent.registered and not agent.said_bye
 
     def _drain_quietly(self, control: zmq.Socket, timeout_s: float) -> None:
         """Take final stats while stopping; a failure report now is only logged."""

@@ -306,11 +306,21 @@ class LearnerProcess:
                 f"weights: with --learners every change to the weights must be a step of Algorithm.optimize() (which "
                 f"averages the gradients) taken alike on each learner; {type(ct.algorithm).__name__}.learn() changes "
                 "them some other way (or a different number of times): run it with --learners 1"
+                + self._remote_rounding_hint()
             )
         ct.adopt_weights(self._weights[self._cts.index(ct)], learn_calls=answers[0]["learn_calls"])
         costs = {key: float(np.mean([a["costs"][key] for a in answers])) for key in answers[0]["costs"]}
         lag_sum, lag_steps = sum(a["lag_sum"] for a in answers), sum(a["lag_steps"] for a in answers)
         batch.cdp.learned(batch, Learned(costs, lag_sum, lag_steps, max(a["seconds"] for a in answers)))
+
+    def _remote_rounding_hint(self) -> str:
+        if not self._remote:
+            return ""
+        # The same averaged gradient gives the same weights only where the same code computes the step.
+        return (
+            ". Learners on other machines also part ways when their torch versions or processors round the same step "
+            "differently: run every learner with the same torch on machines of one kind"
+        )
 
     def _remote_hint(self) -> str:
         if not self._remote:

@@ -127,7 +127,8 @@ def _defaults(plan: Any) -> dict[str, Any]:
     first = {}
     for name, (kind, bounds) in search_space(plan.algo).items():
         value = resolved[name]
-        inside = value in bounds if kind == "choice" else bounds[0] <= value <= bounds[1]
+        # A setting left unset (None: the algorithm chooses, as SARSA's step size) is no point of a range.
+        inside = value in bounds if kind == "choice" else value is not None and bounds[0] <= value <= bounds[1]
         if inside:
             first[name] = value
     return first

@@ -30,6 +30,11 @@ from flare2.zoo.models import QNetwork
 from flare2.zoo.record import QSettings
 from flare2.zoo.records.sarsa import SARSAConfig
 
+TABLE_LR = 0.1
+"""A Q-table's step size where the config names none (the CliffWalking example's, measured in the results)."""
+NETWORK_LR = 1e-3
+"""Adam's learning rate for any other Q-model where the config names none: Adam's own default."""
+
 
 class SARSA(Algorithm):
     model: QNetwork
@@ -40,7 +45,10 @@ class SARSA(Algorithm):
         self.config = config
         # A Q-model of the user's own is learned as a network, whatever its layers.
         self.tabular = getattr(model, "is_table", False)
-        self.optimizer = (torch.optim.SGD if self.tabular else torch.optim.Adam)(model.parameters(), lr=config.lr)
+        if self.tabular:
+            self.optimizer = torch.optim.SGD(model.parameters(), lr=config.lr or TABLE_LR)
+        else:
+            self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr or NETWORK_LR)
 
     @classmethod
     def for_env(cls, env: gym.Env, config: SARSAConfig = SARSAConfig(), hidden: tuple[int, ...] = ()) -> SARSA:

@@ -137,3 +137,12 @@ def test_a_q_model_of_the_users_own_learns_as_a_network():
 
     algorithm = SARSA(OwnQ())
     assert not algorithm.tabular and isinstance(algorithm.optimizer, torch.optim.Adam)
+
+
+def test_a_step_size_left_unset_is_a_tables_with_sgd_and_adams_own_for_any_other_q_model():
+    table = SARSA.for_env(Env(), SARSAConfig())
+    network = SARSA.for_env(gym.make("CartPole-v1"), SARSAConfig(), hidden=(16,))
+    named = SARSA.for_env(gym.make("CartPole-v1"), SARSAConfig(lr=3e-4))
+    assert isinstance(table.optimizer, torch.optim.SGD) and table.optimizer.param_groups[0]["lr"] == 0.1
+    assert isinstance(network.optimizer, torch.optim.Adam) and network.optimizer.param_groups[0]["lr"] == 1e-3
+    assert named.optimizer.param_groups[0]["lr"] == 3e-4

@@ -10,9 +10,10 @@ from flare2.zoo.record import BOX, DISCRETE, AlgorithmRecord, QSettings
 
 @dataclass(frozen=True)
 class SARSAConfig:
-    lr: float = 0.1
-    """Step size: a Q-table moves each visited entry by lr times its TD error; with hidden layers, Adam's learning
-    rate (they need a much smaller one)."""
+    lr: float | None = None
+    """Step size. A Q-table (one-hot observations, no hidden layers) moves each visited entry by lr times its TD
+    error (None: 0.1); any other Q-model learns with Adam at this learning rate (None: 1e-3, as a table's 0.1 would
+    make Adam's steps a hundred times too large)."""
     gamma: float = 0.99
     """Discount factor."""
     epsilon: float = 0.1
@@ -21,7 +22,7 @@ class SARSAConfig:
     """Gradients are clipped to this global norm (None: not clipped)."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or not 0 <= self.gamma <= 1 or not 0 <= self.epsilon <= 1:
+        if (self.lr is not None and self.lr <= 0) or not 0 <= self.gamma <= 1 or not 0 <= self.epsilon <= 1:
             raise ConfigError(f"SARSAConfig needs lr > 0, gamma and epsilon in [0, 1], got {self}")
 
 

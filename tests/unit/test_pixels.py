@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from functools import partial
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -104,13 +107,30 @@ def test_image_observations_get_a_cnn_chosen_from_their_size_and_layout(shape, d
     assert encoder(batch).shape == (5, 3, encoder.features)
 
 
-def test_pixels_reach_the_network_scaled_to_one_whatever_the_layout():
-    gray = ImageEncoder(image_layout(gym.spaces.Box(0, 255, (40, 40), np.uint8)))
+def as_floats_in_0_1(encoder: ImageEncoder) -> ImageEncoder:
+    """The same network (its weights) over pixels that are floats in [0, 1] already."""
+    layout = dataclasses.replace(encoder.layout, pixel_scale=1.0)
+    same = ImageEncoder(layout, encoder.kind, frames=encoder.frames)
+    same.load_state_dict(encoder.state_dict())
+    return same
+
+
+@pytest.mark.parametrize("kind", ["nature", "impala", "minatar"])
+def test_pixels_reach_the_network_scaled_to_one_whatever_the_layout(kind):
+    # Equal up to float rounding: the scale meets the weights, not the pixels, before the sums.
+    close = partial(torch.testing.assert_close, rtol=1e-4, atol=1e-4)
+    gray = ImageEncoder(image_layout(gym.spaces.Box(0, 255, (40, 40), np.uint8)), kind)
     white = torch.full((2, 40, 40), 255, dtype=torch.uint8)
-    torch.testing.assert_close(gray(white), gray.head(gray.cnn(torch.ones(2, 1, 40, 40))))
-    last = ImageEncoder(image_layout(gym.spaces.Box(0, 255, (40, 40, 3), np.uint8)))
+    close(gray(white), as_floats_in_0_1(gray)(torch.ones(2, 40, 40)))
+    last = ImageEncoder(image_layout(gym.spaces.Box(0, 255, (40, 40, 3), np.uint8)), kind)
     image = torch.randint(0, 256, (2, 40, 40, 3), dtype=torch.uint8)
-    torch.testing.assert_close(last(image), last.head(last.cnn(image.permute(0, 3, 1, 2).float() / 255)))
+    close(last(image), as_floats_in_0_1(last)(image.float() / 255))
+    # Their gradients too: the weights learn as over the scaled pixels.
+    last(image).sum().backward()
+    scaled = as_floats_in_0_1(last)
+    scaled(image.float() / 255).sum().backward()
+    for mine, reference in zip(last.parameters(), scaled.parameters()):
+        close(mine.grad, reference.grad)
 
 
 def test_an_image_too_small_for_the_nature_network_or_an_unknown_encoder_is_refused_naming_the_choices():

@@ -93,8 +93,8 @@ def _conv(conv: nn.Conv2d) -> nn.Conv2d:
 
 class _InputScaledConv2d(nn.Conv2d):
     """A CNN's first convolution, over pixels worth ``input_scale`` each: the scale multiplies its few weights, not
-    the many pixels (a Nature CNN update on 2 cores: the division of each 256-frame minibatch by 255 took 8 % of it).
-    Its weights and their gradients are those of the same convolution over the scaled pixels."""
+    the many pixels (dividing each minibatch of frames by 255 was about 5 % of a Nature CNN update on 2 cores). Its
+    weights and their gradients are those of the same convolution over the scaled pixels."""
 
     def __init__(self, input_scale: float, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -159,7 +159,7 @@ class ImageEncoder(nn.Module):
     """A CNN from ``[..., frames, *image]`` observations (``uint8`` or ``bool``) to ``features`` floats each.
 
     The frames of a stack and the channels of each frame become the channels of
-    one image; ``uint8`` pixels count as scaled to [0, 1] here, on the device.
+    one image; ``uint8`` pixels are worth 1/255 each (in [0, 1]) to the first convolution, on the device.
     """
 
     def __init__(self, layout: ImageLayout, kind: str = "auto", *, frames: int = 1) -> None:

@@ -132,11 +132,11 @@ def learn(config: LearnConfig) -> int:
     except FlareError as exc:
         logger.error("%s", exc)
         return exit_codes.CONFIG_ERROR
-    from flare2.runtime.compute.learner_main import remote_learner_main
+    from flare2.runtime.compute.learner_main import learner_main
 
     spawn = multiprocessing.get_context("spawn")
     processes = [
-        spawn.Process(target=remote_learner_main, args=(settings,), name=f"flare2-learner-{settings.rank}")
+        spawn.Process(target=learner_main, args=(settings, None, None), name=f"flare2-learner-{settings.rank}")
         for settings in plan
     ]
     logger.info(

@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import torch
 import torch.distributed as dist
@@ -98,31 +98,27 @@ def weights_digest(ct: ComputationTask) -> str:
     return digest.hexdigest()
 
 
-def remote_learner_main(settings: LearnerSettings) -> None:
-    """Entry point of a learner process ``flare2 learn`` starts on another machine: exit code 1 when it failed."""
-    code = 0 if learner_main(settings, None, None) else 1
-    # Its process group is down and its log written: it ends here, without the interpreter's teardown, where gloo's
-    # threads still ended a cleanly stopped learner in std::terminate now and then (Slurm test, 1 run in several).
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def learner_main(settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None) -> bool:
+def learner_main(
+    settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None
+) -> NoReturn:
     """Entry point of a learner process (started with the spawn method by the compute process, or by ``flare2
-    learn`` on another machine, which gives it no pipe: it logs what it would have said). Returns whether it stopped
-    when asked (False: it left on a failure)."""
+    learn`` on another machine, which gives it no pipe: it logs what it would have said). Exits 0 when it stopped
+    when asked, 1 when it left on a failure."""
     die_with_parent(settings.parent_pid)
     ignore_interrupts()
     configure_child_logging()
     try:
-        return _learn_until_stopped(settings, pipe, weights)
+        stopped = _learn_until_stopped(settings, pipe, weights)
     finally:
         if dist.is_initialized():
-            # Taken down before the interpreter's exit: left to it, gloo's threads can end the process in
-            # std::terminate ("terminate called without an active exception") after a clean stop.
             dist.destroy_process_group()
+    # Everything it says has gone down its pipe or into its log: it ends here, without the interpreter's teardown,
+    # where gloo's threads can end a cleanly stopped learner in std::terminate ("terminate called without an active
+    # exception"), even with its group taken down first (the Slurm learn test, one run in several).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if stopped else 1)
 
 
 def _learn_until_stopped(

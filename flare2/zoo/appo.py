@@ -40,10 +40,12 @@ class APPO(PPO):
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
         inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
-        behaviour_log_prob = actions.pop("log_prob")
+        behaviour_log_prob, acting_values = actions.pop("log_prob"), actions.pop("value", None)
         shape = experience.terminated.shape
         with torch.no_grad():
-            target_log_prob, values = self.log_prob_and_value(inputs, actions, shape)
+            target_log_prob, values = self.current_log_prob_and_value(
+                experience, inputs, actions, behaviour_log_prob, acting_values
+            )
             advantages, targets = vtrace(
                 experience.rewards["reward"],
                 values,

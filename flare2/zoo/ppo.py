@@ -19,6 +19,7 @@ lag π_prox is μ, every weight is 1 and this is PPO as published. learn() repor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -94,10 +95,15 @@ def importance_weights(
 
 
 class PPOActorCritic(ActorCritic):
-    """The actor-critic with the acting policy's log-probability as a second action output."""
+    """The actor-critic with the acting policy's log-probability as a second action output and, where one CNN serves
+    both heads (images), each observation's value as a third: learn() then takes both from acting for every step its
+    weights played, as SB3's rollout buffer does, instead of passing the whole batch through the CNN once more. Vector
+    observations have a value MLP of their own, whose pass at every prediction would cost more than one over the
+    batch, so they leave it out."""
 
     def action_specs(self) -> dict[str, Spec]:
-        return {**super().action_specs(), "log_prob": Spec((), "float32")}
+        specs = {**super().action_specs(), "log_prob": Spec((), "float32")}
+        return {**specs, "value": Spec((), "float32")} if self.observation.images else specs
 
 
 class ClippedObjective(Algorithm):
@@ -130,6 +136,8 @@ class PPO(ClippedObjective):
     def __init__(self, model: PPOActorCritic, config: PPOConfig = PPOConfig()) -> None:
         super().__init__(model, config)
         self.config = config
+        self.values_when_acting = "value" in model.action_specs()
+        """Whether predict() gives each observation's value beside the action (``PPOActorCritic``)."""
 
     @classmethod
     def for_env(
@@ -147,24 +155,31 @@ class PPO(ClippedObjective):
         return cls(model, config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        policy = self.model.policy(inputs)
-        action = self.model.sample(policy)
-        log_prob, _ = self.model.log_prob_and_entropy(policy, action)
-        return {**_named(action), "log_prob": log_prob}, {}
+        return self._act(inputs, self.model.sample), {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        policy = self.model.policy(inputs)
-        action = self.model.best_action(policy)
+        return self._act(inputs, self.model.best_action), {}
+
+    def _act(self, inputs: Tensors, choose: Callable[[torch.Tensor], Any]) -> Tensors:
+        """The action ``choose`` takes from the policy, its log-probability and, where the model gives it, the value."""
+        if self.values_when_acting:
+            policy, value = self.model.policy_and_value(inputs)
+            outputs = {"value": value}
+        else:
+            policy, outputs = self.model.policy(inputs), {}
+        action = choose(policy)
         log_prob, _ = self.model.log_prob_and_entropy(policy, action)
-        return {**_named(action), "log_prob": log_prob}, {}
+        return {**_named(action), "log_prob": log_prob, **outputs}
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
         # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
         inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
-        behaviour_log_prob = actions.pop("log_prob")
+        behaviour_log_prob, acting_values = actions.pop("log_prob"), actions.pop("value", None)
         with torch.no_grad():
-            proximal_log_prob, values = self.log_prob_and_value(inputs, actions, experience.terminated.shape)
+            proximal_log_prob, values = self.current_log_prob_and_value(
+                experience, inputs, actions, behaviour_log_prob, acting_values
+            )
             advantages, targets = gae(
                 experience.rewards["reward"],
                 values,
@@ -179,14 +194,34 @@ class PPO(ClippedObjective):
         costs = self.clipped_epochs(inputs, actions, proximal_log_prob, advantages, targets, weights)
         return {**costs, **off_policy}
 
-    def log_prob_and_value(
-        self, inputs: Tensors, actions: Tensors, shape: torch.Size
+    def current_log_prob_and_value(
+        self,
+        experience: Experience,
+        inputs: Tensors,
+        actions: Tensors,
+        behaviour_log_prob: torch.Tensor,
+        acting_values: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The current policy's log-probability of each of the named ``actions`` (flat rows, without ``log_prob``)
-        and the value of each step, ``[B, T]`` (``shape``), from one pass of the model."""
+        """The log-probability under the weights learn() starts from of each of the named ``actions`` (flat rows,
+        without ``log_prob`` and ``value``) and the value of each step, ``[B, T]``. Where acting gave values, the
+        steps these weights played keep acting's own (``behaviour_log_prob``, ``acting_values``) and only the others
+        pass through the model; otherwise every step does, in one pass."""
+        shape = experience.terminated.shape
+        if acting_values is None:
+            log_prob, values = self._log_prob_and_value(inputs, actions)
+            return log_prob, values.reshape(shape)
+        log_prob, values = behaviour_log_prob.clone(), acting_values.clone()
+        lagging = experience.policy_lag.flatten().nonzero().squeeze(-1)
+        if lagging.numel():
+            log_prob[lagging], values[lagging] = self._log_prob_and_value(
+                take_rows(inputs, lagging), take_rows(actions, lagging)
+            )
+        return log_prob, values.reshape(shape)
+
+    def _log_prob_and_value(self, inputs: Tensors, actions: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
         policy, values = self.model.policy_and_value(inputs)
         log_prob, _ = self.model.log_prob_and_entropy(policy, _unnamed(actions))
-        return log_prob, values.reshape(shape)
+        return log_prob, values
 
     def clipped_epochs(
         self,

@@ -61,10 +61,17 @@ class OnlineSettings:
     """Env steps per env in each learn request."""
     complete_episodes: bool = False
     """Send whole episodes (sample_interval steps per env of them together) instead of fragments."""
+    double_buffer: bool = False
+    """Each agent plays its envs in two halves that alternate: one half steps while the compute process answers
+    the other's request (Sample Factory's double buffering)."""
 
     def helper_kwargs(self, num_agents: int) -> dict[str, Any]:
-        """The stock GymAgent's keyword arguments for its helper."""
-        return {"sample_interval": self.sample_interval, "complete_episodes": self.complete_episodes}
+        """The stock GymAgent's keyword arguments for its helper, and how it plays its envs."""
+        return {
+            "sample_interval": self.sample_interval,
+            "complete_episodes": self.complete_episodes,
+            "double_buffer": self.double_buffer,
+        }
 
 
 @dataclass(frozen=True)

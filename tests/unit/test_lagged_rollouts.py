@@ -29,7 +29,7 @@ def lagged_experience(algorithm: PPO) -> Experience:
     inputs, next_inputs = {"obs": obs[:, :4]}, {"obs": obs[:, 1:]}
     action = torch.tensor([[0, 1, 1, 0]])
     with torch.no_grad():
-        current, _ = algorithm.log_prob_and_value({"obs": obs[0, :4]}, {"action": action[0]}, torch.Size([4]))
+        current, _ = algorithm.model.log_prob_and_entropy(algorithm.model.policy({"obs": obs[0, :4]}), action[0])
     stored = current - torch.tensor(RATIOS).log()
     return Experience(
         inputs=inputs,
@@ -133,6 +133,88 @@ def test_ppo_clips_around_the_policy_learn_starts_from_and_weighs_advantages_by_
     assert costs["policy_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert abs(expected) > 0.01
     assert costs["clip_fraction"] == 0.0
+
+
+def image_experience(ppo: PPO, lags: list[int], stored_values: torch.Tensor | None = None) -> Experience:
+    """Six steps of one sequence of 10x10 frames, acted by ``ppo`` itself, each ``lags`` updates before learn();
+    the stored values are acting's unless ``stored_values`` replaces them, and left out when that is empty."""
+    generator = torch.Generator().manual_seed(1)
+    frames = torch.randint(0, 256, (7, 10, 10), dtype=torch.uint8, generator=generator)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        acted, _ = ppo.predict({"obs": frames[:6]}, {})
+    actions = {key: value[None] for key, value in acted.items()}
+    if stored_values is not None:
+        actions.pop("value")
+        if stored_values.numel():
+            actions["value"] = stored_values[None]
+    return Experience(
+        inputs={"obs": frames[None, :6]},
+        next_inputs={"obs": frames[None, 1:]},
+        actions=actions,
+        rewards={"reward": torch.tensor([[0.0, 1.0, 0.0, 0.0, 1.0, 0.0]])},
+        states={},
+        terminated=torch.tensor([[False, False, True, False, False, False]]),
+        truncated=torch.zeros(1, 6, dtype=torch.bool),
+        policy_version=5 - torch.tensor([lags]),
+        version=5,
+    )
+
+
+def image_ppo() -> PPO:
+    torch.manual_seed(0)
+    space = gym.spaces.Box(0, 255, (10, 10), np.uint8)
+    return PPO(PPOActorCritic(space, gym.spaces.Discrete(3), hidden=()), PPOConfig(**ONE_STEP))
+
+
+def learn_counting_rows(ppo: PPO, experience: Experience) -> tuple[dict[str, float], list[int]]:
+    """learn()'s costs and the rows of each pass through the CNN and both heads."""
+    rows = []
+    policy_and_value = ppo.model.policy_and_value
+
+    def counted(inputs):
+        rows.append(len(inputs["obs"]))
+        return policy_and_value(inputs)
+
+    ppo.model.policy_and_value = counted  # type: ignore[method-assign]
+    torch.manual_seed(3)
+    return ppo.learn(experience), rows
+
+
+NO_LAG = [0] * 6
+RECOMPUTED = torch.empty(0)
+
+
+def test_ppo_over_images_acts_with_the_values_and_learns_from_them_where_its_weights_played():
+    ppo = image_ppo()
+    experience = image_experience(ppo, NO_LAG)
+    with torch.no_grad():
+        assert torch.allclose(experience.actions["value"][0], ppo.model.value(experience.inputs)[0], atol=1e-6)
+
+    costs, rows = learn_counting_rows(ppo, experience)
+    recomputed, rows_recomputing = learn_counting_rows(image_ppo(), image_experience(image_ppo(), NO_LAG, RECOMPUTED))
+
+    # One pass per minibatch (one here), and none over the batch first: the costs are those of recomputed values.
+    assert (rows, rows_recomputing) == ([6], [6, 6])
+    assert costs == pytest.approx(recomputed, rel=1e-4, abs=1e-6)
+
+
+def test_ppo_passes_the_steps_older_weights_played_through_the_model_whatever_acting_stored():
+    lags = [1, 1, 0, 0, 0, 0]
+    with torch.no_grad():
+        values = image_ppo().model.value({"obs": image_experience(image_ppo(), lags).inputs["obs"][0]})
+    wrong = torch.cat([torch.full((2,), 100.0), values[2:]])
+
+    costs, rows = learn_counting_rows(image_ppo(), image_experience(image_ppo(), lags, wrong))
+    recomputed, _ = learn_counting_rows(image_ppo(), image_experience(image_ppo(), lags, RECOMPUTED))
+
+    assert rows == [2, 6]
+    assert costs == pytest.approx(recomputed, rel=1e-4, abs=1e-6)
+    assert costs["value_loss"] < 100
+
+
+def test_an_mlp_actor_critic_leaves_the_value_out_of_acting():
+    assert set(cartpole_model().action_specs()) == {"action", "log_prob"}
 
 
 def test_the_truncation_thresholds_must_be_positive():

@@ -135,3 +135,12 @@ def test_help_without_an_env_lists_the_options_with_an_env_the_algorithm_takes(c
         resolve(["--algo", algo, "--help"])
     assert exit_info.value.code == 0
     assert f"with {algo}" in capsys.readouterr().out
+
+
+def test_double_buffering_reaches_the_agents_of_an_on_policy_run(tmp_path):
+    def agent_kwargs(*options):
+        argv = ["--env", "CartPole-v1", "--algo", "ppo", *options, "--log-dir", str(tmp_path)]
+        return resolve(argv).run.agents.kwargs
+
+    assert agent_kwargs()["double_buffer"] is False
+    assert agent_kwargs("--double-buffer")["double_buffer"] is True

@@ -78,7 +78,8 @@ class ComputationTask:
     experience carries the version of the policy that acted. After
     ``act_beside_learning()`` predictions use a copy of the weights that
     ``learn`` refreshes as it ends, so ``learn`` may run in another thread
-    while ``predict`` serves.
+    while ``predict`` serves. ``use_threads`` gives each its own number of
+    torch threads.
     """
 
     def __init__(self, name: str, algorithm: Algorithm, *, device: str | torch.device = "cpu") -> None:
@@ -124,6 +125,8 @@ class ComputationTask:
         self._acting_modules: dict[str, nn.Module] = {}
         self._acting_in_eval_mode = False
         """Whether the networks predict() uses are in eval mode (learn() puts the model in train mode)."""
+        self._threads: dict[str, int] = {}
+        """Torch threads by job, predict or learn (``use_threads``); none set: the process's count."""
         self.statistics: dict[str, RunningMoments] = {}
         """The running statistics of observations that the agents of the run counted and merged here, by input key
         (``flare2.core.transforms.NormalizeObservations``); saved in checkpoints."""
@@ -201,6 +204,17 @@ class ComputationTask:
         except ValueError as exc:
             raise SpecError(f"{where}: {exc}") from None
 
+    def use_threads(self, *, predict: int, learn: int) -> None:
+        """Run ``predict`` with ``predict`` torch threads and ``learn`` with ``learn`` (RunConfig.predict_threads and
+        torch_threads). Torch's thread count belongs to the thread that sets it, so each call sets its own where it
+        differs: a learner thread keeps its count while predictions are answered beside it."""
+        self._threads = {"predict": predict, "learn": learn}
+
+    def _set_threads(self, job: str) -> None:
+        threads = self._threads.get(job)
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
     def predict(
         self, inputs: dict[str, np.ndarray], states: dict[str, np.ndarray], *, greedy: bool | np.ndarray = False
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -214,6 +228,7 @@ class ComputationTask:
                 greedy = False
             elif greedy.all():
                 greedy = True
+        self._set_threads("predict")
         with self._weights_lock:
             algorithm = self._acting if self._acting is not None else self.algorithm
             if not self._acting_in_eval_mode:
@@ -263,6 +278,7 @@ class ComputationTask:
         The weights it makes are the next ``version``; with ``act_beside_learning`` the acting copy takes them as it ends.
         """
         follow = batch.get(NEXT_INPUTS_FOLLOW)
+        self._set_threads("learn")
         with self._learn_lock:
             experience = Experience(
                 **{group: self._tensors(batch.get(group, {})) for group in EXPERIENCE_GROUPS},

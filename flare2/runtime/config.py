@@ -30,6 +30,13 @@ def busy_wait_us(setting: int | None, busy_processes: int) -> int:
     return AUTO_BUSY_WAIT_US if busy_processes <= len(os.sched_getaffinity(0)) else 0
 
 
+def predict_threads(setting: int | None, torch_threads: int, local_agents: int) -> int:
+    """RunConfig.predict_threads resolved for ``local_agents`` agent processes on the cores this process may use."""
+    if setting is not None:
+        return setting
+    return max(1, min(torch_threads, len(os.sched_getaffinity(0)) - local_agents))
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -165,9 +172,13 @@ class RunConfig:
     """Also log those scalars to this Weights & Biases project, through W&B's TensorBoard sync (turns
     ``tensorboard`` on; needs the ``wandb`` extra)."""
     torch_threads: int = 1
-    """Threads torch uses in the compute process, set once as it starts: with small models a second thread
-    costs more in handing work over than it saves (a 64-64 MLP at batch 64 is 25 % slower with 2), and the
+    """Threads torch uses in the compute process for learn() and in a learner process: with small models a second
+    thread costs more in handing work over than it saves (a 64-64 MLP at batch 64 is 25 % slower with 2), and the
     cores are better spent on the agent processes."""
+    predict_threads: int | None = None
+    """Threads torch uses for the forward passes that answer the agents. The local agents step their envs while
+    one runs, and a pass with a thread on a core an agent holds waits for that thread: None gives it the cores this
+    process may use less one per local agent process, at least 1 and at most ``torch_threads``."""
     busy_wait_us: int | None = None
     """Microseconds a process waiting for a message keeps checking for it before it sleeps (the compute process, and
     agents on the manager's machine). Waking a sleeping core costs tens of µs, and a prediction round trip wakes two;
@@ -253,6 +264,8 @@ class RunConfig:
             )
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.predict_threads is not None and self.predict_threads < 1:
+            raise ConfigError(f"predict_threads must be >= 1 (or None: from the cores), got {self.predict_threads}")
         if self.busy_wait_us is not None and not 0 <= self.busy_wait_us <= MOST_BUSY_WAIT_US:
             raise ConfigError(
                 f"busy_wait_us must be between 0 (sleep at once) and {MOST_BUSY_WAIT_US}, got {self.busy_wait_us}"

@@ -77,7 +77,11 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     ("run", "--device", _RUN, "device", dict(help="where the models run: cpu, cuda, cuda:N or auto (cuda when there "
                                                   "is one and the networks hold 1M parameters or more)")),
     ("run", "--torch-threads", _RUN, "torch_threads", dict(
-        type=number_option(int, least=1), help="threads torch uses in the compute process (1: the cores go to the agents)")),
+        type=number_option(int, least=1), help="threads torch uses for learn() in the compute process and in a learner "
+        "process (1: the cores go to the agents)")),
+    ("run", "--predict-threads", _RUN, "predict_threads", dict(
+        type=number_option(int, least=1), help="threads torch uses for the forward passes that answer the agents "
+        "(default: the cores less one per local agent process, at most --torch-threads)")),
     ("run", "--busy-wait-us", _RUN, "busy_wait_us", dict(
         type=number_option(int, least=0), metavar="US", help="microseconds a waiting process keeps checking for its message "
         f"before it sleeps (waking a core is slow); default: {AUTO_BUSY_WAIT_US} while the run's busy processes fit the "

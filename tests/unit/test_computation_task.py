@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from flare2.core.learn_requests import check_learn, pack, unpack
 from flare2.core.model import Model
 from flare2.core.specs import Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
+from flare2.runtime.config import predict_threads
 from flare2.zoo.a2c import A2C
 from flare2.zoo.models import ActorCritic
 
@@ -100,6 +104,33 @@ def test_a_wrong_input_shape_is_caught_by_the_ct_specs_before_it_reaches_the_mod
     # Called directly, a wrong shape still fails (in the model) rather than returning something.
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
         ct.predict(request["inputs"], {})
+
+
+def test_predict_and_learn_each_run_with_their_own_torch_threads_in_the_thread_that_calls_them():
+    ct, before = make_ct(), torch.get_num_threads()
+    ct.use_threads(predict=1, learn=2)
+    try:
+        ct.learn(learn_batch())
+        assert torch.get_num_threads() == 2
+        ct.predict({"obs": np.zeros((3, 4), np.float32)}, {})
+        assert torch.get_num_threads() == 1
+        # A learner thread sets its own count, and the count of the thread that predicts stays as it was.
+        counts = []
+        learner = threading.Thread(target=lambda: (ct.learn(learn_batch()), counts.append(torch.get_num_threads())))
+        learner.start()
+        learner.join(timeout=30)
+        assert counts == [2] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_predicting_threads_leave_a_core_to_each_local_agent_and_exceed_neither_the_cores_nor_torch_threads():
+    cores = len(os.sched_getaffinity(0))
+    assert predict_threads(None, torch_threads=cores, local_agents=0) == cores
+    assert predict_threads(None, torch_threads=cores, local_agents=1) == max(1, cores - 1)
+    assert predict_threads(None, torch_threads=cores + 4, local_agents=cores) == 1
+    assert predict_threads(None, torch_threads=1, local_agents=0) == 1
+    assert predict_threads(3, torch_threads=1, local_agents=cores) == 3
 
 
 # --- learn -----------------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ def test_stopping_on_the_evaluation_return_needs_evaluation_episodes():
         (["--num-agents", "two"], "argument --num-agents: expected an integer >= 0, got 'two'"),
         (["--heartbeat-timeout", "0"], "argument --heartbeat-timeout: must be > 0, got 0"),
         (["--busy-wait-us", "-5"], "argument --busy-wait-us: must be >= 0, got -5"),
+        (["--predict-threads", "0"], "argument --predict-threads: must be >= 1, got 0"),
         (["--busy-wait-us", "2000000"], "busy_wait_us must be between 0 (sleep at once) and 1000000, got 2000000"),
         (
             ["--serial", "--bind", "10.1.2.3", "--insecure"],
@@ -167,3 +168,8 @@ def test_tensorboard_and_wandb_without_their_packages_name_the_extra_to_install(
         )
         with pytest.raises(ConfigError, match=rf"not installed: python -m pip install -e \"\.\[{extra}\]\""):
             run_config(**option)
+
+
+def test_a_run_config_of_no_predicting_threads_is_refused_naming_the_setting():
+    with pytest.raises(ConfigError, match=r"predict_threads must be >= 1 \(or None: from the cores\), got 0"):
+        run_config(predict_threads=0)

@@ -36,7 +36,7 @@ from flare2.runtime.compute.learners import (
     finish_learning,
     save_checkpoints,
 )
-from flare2.runtime.config import CTConfig, busy_wait_us
+from flare2.runtime.config import CTConfig, busy_wait_us, predict_threads
 from flare2.runtime.processes import (
     COMPUTE_IDENTITY,
     configure_child_logging,
@@ -79,6 +79,8 @@ class ComputeSettings:
     checkpoint_dir: str
     resume_dir: str | None
     torch_threads: int
+    predict_threads: int | None
+    """RunConfig.predict_threads, resolved here from the cores and the local agents."""
     learner: str
     """Where learn() runs: auto, process, thread or inline (see RunConfig.learner)."""
     learners: int
@@ -163,6 +165,11 @@ def choose_learner(name: str, cts: list[Any]) -> str:
 
 def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> None:
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
+    for ct in cts:
+        ct.use_threads(
+            predict=predict_threads(settings.predict_threads, settings.torch_threads, settings.local_agents),
+            learn=settings.torch_threads,
+        )
     counters = resume(cts, settings.resume_dir)
     fronts: list[SocketFront] = []
     learner: Learner = InlineLearner()

@@ -241,6 +241,7 @@ class ParallelSchedule:
             checkpoint_dir=str(Path(config.log_dir) / "checkpoints"),
             resume_dir=config.resume_dir,
             torch_threads=config.torch_threads,
+            predict_threads=config.predict_threads,
             learner=config.learner,
             learners=config.learners,
             remote_learners=config.remote_learners,

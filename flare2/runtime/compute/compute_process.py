@@ -165,11 +165,9 @@ def choose_learner(name: str, cts: list[Any]) -> str:
 
 def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> None:
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
+    predicting = predict_threads(settings.predict_threads, settings.torch_threads, settings.local_agents)
     for ct in cts:
-        ct.use_threads(
-            predict=predict_threads(settings.predict_threads, settings.torch_threads, settings.local_agents),
-            learn=settings.torch_threads,
-        )
+        ct.use_threads(predict=predicting, learn=settings.torch_threads)
     counters = resume(cts, settings.resume_dir)
     fronts: list[SocketFront] = []
     learner: Learner = InlineLearner()

@@ -132,8 +132,8 @@ RECORD = AlgorithmRecord(
         # steps, so the agents wait for learn(), which runs in the compute process (on the GPU where there is one)
         # with 2 torch threads: on the CPU the update is most of the time (2 cores: 1.8x faster than with 1). The
         # agent steps one half of its envs while the other half's frames go through the CNN (--double-buffer), and
-        # those forward passes take the core the agent leaves (--predict-threads' default): Breakout on 2 cores,
-        # 4 rounds of 30k steps, 457/427/449/451 env steps/s against 378/383 (of 2 rounds) without the halves.
+        # those forward passes take the core the agent leaves (--predict-threads' default): Breakout on 2 cores in
+        # rounds of 30k steps, 457/427/449/451 env steps/s with both, 378/383/390 without the halves.
         "Atari": {
             "algorithm": {
                 "lr": 2.5e-4,

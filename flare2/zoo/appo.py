@@ -17,7 +17,6 @@ import gymnasium as gym
 import torch
 
 from flare2.core.algorithm import Experience
-from flare2.core.ragged_tensor import flat_rows
 from flare2.zoo.ppo import PPO, PPOActorCritic, importance_weights
 from flare2.zoo.record import ActorCriticSettings
 from flare2.zoo.records.appo import APPOConfig
@@ -39,13 +38,11 @@ class APPO(PPO):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
-        inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
-        behaviour_log_prob, acting_values = actions.pop("log_prob"), actions.pop("value", None)
         shape = experience.terminated.shape
         with torch.no_grad():
-            target_log_prob, values = self.current_log_prob_and_value(
-                experience, inputs, actions, behaviour_log_prob, acting_values
-            )
+            batch = self.learning_batch(experience)
+            inputs, actions, behaviour_log_prob = batch.inputs, batch.actions, batch.behaviour_log_prob
+            target_log_prob, values = batch.current_log_prob, batch.values
             advantages, targets = vtrace(
                 experience.rewards["reward"],
                 values,

@@ -20,7 +20,7 @@ lag π_prox is μ, every weight is 1 and this is PPO as published. learn() repor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -92,6 +92,21 @@ def importance_weights(
         "importance_weight_truncated": (ratios > rho_bar).float().mean().item(),
     }
     return ratios.clamp(max=rho_bar), report
+
+
+class LearningBatch(NamedTuple):
+    """A learn() batch as PPO and APPO start from it (``PPO.learning_batch``)."""
+
+    inputs: Tensors
+    """Flat rows, one per step."""
+    actions: Tensors
+    """The named actions, flat rows, without acting's ``log_prob`` and ``value``."""
+    behaviour_log_prob: torch.Tensor
+    """Each step's log-probability under the weights that played it, as acting gave it."""
+    current_log_prob: torch.Tensor
+    """Each step's log-probability under the weights learn() starts from."""
+    values: torch.Tensor
+    """``[B, T]``: each step's value under those weights."""
 
 
 class PPOActorCritic(ActorCritic):
@@ -173,13 +188,10 @@ class PPO(ClippedObjective):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config, model = self.config, self.model
-        # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
-        inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
-        behaviour_log_prob, acting_values = actions.pop("log_prob"), actions.pop("value", None)
         with torch.no_grad():
-            proximal_log_prob, values = self.current_log_prob_and_value(
-                experience, inputs, actions, behaviour_log_prob, acting_values
-            )
+            batch = self.learning_batch(experience)
+            inputs, actions, behaviour_log_prob = batch.inputs, batch.actions, batch.behaviour_log_prob
+            proximal_log_prob, values = batch.current_log_prob, batch.values
             advantages, targets = gae(
                 experience.rewards["reward"],
                 values,
@@ -194,29 +206,24 @@ class PPO(ClippedObjective):
         costs = self.clipped_epochs(inputs, actions, proximal_log_prob, advantages, targets, weights)
         return {**costs, **off_policy}
 
-    def current_log_prob_and_value(
-        self,
-        experience: Experience,
-        inputs: Tensors,
-        actions: Tensors,
-        behaviour_log_prob: torch.Tensor,
-        acting_values: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The log-probability under the weights learn() starts from of each of the named ``actions`` (flat rows,
-        without ``log_prob`` and ``value``) and the value of each step, ``[B, T]``. Where acting gave values, the
-        steps these weights played keep acting's own (``behaviour_log_prob``, ``acting_values``) and only the others
-        pass through the model; otherwise every step does, in one pass."""
+    def learning_batch(self, experience: Experience) -> LearningBatch:
+        """``experience`` as flat rows, with what acting gave apart, and each step's log-probability and value under
+        the weights learn() starts from. Where acting gave values, the steps these weights played keep acting's own
+        and only the others pass through the model; otherwise every step does, in one pass. Call it under no_grad."""
+        # Every step is one sample: ragged inputs and actions (entities) are flattened and drawn from alike.
+        inputs, actions = flat_rows(experience.inputs), flat_rows(experience.actions)
+        behaviour_log_prob, acting_values = actions.pop("log_prob"), actions.pop("value", None)
         shape = experience.terminated.shape
         if acting_values is None:
             log_prob, values = self._log_prob_and_value(inputs, actions)
-            return log_prob, values.reshape(shape)
-        log_prob, values = behaviour_log_prob.clone(), acting_values.clone()
-        lagging = experience.policy_lag.flatten().nonzero().squeeze(-1)
-        if lagging.numel():
-            log_prob[lagging], values[lagging] = self._log_prob_and_value(
-                take_rows(inputs, lagging), take_rows(actions, lagging)
-            )
-        return log_prob, values.reshape(shape)
+        else:
+            log_prob, values = behaviour_log_prob.clone(), acting_values.clone()
+            lagging = experience.policy_lag.flatten().nonzero().squeeze(-1)
+            if lagging.numel():
+                log_prob[lagging], values[lagging] = self._log_prob_and_value(
+                    take_rows(inputs, lagging), take_rows(actions, lagging)
+                )
+        return LearningBatch(inputs, actions, behaviour_log_prob, log_prob, values.reshape(shape))
 
     def _log_prob_and_value(self, inputs: Tensors, actions: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
         policy, values = self.model.policy_and_value(inputs)

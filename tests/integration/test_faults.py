@@ -296,8 +296,11 @@ def test_a_resumed_run_continues_the_counters_and_the_learning(tmp_path, runs):
     assert json.loads((second_dir / "config.json").read_text())["run"]["max_steps"] == 40000
     assert json.loads((first_dir / "config.json").read_text())["cts"]["RL"]["algorithm"] == "flare2.zoo.a2c.A2C"
     assert "resume changes max_steps: 20000 -> 40000" in second.text
-    # Episodes played at the start of each run: a fresh policy against the resumed one.
+    # Episodes played at the start of each run: a fresh policy against the resumed one. How far the first run gets
+    # depends on the machine's load (the learner process lags more on a busy one: 38 to 160 seen), so the bar is what
+    # a fresh policy cannot reach: CartPole's random play averages about 22 with a standard deviation about 12, so
+    # 10 above it is nearly 4 standard errors of a 20-episode mean.
     fresh = statistics.mean(row["return"] for row in read_csv(first_dir / "episodes.csv")[:20])
     resumed = statistics.mean(row["return"] for row in read_csv(second_dir / "episodes.csv")[:20])
-    assert resumed > 2 * fresh, f"first 20 episodes: fresh {fresh:.1f}, resumed {resumed:.1f}"
+    assert resumed > fresh + 10, f"first 20 episodes: fresh {fresh:.1f}, resumed {resumed:.1f}"
     assert finite(row["return_mean"] for row in second_rows)

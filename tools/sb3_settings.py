@@ -162,14 +162,18 @@ def _learning_rate(spec: Sb3Spec, lr: float, anneal_steps: int | None, budget: i
 def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *, learn_ahead: int = 1) -> None:
     """What PPO and A2C share: the envs, the rollout length, the network and the loss weights."""
     hidden = list(fields.take("hidden"))
+    policy_kwargs: dict[str, Any] = {"net_arch": {"pi": hidden, "vf": hidden}}
+    if fields.take("activation", "tanh") != "tanh":
+        policy_kwargs["activation_fn"] = fields.take("activation")  # tools/sb3_train.py makes it torch's module
     spec.kwargs.update(
         n_steps=fields.take("sample_interval"),
         gamma=fields.take("gamma"),
         ent_coef=fields.take("entropy_coef"),
         vf_coef=fields.take("value_coef"),
         max_grad_norm=fields.take("max_grad_norm"),
-        # Separate tanh MLPs for the policy and the value, orthogonal init: flare2's ActorCritic and SB3's default.
-        policy_kwargs={"net_arch": {"pi": hidden, "vf": hidden}},
+        # Separate MLPs for the policy and the value, orthogonal init: flare2's ActorCritic and SB3's default (tanh
+        # for both unless --activation says otherwise).
+        policy_kwargs=policy_kwargs,
     )
     _observations(fields, spec)
     if fields.take("complete_episodes", False):

@@ -97,6 +97,9 @@ def build(job: dict):
     if spec["normalize_observations"]:
         env = VecNormalize(env, norm_obs=True, norm_reward=False, clip_obs=10.0)
     kwargs = dict(spec["kwargs"])
+    activation = kwargs.get("policy_kwargs", {}).get("activation_fn")
+    if activation is not None:
+        kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"], "activation_fn": {"relu": torch.nn.ReLU}[activation]}
     if spec["learning_rate"] is not None:
         kwargs["learning_rate"] = linear(spec["learning_rate"]["start"], spec["learning_rate"]["zero_at"])
     if spec["action_noise"] is not None:

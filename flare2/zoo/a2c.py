@@ -74,6 +74,7 @@ def build(env: gym.Env, config: A2CConfig, settings: ActorCriticSettings) -> A2C
             hidden=settings.hidden,
             frames=settings.frames,
             encoder=settings.encoder,
+            activation=settings.activation,
         ),
         config,
     )

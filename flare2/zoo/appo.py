@@ -69,5 +69,6 @@ def build(env: gym.Env, config: APPOConfig, settings: ActorCriticSettings) -> AP
         frames=settings.frames,
         hidden=settings.hidden,
         encoder=settings.encoder,
+        activation=settings.activation,
     )
     return APPO(model, config)

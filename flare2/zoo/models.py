@@ -19,6 +19,16 @@ from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError
 from flare2.zoo.encoders import ENCODERS, ImageEncoder, image_layout
 
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+"""The hidden-layer activations an actor-critic's MLPs may take (``--activation``)."""
+
+
+def activation_named(name: str) -> type[nn.Module]:
+    """The activation ``--activation name`` asks for."""
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"--activation {name!r} is no activation here: use one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
 
 def mlp(
     sizes: Sequence[int], *, out_gain: float = 1.0, activation: type[nn.Module] = nn.Tanh, bias: bool = True
@@ -172,7 +182,8 @@ class ActorCritic(Model):
     ``ObservationFeatures``), through an encoder chosen from each one's space.
 
     A vector observation (a Box of floats, or Discrete one-hot encoded) feeds
-    separate policy and value MLPs of sizes ``hidden``. An image (a Box of
+    separate policy and value MLPs of sizes ``hidden`` (``activation``: tanh,
+    or relu as gymnax's MinAtar baselines take). An image (a Box of
     ``uint8`` or ``bool``, ``flare2.zoo.encoders``) goes through one CNN
     (``encoder``: the Nature network for Atari-sized frames) whose features
     feed both heads, each an MLP of sizes ``hidden`` (none: linear), as in
@@ -201,8 +212,10 @@ class ActorCritic(Model):
         initial_log_std: float = 0.0,
         frames: int = 1,
         encoder: str = "auto",
+        activation: str = "tanh",
     ) -> None:
         super().__init__()
+        hidden_activation = activation_named(activation)
         parts, self._mask_spec = observation_parts(observation_space, action_space)
         self.observation = ObservationFeatures(parts, encoder, frames)
         self._action_spec = action_spec(action_space)
@@ -213,8 +226,8 @@ class ActorCritic(Model):
             policy_out = int(action_space.n)
         else:
             policy_out = self._action_spec.fixed_shape[0]
-        self.policy_net = mlp([obs_size, *hidden, policy_out], out_gain=0.01)
-        self.value_net = mlp([obs_size, *hidden, 1], out_gain=1.0)
+        self.policy_net = mlp([obs_size, *hidden, policy_out], out_gain=0.01, activation=hidden_activation)
+        self.value_net = mlp([obs_size, *hidden, 1], out_gain=1.0, activation=hidden_activation)
         self.log_std = None if self.discrete else nn.Parameter(torch.full((policy_out,), float(initial_log_std)))
 
     def input_specs(self) -> dict[str, Spec]:

@@ -163,10 +163,18 @@ class PPO(ClippedObjective):
         frames: int = 1,
         hidden: tuple[int, ...] = (64, 64),
         encoder: str = "auto",
+        activation: str = "tanh",
     ) -> PPO:
         """PPO with the zoo's actor-critic for ``env`` (MLPs, or a CNN for images; over its last ``frames``
         observations)."""
-        model = PPOActorCritic(env.observation_space, env.action_space, frames=frames, hidden=hidden, encoder=encoder)
+        model = PPOActorCritic(
+            env.observation_space,
+            env.action_space,
+            frames=frames,
+            hidden=hidden,
+            encoder=encoder,
+            activation=activation,
+        )
         return cls(model, config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
@@ -275,4 +283,11 @@ class PPO(ClippedObjective):
 
 def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:
     """PPO for ``env`` as ``flare2 train --algo ppo`` builds it."""
-    return PPO.for_env(env, config, frames=settings.frames, hidden=settings.hidden, encoder=settings.encoder)
+    return PPO.for_env(
+        env,
+        config,
+        frames=settings.frames,
+        hidden=settings.hidden,
+        encoder=settings.encoder,
+        activation=settings.activation,
+    )

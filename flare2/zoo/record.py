@@ -78,6 +78,8 @@ class OnlineSettings:
 class ActorCriticSettings(OnlineSettings):
     hidden: tuple[int, ...] = (64, 64)
     """Hidden layer sizes of the actor-critic MLPs (over an image: of its heads, after the CNN)."""
+    activation: str = "tanh"
+    """The activation of those hidden layers: tanh or relu."""
     frames: int = 1
     """Observations the model sees at once, the current one last (a frame-stack view)."""
     encoder: str = "auto"

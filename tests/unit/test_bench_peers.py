@@ -149,6 +149,20 @@ def test_ppo_maps_envs_rollouts_minibatches_epochs_and_the_annealed_learning_rat
     assert any("learn_ahead 1" in text for text in spec.differences)
 
 
+def test_the_actor_critics_activation_is_sb3s_activation_fn(bench):
+    config = PPO_RECORD.config_class()
+    options = {"num_agents": 1, "envs_per_agent": 8, "learner": "inline"}
+
+    def spec(activation):
+        settings = PPO_RECORD.settings_class(activation=activation)
+        return bench.sb3_spec("ppo", config, settings, options, budget=10_000)
+
+    assert "activation_fn" not in spec("tanh").kwargs["policy_kwargs"]  # SB3's default, as flare2's
+    relu = spec("relu")
+    assert relu.kwargs["policy_kwargs"]["activation_fn"] == "relu"
+    assert not any("activation" in text for text in relu.differences)
+
+
 def test_ppo_on_mountaincar_normalises_observations_and_scales_rewards_with_a_constant_learning_rate(rows):
     spec = rows[0]["ppo/MountainCar-v0"].spec
     assert spec.n_envs == 16

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import flare2
 from flare2.commands.train import resolve
+from flare2.errors import ConfigError
 from flare2.zoo.registry import lookup, names
 
 
@@ -144,3 +146,17 @@ def test_double_buffering_reaches_the_agents_of_an_on_policy_run(tmp_path):
 
     assert agent_kwargs()["double_buffer"] is False
     assert agent_kwargs("--double-buffer")["double_buffer"] is True
+
+
+@pytest.mark.parametrize("algo", ["ppo", "appo", "a2c"])
+def test_the_activation_reaches_both_mlps_of_the_actor_critic_and_an_unknown_one_names_the_choices(tmp_path, algo):
+    def hidden_activations(*options):
+        argv = ["--env", "CartPole-v1", "--algo", algo, *options, "--log-dir", str(tmp_path)]
+        model = resolve(argv).run.cts[0].build().model
+        nets = (model.policy_net, model.value_net)
+        return {type(layer).__name__ for net in nets for layer in net if not isinstance(layer, torch.nn.Linear)}
+
+    assert hidden_activations() == {"Tanh"}
+    assert hidden_activations("--activation", "relu") == {"ReLU"}
+    with pytest.raises(ConfigError, match="--activation 'gelu' is no activation here: use one of tanh, relu"):
+        hidden_activations("--activation", "gelu")

@@ -89,7 +89,10 @@ from sb3_settings import SB3_CLASS, Sb3Spec, sb3_spec  # noqa: E402
 from steps_to_threshold import first_crossing  # noqa: E402
 
 from flare2.commands.train import resolve  # noqa: E402
+from flare2.core.env_making import make_gym_env  # noqa: E402
 from flare2.errors import ConfigError  # noqa: E402
+from flare2.zoo.encoders import encoder_kind, image_layout  # noqa: E402
+from flare2.zoo.record import PRESET_FAMILIES, AlgorithmRecord  # noqa: E402
 from flare2.zoo.registry import lookup  # noqa: E402
 
 DEFAULT_VENV = ROOT / ".venv-peers"
@@ -106,6 +109,10 @@ THRESHOLDS: dict[str, float] = {
     # The project's choice: about SB3-zoo's TD3 at 20k steps (-152 +- 90 in its benchmark), where the README's
     # Pendulum rows measure flare2's TD3 (docs/results.md).
     "Pendulum-v1": -200.0,
+    # MinAtar's paper (Young and Tian 2019, the learning curves in kenjyoung/MinAtar's README, 30 runs, the mean of the
+    # last 100 training episodes): DQN and AC(0.8) play Breakout at about 10 after 1M frames (read off the figure);
+    # DQN stays there to 5M.
+    "MinAtar/Breakout-v1": 10.0,
 }
 """Mean training return a row must reach, for the envs Gymnasium gives none; each with its source."""
 
@@ -116,6 +123,7 @@ RACE_BUDGETS: dict[str, tuple[int, str]] = {
         "the preset's 20k steps are exactly the 100 episodes of the training mean, which a run could then read only "
         "at its last step; 50k as TD3's Pendulum preset",
     ),
+    "ppo/MinAtar/Breakout-v1": (1_000_000, "MinAtar's published level is read at 1M frames; the preset runs 20M"),
 }
 """Rows that race with a budget other than their preset's, and why. Only for presets whose settings do not follow
 the budget (no annealing over it): _row refuses one that changes them."""
@@ -208,7 +216,9 @@ def race_rows(
                 f"{algo}: skipped, this flare2 has no algorithm of that name (no flare2/zoo/records/{algo}.py)"
             )
             continue
-        for env_id in record.presets:
+        # A game of a family preset (MinAtar's) races only when --only names it: a family has no one env.
+        family_games = [env for chosen, env in only or [] if chosen == algo and env and _in_family(record, env)]
+        for env_id in [*record.presets, *family_games]:
             if only is not None and (algo, env_id) not in only and (algo, None) not in only:
                 continue
             try:
@@ -216,12 +226,30 @@ def race_rows(
             except Exception as exc:  # a missing env dependency (MuJoCo), a preset resolve() refuses: name it, go on
                 skipped.append(f"{algo}/{env_id}: skipped, {type(exc).__name__}: {exc}")
     for algo, wanted_env in only or []:
-        if algo not in unknown and wanted_env is not None and wanted_env not in lookup(algo).presets:
+        if algo in unknown or wanted_env is None:
+            continue
+        record = lookup(algo)
+        if wanted_env not in record.presets and not _in_family(record, wanted_env):
             presets = ", ".join(lookup(algo).presets)
             raise ValueError(
                 f"--only {algo}/{wanted_env}: {algo} has no preset for {wanted_env} (its presets: {presets})"
             )
     return rows, skipped
+
+
+def _in_family(record: AlgorithmRecord, env_id: str) -> bool:
+    """Whether one of the record's family presets (``Atari``, ``MinAtar``) covers the env."""
+    return any(PRESET_FAMILIES[family](env_id) for family in record.family_presets)
+
+
+def _image_encoder(env_id: str, settings: Any) -> str | None:
+    """The CNN flare2 gives the env's observations with these settings (None: a vector)."""
+    env = make_gym_env(env_id)
+    try:
+        layout = image_layout(env.observation_space)
+    finally:
+        env.close()
+    return None if layout is None else encoder_kind(layout, getattr(settings, "encoder", "auto"))
 
 
 def _row(algo: str, env_id: str, max_steps: int | None) -> Row:
@@ -242,7 +270,8 @@ def _row(algo: str, env_id: str, max_steps: int | None) -> Row:
                 f"RACE_BUDGETS gives {algo}/{env_id} {budget} env steps, but settings of its preset follow the budget "
                 f"(an annealing): the row would race other settings than the preset's; remove it from RACE_BUDGETS"
             )
-    spec = sb3_spec(algo, plan.config, plan.settings, plan.options, budget=budget)
+    image_encoder = _image_encoder(env_id, plan.settings)
+    spec = sb3_spec(algo, plan.config, plan.settings, plan.options, budget=budget, image_encoder=image_encoder)
     return Row(algo, env_id, threshold, source, budget, preset_budget, spec, reason if budget == race_budget else "")
 
 

@@ -52,6 +52,9 @@ class Sb3Spec:
     reward_scale: float | None = None
     reward_clip: float | None = None
     frame_stack: int | None = None
+    features_extractor: str | None = None
+    """The CNN tools/sb3_train.py puts under SB3's MLPs: ``minatar`` (flare2's MinAtar encoder); None: SB3's own
+    (MlpPolicy's flatten)."""
     torch_threads: int = 1
     """torch.set_num_threads of SB3's process: flare2's --torch-threads, which its compute and learner processes take.
     Left at torch's default (one per core) SB3 ran 10 times slower on a busy 2-core machine."""
@@ -80,6 +83,8 @@ class Sb3Spec:
             wrappers.append(f"rewards clipped to +-{self.reward_clip:g}")
         if self.frame_stack:
             wrappers.append(f"VecFrameStack({self.frame_stack})")
+        if self.features_extractor:
+            wrappers.append(f"the {self.features_extractor} CNN as the features extractor")
         if self.normalize_observations:
             wrappers.append("VecNormalize(norm_obs=True, norm_reward=False)")
         wrappers.append(f"torch.set_num_threads({self.torch_threads})")
@@ -106,6 +111,8 @@ class _Fields:
             for item in dataclasses.fields(config):
                 self.values.setdefault(item.name, getattr(config, item.name))
         self.read: set[str] = set()
+        self.image_encoder: str | None = None
+        """The CNN flare2 gives the env's images (None: vector observations)."""
 
     def __contains__(self, name: str) -> bool:
         return name in self.values
@@ -118,12 +125,17 @@ class _Fields:
         return {name: value for name, value in self.values.items() if name not in self.read}
 
 
-def sb3_spec(algo: str, config: Any, settings: Any, options: Mapping[str, Any], *, budget: int) -> Sb3Spec:
+def sb3_spec(
+    algo: str, config: Any, settings: Any, options: Mapping[str, Any], *, budget: int, image_encoder: str | None = None
+) -> Sb3Spec:
     """SB3's settings for a flare2 run of ``algo`` with this resolved config, agent settings and run options,
-    trained for ``budget`` env steps (learn()'s total_timesteps, over which SB3's schedules run)."""
+    trained for ``budget`` env steps (learn()'s total_timesteps, over which SB3's schedules run).
+    ``image_encoder``: the CNN flare2 gives the env's image observations (flare2.zoo.encoders.encoder_kind), None
+    for vectors."""
     if algo not in MAPPINGS:
         raise KeyError(f"no SB3 mapping for {algo!r}: the raced algorithms are {', '.join(MAPPINGS)}")
     fields = _Fields(config, settings)
+    fields.image_encoder = image_encoder
     spec = MAPPINGS[algo](fields, options, budget)
     _env_options(spec, options)
     for name, value in fields.unread().items():
@@ -176,6 +188,10 @@ def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *,
         policy_kwargs=policy_kwargs,
     )
     _observations(fields, spec)
+    if fields.take("double_buffer", False):
+        spec.differences.append(
+            "flare2 plays its envs in two halves that alternate (--double-buffer); SB3 steps them all at once"
+        )
     if fields.take("complete_episodes", False):
         spec.differences.append("flare2 sends whole episodes (complete_episodes); SB3 cuts rollouts of n_steps")
     if options.get("serial"):
@@ -202,7 +218,17 @@ def _observations(fields: _Fields, spec: Sb3Spec) -> None:
         spec.frame_stack = frames
         spec.equivalents.append(f"flare2's frame-stack view of {frames} observations: SB3's VecFrameStack({frames})")
     encoder = fields.take("encoder", "auto")
-    if encoder != "auto":
+    if fields.image_encoder == "minatar":
+        spec.features_extractor = "minatar"
+        spec.equivalents.append(
+            "flare2's MinAtar CNN (a 3x3 convolution of 16 channels, 128 features) under both heads: the same "
+            "network as SB3's features extractor"
+        )
+    elif fields.image_encoder == "flat":
+        spec.equivalents.append("flare2's --encoder flat: the pixels flattened into the MLPs, as SB3's MlpPolicy")
+    elif fields.image_encoder is not None:
+        spec.differences.append(f"flare2's {fields.image_encoder} CNN; SB3's MlpPolicy flattens the pixels")
+    elif encoder != "auto":
         spec.differences.append(f"flare2's --encoder {encoder} (images only); SB3's policy picks its own CNN")
 
 

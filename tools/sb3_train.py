@@ -25,7 +25,12 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.noise import NormalActionNoise
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack, VecNormalize
+
+# bench_peers.py puts this tree's flare2 on the path: its registration of the env packages (MinAtar's ids exist only
+# once minatar.gym.register_envs() has run) serves both sides.
+from flare2.core.env_making import register_env_package
 
 RETURN_WINDOW = 100
 
@@ -72,6 +77,29 @@ class StopAtReturn(BaseCallback):
         return True
 
 
+class MinAtarCNN(BaseFeaturesExtractor):
+    """flare2's ``minatar`` encoder (flare2/zoo/encoders.py) for SB3: over channels-last images, one 3x3 convolution
+    of 16 channels, then 128 features, ReLU after each (SB3 initialises it orthogonally with gain sqrt(2), as
+    flare2 does)."""
+
+    def __init__(self, observation_space: gym.spaces.Box) -> None:
+        super().__init__(observation_space, features_dim=128)
+        height, width, channels = observation_space.shape
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(channels, 16, 3),
+            torch.nn.ReLU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(16 * (height - 2) * (width - 2), 128),
+            torch.nn.ReLU(),
+        )
+
+    def forward(self, observations: torch.Tensor) -> torch.Tensor:
+        return self.net(observations.permute(0, 3, 1, 2).float())
+
+
+FEATURES_EXTRACTORS = {"minatar": MinAtarCNN}
+
+
 def linear(start: float, zero_at: float):
     """start at the beginning of learn(), 0 once the fraction zero_at of its budget is spent, and 0 after."""
     return lambda progress_remaining: start * max(0.0, 1.0 - (1.0 - progress_remaining) / zero_at)
@@ -83,6 +111,7 @@ def build(job: dict):
     wrapper = None
     if spec["reward_scale"] is not None or spec["reward_clip"] is not None:
         wrapper = RewardTransform
+    register_env_package(job["env_id"])
     env = make_vec_env(
         job["env_id"],
         n_envs=spec["n_envs"],
@@ -97,9 +126,12 @@ def build(job: dict):
     if spec["normalize_observations"]:
         env = VecNormalize(env, norm_obs=True, norm_reward=False, clip_obs=10.0)
     kwargs = dict(spec["kwargs"])
-    activation = kwargs.get("policy_kwargs", {}).get("activation_fn")
-    if activation is not None:
-        kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"], "activation_fn": {"relu": torch.nn.ReLU}[activation]}
+    policy_kwargs = dict(kwargs.get("policy_kwargs", {}))
+    if "activation_fn" in policy_kwargs:
+        policy_kwargs["activation_fn"] = {"relu": torch.nn.ReLU}[policy_kwargs["activation_fn"]]
+    if spec["features_extractor"] is not None:
+        policy_kwargs["features_extractor_class"] = FEATURES_EXTRACTORS[spec["features_extractor"]]
+    kwargs["policy_kwargs"] = policy_kwargs
     if spec["learning_rate"] is not None:
         kwargs["learning_rate"] = linear(spec["learning_rate"]["start"], spec["learning_rate"]["zero_at"])
     if spec["action_noise"] is not None:

@@ -155,6 +155,14 @@ def _cnn(kind: str, channels: int, pixel_scale: float) -> nn.Sequential:
 _FEATURES = {"nature": 512, "impala": 256, "minatar": 128}
 
 
+def encoder_kind(layout: ImageLayout, kind: str = "auto") -> str:
+    """The CNN ``--encoder kind`` gives images of ``layout``: ``auto`` is the Nature network from 36 pixels a side,
+    MinAtar's below."""
+    if kind != "auto":
+        return kind
+    return "nature" if min(layout.height, layout.width) >= _NATURE_LEAST_SIDE else "minatar"
+
+
 class ImageEncoder(nn.Module):
     """A CNN from ``[..., frames, *image]`` observations (``uint8`` or ``bool``) to ``features`` floats each.
 
@@ -169,8 +177,7 @@ class ImageEncoder(nn.Module):
         if kind == "flat":
             raise ConfigError("--encoder flat flattens the image into the MLPs: the model makes no ImageEncoder then")
         side = min(layout.height, layout.width)
-        if kind == "auto":
-            kind = "nature" if side >= _NATURE_LEAST_SIDE else "minatar"
+        kind = encoder_kind(layout, kind)
         if kind == "nature" and side < _NATURE_LEAST_SIDE:
             raise ConfigError(
                 f"--encoder nature takes images of at least {_NATURE_LEAST_SIDE} pixels a side, the observations are "

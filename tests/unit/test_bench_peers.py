@@ -93,6 +93,17 @@ def test_only_takes_algo_slash_env_or_an_algorithm_and_refuses_what_is_not_raced
         bench.race_rows([("ppo", "Pendulum-v1")])
 
 
+def test_a_game_of_a_family_preset_races_when_only_names_it_with_flare2s_cnn_on_both_sides(bench, rows):
+    assert not any(name.startswith("ppo/MinAtar") for name in rows[0])  # a family has no one env to race
+    (row,), _ = bench.race_rows(bench.parse_only(["ppo/MinAtar/Breakout-v1"]))
+    assert (row.name, row.threshold, row.budget) == ("ppo/MinAtar/Breakout-v1", 10.0, 1_000_000)
+    assert row.spec.features_extractor == "minatar" and row.spec.n_envs == 8
+    assert row.spec.kwargs["n_steps"] == 128 and row.spec.kwargs["n_epochs"] == 3
+    assert not row.spec.differences, row.spec.differences
+    with pytest.raises(ValueError, match="ppo has no preset for MinAtar-Breakout"):
+        bench.race_rows([("ppo", "MinAtar-Breakout")])
+
+
 def test_the_threshold_is_gymnasiums_where_it_has_one_else_the_tables(bench):
     assert bench.threshold_of("CartPole-v1") == (475.0, "Gymnasium's reward_threshold")
     assert bench.threshold_of("MountainCar-v0")[0] == -110.0

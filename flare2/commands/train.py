@@ -249,6 +249,18 @@ def resolve(
         **settings.helper_kwargs(args.num_agents),
     }
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=kwargs)
+    # The stock agent plays all its envs at once where halves could not overlap; asked for by name, that is an error.
+    if getattr(settings, "double_buffer", False) and run.serial:
+        parser.error(
+            "--double-buffer steps half of an agent's envs while the compute process answers the other half, and "
+            "--serial runs both in this one process: give --no-double-buffer, or --no-serial (the env's preset may "
+            "set either)"
+        )
+    if getattr(settings, "double_buffer", False) and run.agents.envs_per_agent < 2:
+        parser.error(
+            "--double-buffer plays each agent's envs in two halves, and each agent plays one env: give "
+            "--envs-per-agent 2 or more, or --no-double-buffer"
+        )
     return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
 
 

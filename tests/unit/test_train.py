@@ -148,6 +148,16 @@ def test_double_buffering_reaches_the_agents_of_an_on_policy_run(tmp_path):
     assert agent_kwargs("--double-buffer")["double_buffer"] is True
 
 
+def test_double_buffering_where_nothing_could_overlap_names_the_fix(capsys, tmp_path):
+    command = ["--env", "CartPole-v1", "--algo", "a2c", "--double-buffer", "--log-dir", str(tmp_path)]  # serial
+    assert "--serial runs both in this one process: give --no-double-buffer, or --no-serial" in usage_error(
+        capsys, command
+    )
+    one_env = [*command, "--no-serial", "--envs-per-agent", "1"]
+    assert "give --envs-per-agent 2 or more, or --no-double-buffer" in usage_error(capsys, one_env)
+    assert resolve([*command, "--no-serial"]).run.agents.kwargs["double_buffer"] is True
+
+
 @pytest.mark.parametrize("algo", ["ppo", "appo", "a2c"])
 def test_the_activation_reaches_both_mlps_of_the_actor_critic_and_an_unknown_one_names_the_choices(tmp_path, algo):
     def hidden_activations(*options):

@@ -230,7 +230,7 @@ def race_rows(
             continue
         record = lookup(algo)
         if wanted_env not in record.presets and not _in_family(record, wanted_env):
-            presets = ", ".join(lookup(algo).presets)
+            presets = ", ".join(record.presets)
             raise ValueError(
                 f"--only {algo}/{wanted_env}: {algo} has no preset for {wanted_env} (its presets: {presets})"
             )

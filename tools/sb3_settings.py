@@ -105,14 +105,14 @@ class _Fields:
     as a difference rather than raced silently.
     """
 
-    def __init__(self, *configs: Any) -> None:
+    def __init__(self, *configs: Any, image_encoder: str | None = None) -> None:
+        self.image_encoder = image_encoder
+        """The CNN flare2 gives the env's images (None: vector observations)."""
         self.values: dict[str, Any] = {}
         for config in configs:
             for item in dataclasses.fields(config):
                 self.values.setdefault(item.name, getattr(config, item.name))
         self.read: set[str] = set()
-        self.image_encoder: str | None = None
-        """The CNN flare2 gives the env's images (None: vector observations)."""
 
     def __contains__(self, name: str) -> bool:
         return name in self.values
@@ -134,8 +134,7 @@ def sb3_spec(
     for vectors."""
     if algo not in MAPPINGS:
         raise KeyError(f"no SB3 mapping for {algo!r}: the raced algorithms are {', '.join(MAPPINGS)}")
-    fields = _Fields(config, settings)
-    fields.image_encoder = image_encoder
+    fields = _Fields(config, settings, image_encoder=image_encoder)
     spec = MAPPINGS[algo](fields, options, budget)
     _env_options(spec, options)
     for name, value in fields.unread().items():
@@ -221,7 +220,7 @@ def _observations(fields: _Fields, spec: Sb3Spec) -> None:
     if fields.image_encoder == "minatar":
         spec.features_extractor = "minatar"
         spec.equivalents.append(
-            "flare2's MinAtar CNN (a 3x3 convolution of 16 channels, 128 features) under both heads: the same "
+            "flare2's MinAtar CNN (a 3x3 convolution of 16 channels, 128 features) under the MLPs: the same "
             "network as SB3's features extractor"
         )
     elif fields.image_encoder == "flat":

@@ -244,12 +244,14 @@ def _in_family(record: AlgorithmRecord, env_id: str) -> bool:
 
 def _image_encoder(env_id: str, settings: Any) -> str | None:
     """The CNN flare2 gives the env's observations with these settings (None: a vector)."""
+    if not hasattr(settings, "encoder"):
+        return None  # an algorithm of vector observations alone (TD3, SAC)
     env = make_gym_env(env_id)
     try:
         layout = image_layout(env.observation_space)
     finally:
         env.close()
-    return None if layout is None else encoder_kind(layout, getattr(settings, "encoder", "auto"))
+    return None if layout is None else encoder_kind(layout, settings.encoder)
 
 
 def _row(algo: str, env_id: str, max_steps: int | None) -> Row:

@@ -63,12 +63,4 @@ class APPO(PPO):
 
 def build(env: gym.Env, config: APPOConfig, settings: ActorCriticSettings) -> APPO:
     """APPO for ``env`` as ``flare2 train --algo appo`` builds it."""
-    model = PPOActorCritic(
-        env.observation_space,
-        env.action_space,
-        frames=settings.frames,
-        hidden=settings.hidden,
-        encoder=settings.encoder,
-        activation=settings.activation,
-    )
-    return APPO(model, config)
+    return APPO(PPOActorCritic(env.observation_space, env.action_space, **settings.model_kwargs()), config)

@@ -283,11 +283,4 @@ class PPO(ClippedObjective):
 
 def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:
     """PPO for ``env`` as ``flare2 train --algo ppo`` builds it."""
-    return PPO.for_env(
-        env,
-        config,
-        frames=settings.frames,
-        hidden=settings.hidden,
-        encoder=settings.encoder,
-        activation=settings.activation,
-    )
+    return PPO.for_env(env, config, **settings.model_kwargs())

@@ -88,6 +88,10 @@ class ActorCriticSettings(OnlineSettings):
     def __post_init__(self) -> None:
         check_frames(self.frames)
 
+    def model_kwargs(self) -> dict[str, Any]:
+        """The zoo actor-critic's keyword arguments these settings give (``flare2.zoo.models.ActorCritic``)."""
+        return {"hidden": self.hidden, "activation": self.activation, "frames": self.frames, "encoder": self.encoder}
+
 
 @dataclass(frozen=True)
 class RecurrentSettings(OnlineSettings):

@@ -19,4 +19,6 @@ def no_leftover_processes():
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert not leftovers, f"processes left running after the test: {leftovers}"
+    assert not leftovers, "processes left running after the test:\n" + "\n".join(
+        f"{pid}: {command[:300]}" for pid, command in leftovers.items()
+    )

@@ -12,16 +12,24 @@ os.environ.setdefault(PROCESS_TOKEN_VAR, uuid.uuid4().hex)
 _TOKEN = f"{PROCESS_TOKEN_VAR}={os.environ[PROCESS_TOKEN_VAR]}".encode()
 
 
-def processes_started_here() -> list[int]:
-    """PIDs of live processes (other than this one) whose environment carries this session's token."""
-    found = []
+def processes_started_here() -> dict[int, str]:
+    """Live processes (other than this one) whose environment carries this session's token: PID -> command line.
+
+    Leaves out the resource tracker multiprocessing starts for this process the first time a test spawns a child
+    here: it lives as long as the test session by design, and ends with it."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             environ = (entry / "environ").read_bytes()
-        except OSError:  # gone meanwhile, or a zombie
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or a zombie
             continue
-        if _TOKEN in environ.split(b"\0"):
-            found.append(int(entry.name))
+        if _TOKEN not in environ.split(b"\0"):
+            continue
+        if parent == os.getpid() and "multiprocessing.resource_tracker" in command:
+            continue
+        found[int(entry.name)] = command
     return found

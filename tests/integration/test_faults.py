@@ -248,7 +248,7 @@ def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(tmp_
         log_dir=tmp_path,
     )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
-    children = processes_started_here()
+    children = list(processes_started_here())
     run.process.send_signal(signum)
     signalled = time.monotonic()
     assert run.wait(timeout_s=30) == exit_code

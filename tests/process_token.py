@@ -22,12 +22,11 @@ def processes_started_here() -> dict[int, str]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            if _TOKEN not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):  # gone meanwhile, or a zombie
-            continue
-        if _TOKEN not in environ.split(b"\0"):
             continue
         if parent == os.getpid() and "multiprocessing.resource_tracker" in command:
             continue

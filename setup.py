@@ -27,6 +27,8 @@ setup(
         # (offline), flare2 tune, the docs site, and Atari and MinAtar games.
         "test": [
             "pytest>=7",
+            # two tests at a time: most of an integration test's time is its processes starting and waiting
+            "pytest-xdist>=3.5",
             "hypothesis>=6",
             "matplotlib>=3.7",
             "imageio>=2.30",

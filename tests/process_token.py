@@ -7,8 +7,10 @@ import uuid
 from pathlib import Path
 
 PROCESS_TOKEN_VAR = "FLARE2_TEST_PROCESS_TOKEN"
-# Children inherit the environment, so every process started from this session carries the token.
-os.environ.setdefault(PROCESS_TOKEN_VAR, uuid.uuid4().hex)
+# Children inherit the environment, so every process started from this session carries the token. Each pytest
+# process draws its own, even one started by another (a worker of ``pytest -n``), so that it never takes the
+# processes of tests running beside it for its own leftovers.
+os.environ[PROCESS_TOKEN_VAR] = uuid.uuid4().hex
 _TOKEN = f"{PROCESS_TOKEN_VAR}={os.environ[PROCESS_TOKEN_VAR]}".encode()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import gymnasium as gym
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from flare2.core.algorithm import Algorithm
+from flare2.core.algorithm import Algorithm, step_optimizer
 from flare2.core.computation_task import ComputationTask
 from flare2.core.devices import AUTO_CUDA_MIN_PARAMETERS, choose_device, count_parameters, resolve_device
 from flare2.core.learn_requests import check_learn, pack, unpack
@@ -499,3 +501,61 @@ def test_resuming_from_a_checkpoint_of_another_algorithm_or_other_specs_is_refus
         r"ActorCritic: .*\): it was written with other network settings",
     ):
         ComputationTask("RL", A2C(other_layers), device="cpu").load(path)
+
+
+def _stepped_parameters(optimizer_class, step, **options) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 2)
+    optimizer = optimizer_class(net.parameters(), lr=0.1, **options)
+    for _ in range(3):
+        optimizer.zero_grad()
+        net(torch.ones(4, 3)).pow(2).sum().backward()
+        step(optimizer)
+    return [p.detach().clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize(
+    ("optimizer_class", "options"),
+    [(torch.optim.Adam, {"fused": True}), (torch.optim.Adam, {}), (torch.optim.SGD, {"momentum": 0.9})],
+)
+def test_stepping_an_optimizer_without_the_compiler_import_updates_the_weights_as_its_own_step(
+    optimizer_class, options
+):
+    ours = _stepped_parameters(optimizer_class, step_optimizer, **options)
+    torchs = _stepped_parameters(optimizer_class, lambda optimizer: optimizer.step(), **options)
+    for mine, theirs in zip(ours, torchs, strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def test_step_hooks_and_a_learning_rate_scheduler_still_see_every_step():
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.1)
+    seen = []
+    handle = optimizer.register_step_post_hook(lambda *_: seen.append("hook"))
+    net(torch.ones(1, 3)).sum().backward()
+    step_optimizer(optimizer)
+    handle.remove()
+    assert seen == ["hook"]
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    step_optimizer(optimizer)
+    assert optimizer._opt_called  # what the scheduler checks to warn of a step() before optimizer.step()
+    scheduler.step()
+
+
+STEP_IN_A_FRESH_PROCESS = """
+import sys
+import torch
+from flare2.core.algorithm import adam, step_optimizer
+net = torch.nn.Linear(3, 2)
+optimizer = adam(net.parameters(), lr=0.1)
+net(torch.ones(1, 3)).sum().backward()
+step_optimizer(optimizer)
+sys.exit(1 if "torch._dynamo" in sys.modules else 0)
+"""
+
+
+def test_a_process_that_steps_an_optimizer_does_not_import_the_compiler():
+    result = subprocess.run(
+        [sys.executable, "-c", STEP_IN_A_FRESH_PROCESS], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, f"torch._dynamo was imported\n{result.stderr}"

@@ -207,31 +207,41 @@ _STEP_GUARD = getattr(torch_optimizer, "_use_grad_for_differentiable", None)
 _STEP_GUARD_CODE = _STEP_GUARD(lambda self: None).__code__ if callable(_STEP_GUARD) else None
 
 
+def _update_inside_the_guard(
+    optimizer_class: type[torch.optim.Optimizer],
+) -> Callable[[torch.optim.Optimizer], object] | None:
+    """The update a built-in optimizer's ``step`` runs inside torch's two wrappers (the step hooks, then the guard),
+    or None where the class's ``step`` is laid out otherwise (a user's own ``step``, another torch)."""
+    hooked_step = optimizer_class.step
+    guarded_step = getattr(hooked_step, "__wrapped__", None)
+    update = getattr(guarded_step, "__wrapped__", None)
+    is_torchs_layout = (
+        _STEP_GUARD_CODE is not None
+        and getattr(hooked_step, "hooked", False)
+        and getattr(guarded_step, "__code__", None) is _STEP_GUARD_CODE
+    )
+    return update if is_torchs_layout and callable(update) else None
+
+
 def step_optimizer(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()`` without importing the compiler where that changes nothing: a built-in torch optimizer,
     not differentiable, with no step hooks and no learning-rate scheduler watching it. There the guard would only
     turn off autograd around the update and mark graph breaks for torch.compile, which never traces this call, so
     the update itself runs under ``no_grad``. Anything else (a user's own optimizer, a hook) gets ``optimizer.step()``."""
-    hooked_step = type(optimizer).step
-    guarded_step = getattr(hooked_step, "__wrapped__", None)
-    plain_step = getattr(guarded_step, "__wrapped__", None)
-    only_the_guard_is_skipped = (
-        _STEP_GUARD_CODE is not None
-        and getattr(hooked_step, "hooked", False)
-        and getattr(guarded_step, "__code__", None) is _STEP_GUARD_CODE
-        and callable(plain_step)
-        and "step" not in vars(optimizer)  # an LR scheduler wraps the instance's step to see it called
-        and not optimizer.defaults.get("differentiable", False)
-        and not optimizer._optimizer_step_pre_hooks
-        and not optimizer._optimizer_step_post_hooks
-        and not torch_optimizer._global_optimizer_pre_hooks
-        and not torch_optimizer._global_optimizer_post_hooks
+    update = _update_inside_the_guard(type(optimizer))
+    watched = (
+        "step" in vars(optimizer)  # an LR scheduler wraps the instance's step to see it called
+        or optimizer.defaults.get("differentiable", False)
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+        or torch_optimizer._global_optimizer_pre_hooks
+        or torch_optimizer._global_optimizer_post_hooks
     )
-    if not only_the_guard_is_skipped or plain_step is None:
+    if update is None or watched:
         optimizer.step()
         return
     with torch.no_grad():
-        plain_step(optimizer)
+        update(optimizer)
     optimizer._optimizer_step_code()
 
 

@@ -206,6 +206,8 @@ class ImageEncoder(nn.Module):
             x = x.unsqueeze(1)  # [N, 1, ...]
         if layout.channels_last:
             x = x.movedim(-1, 2)  # [N, frames, C, H, W]
-        # One copy makes the floats and their layout; the first convolution scales the pixels (_InputScaledConv2d).
-        x = x.reshape(x.shape[0], -1, layout.height, layout.width).to(torch.float32, memory_format=torch.channels_last)
+        # One copy makes the floats (the weights' kind) and their layout; the first convolution scales the pixels
+        # (_InputScaledConv2d).
+        floats = next(self.head.parameters()).dtype
+        x = x.reshape(x.shape[0], -1, layout.height, layout.width).to(floats, memory_format=torch.channels_last)
         return self.head(self.cnn(x)).reshape(*batch, self.features)

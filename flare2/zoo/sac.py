@@ -149,9 +149,9 @@ class SAC(TwinCriticAlgorithm):
             q1, q2 = model.q_values(obs[index], actions[index])
             critic_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
             self.optimize(critic_loss, self.critic_optimizer)
-            # Only the actor steps here; the critics' gradients from this loss are dropped at their next zero_grad.
             action, log_prob = model.sample(obs[index])
-            actor_loss = (alpha * log_prob - torch.minimum(*model.q_values(obs[index], action))).mean()
+            with self.critics_as_constants():
+                actor_loss = (alpha * log_prob - torch.minimum(*model.q_values(obs[index], action))).mean()
             self.optimize(actor_loss, self.actor_optimizer)
             if self.alpha_optimizer is not None:
                 alpha_loss = -(self.alpha.log_alpha * (log_prob.detach() + self.target_entropy)).mean()

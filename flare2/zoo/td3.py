@@ -19,7 +19,9 @@ bounds.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import gymnasium as gym
 import torch
@@ -60,6 +62,20 @@ class TwinCriticAlgorithm(Algorithm):
         self.actor_optimizer = adam(model.actor.parameters(), actor_lr)
         self.critic_optimizer = adam(model.critic_parameters(), critic_lr)
         self.gradient_steps = 0
+
+    @contextlib.contextmanager
+    def critics_as_constants(self) -> Iterator[None]:
+        """The critics' weights as constants of the losses built inside: the actor's loss passes its gradient
+        through the critics to the action, and the backward pass then skips the gradients of the critics' own
+        weights, which the actor's step would throw away (a tenth of a SAC gradient step of 256-256 networks)."""
+        parameters = self.model.critic_parameters()
+        for parameter in parameters:
+            parameter.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for parameter in parameters:
+                parameter.requires_grad_(True)
 
     @staticmethod
     def transitions(
@@ -144,8 +160,8 @@ class TD3(TwinCriticAlgorithm):
             q_means.append(q1.mean().item())
             self.gradient_steps += 1
             if self.gradient_steps % config.policy_delay == 0:
-                # Only the actor steps here; the critic's gradients from this loss are dropped at its next zero_grad.
-                actor_loss = -model.first_q_value(obs[index], model(obs[index])).mean()
+                with self.critics_as_constants():
+                    actor_loss = -model.first_q_value(obs[index], model(obs[index])).mean()
                 self.optimize(actor_loss, self.actor_optimizer)
                 actor_losses.append(actor_loss.item())
                 polyak_update(self.target, model, config.tau)

@@ -31,7 +31,7 @@ def td3(**config) -> TD3:
     return TD3.for_env(Env(), TD3Config(**{"hidden": (16, 16), "minibatch_size": 8, **config}))
 
 
-def sac_for_twin_critics() -> SAC:
+def sac() -> SAC:
     torch.manual_seed(0)
     return SAC.for_env(Env(), SACConfig(hidden=(16, 16), minibatch_size=8))
 
@@ -173,25 +173,23 @@ def test_a_discrete_action_space_is_a_config_error():
         TD3.for_env(DiscreteEnv(), TD3Config())
 
 
-def critic_weight_gradients_during(algorithm: TD3 | SAC, learn_call) -> int:
-    """How many gradients of the critics' weights the backward passes of ``learn_call()`` took."""
+def critic_weight_gradients_during_learn(algorithm: TD3 | SAC) -> int:
+    """How many gradients of the critics' weights the backward passes of one learn() call took."""
     taken = []
     handles = [p.register_hook(lambda grad: taken.append(1)) for p in algorithm.model.critic_parameters()]
-    learn_call()
+    torch.manual_seed(3)
+    algorithm.learn(experience(count=16))
     for handle in handles:
         handle.remove()
     return len(taken)
 
 
-@pytest.mark.parametrize("make", [lambda: td3(policy_delay=1), lambda: sac_for_twin_critics()])
+@pytest.mark.parametrize("make", [lambda: td3(policy_delay=1), sac])
 def test_the_actor_step_takes_no_gradient_of_the_critics_weights_and_learns_what_it_learned_with_them(make):
     # The actor's loss reaches the actor through the critics; their own weight gradients would be thrown away.
     frozen, reference = make(), make()
-    reference.critics_as_constants = contextlib.nullcontext  # type: ignore[method-assign]
-    torch.manual_seed(3)
-    taken = critic_weight_gradients_during(frozen, lambda: frozen.learn(experience(count=16)))
-    torch.manual_seed(3)
-    taken_before = critic_weight_gradients_during(reference, lambda: reference.learn(experience(count=16)))
+    reference.critics_as_constants = contextlib.nullcontext
+    taken, taken_before = critic_weight_gradients_during_learn(frozen), critic_weight_gradients_during_learn(reference)
     parameters = len(frozen.model.critic_parameters())
     assert taken == 2 * parameters < taken_before  # 2 gradient steps, each the critics' own step alone
     assert all(p.requires_grad for p in frozen.model.critic_parameters())

@@ -71,8 +71,8 @@ RECORD = AlgorithmRecord(
     # processes and one torch thread (218 s with 2 threads and 8 processes), in 22.4k against 24.0k env steps. A
     # gradient step of 256-256 networks over 256 transitions takes 6.3 ms on 2 threads against 9.2 ms on one.
     run={"num_agents": 1, "envs_per_agent": 8, "torch_threads": 2, "max_steps": 50_000},
-    # SB3's train_freq 1, gradient_steps 1, batch_size 256: every env step of each agent sends 256 sampled
-    # transitions, so each env step makes one gradient step of 256 (minibatch_size). SB3's buffer and learning_starts.
+    # SB3's train_freq 1, gradient_steps 1, batch_size 256: every step of the agent sends 256 sampled transitions per
+    # env, so each env step makes one gradient step of 256 (minibatch_size). SB3's buffer and learning_starts.
     agent={"buffer": 1_000_000, "warmup": 100, "sample_interval": 1, "batch_size": 256},
     derived={"random_steps": "warmup"},
     # From rl-baselines3-zoo, hyperparams/sac.yml, over SB3's defaults above: Pendulum-v1 is n_timesteps 20000 and

@@ -70,13 +70,15 @@ class TwinCriticAlgorithm(Algorithm):
         weights, which the actor's step would throw away: 11.4 ms against 12.1 ms a SAC gradient step of 256-256
         networks over 256 transitions, on one core."""
         parameters = self.model.critic_parameters()
+        learning = [parameter.requires_grad for parameter in parameters]
         for parameter in parameters:
             parameter.requires_grad_(False)
         try:
             yield
         finally:
-            for parameter in parameters:
-                parameter.requires_grad_(True)
+            # As they were: a weight its user froze stays frozen.
+            for parameter, was_learning in zip(parameters, learning):
+                parameter.requires_grad_(was_learning)
 
     @staticmethod
     def transitions(

@@ -48,7 +48,9 @@ class Sb3Spec:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """gymnasium.make's keyword arguments (max_episode_steps)."""
     normalize_observations: bool = False
-    """VecNormalize(norm_obs=True, norm_reward=False, clip_obs=10), as flare2's --normalize-observations."""
+    """VecNormalize(norm_obs=True, clip_obs=10), as flare2's --normalize-observations."""
+    normalize_rewards: float | None = None
+    """VecNormalize(norm_reward=True, gamma=this, clip_reward=10), as flare2's --normalize-rewards; None: off."""
     reward_scale: float | None = None
     reward_clip: float | None = None
     frame_stack: int | None = None
@@ -85,8 +87,9 @@ class Sb3Spec:
             wrappers.append(f"VecFrameStack({self.frame_stack})")
         if self.features_extractor:
             wrappers.append(f"the {self.features_extractor} CNN as the features extractor")
-        if self.normalize_observations:
-            wrappers.append("VecNormalize(norm_obs=True, norm_reward=False)")
+        if self.normalize_observations or self.normalize_rewards is not None:
+            rewards = "False" if self.normalize_rewards is None else f"True, gamma={self.normalize_rewards:g}"
+            wrappers.append(f"VecNormalize(norm_obs={self.normalize_observations}, norm_reward={rewards})")
         wrappers.append(f"torch.set_num_threads({self.torch_threads})")
         return f"{self.algo}({', '.join(parts)})" + (f" with {'; '.join(wrappers)}" if wrappers else "")
 
@@ -147,6 +150,7 @@ def _env_options(spec: Sb3Spec, options: Mapping[str, Any]) -> None:
     if options.get("max_episode_steps"):
         spec.env_kwargs["max_episode_steps"] = options["max_episode_steps"]
     spec.normalize_observations = bool(options.get("normalize_observations"))
+    spec.normalize_rewards = options.get("normalize_rewards")
     spec.reward_scale = options.get("scale_rewards")
     spec.reward_clip = options.get("clip_rewards")
     spec.torch_threads = int(options.get("torch_threads") or 1)

@@ -123,8 +123,16 @@ def build(job: dict):
     )
     if spec["frame_stack"]:
         env = VecFrameStack(env, spec["frame_stack"])
-    if spec["normalize_observations"]:
-        env = VecNormalize(env, norm_obs=True, norm_reward=False, clip_obs=10.0)
+    if spec["normalize_observations"] or spec["normalize_rewards"] is not None:
+        rewards = spec["normalize_rewards"] is not None
+        env = VecNormalize(
+            env,
+            norm_obs=spec["normalize_observations"],
+            norm_reward=rewards,
+            clip_obs=10.0,
+            clip_reward=10.0,
+            gamma=spec["normalize_rewards"] if rewards else 0.99,
+        )
     kwargs = dict(spec["kwargs"])
     policy_kwargs = dict(kwargs.get("policy_kwargs", {}))
     if "activation_fn" in policy_kwargs:

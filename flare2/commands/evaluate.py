@@ -27,7 +27,7 @@ import numpy as np
 from flare2.core.acting import Acting
 from flare2.core.env_making import make_gym_env
 from flare2.core.envs import DEFAULT_CT, GymAgent
-from flare2.core.transforms import RunningMoments, Transforms
+from flare2.core.transforms import RunningMoments, Transforms, statistics_shape
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.options import transform_options
@@ -139,7 +139,9 @@ class PolicyPort:
     def wait_statistics(self, ticket: int) -> dict[str, Any]:
         saved, specs = self.ct.statistics, self.ct.specs
         return {
-            "moments": {key: saved.get(key, RunningMoments(specs.inputs[key].shape)).to_wire() for key in self._asked}
+            "moments": {
+                key: saved.get(key, RunningMoments(statistics_shape(specs, key))).to_wire() for key in self._asked
+            }
         }
 
 

@@ -48,7 +48,7 @@ from flare2.runtime.run_files import TRAIN_FILE
 from flare2.zoo.record import PRESET_GROUPS, AlgorithmRecord, field_names
 from flare2.zoo.registry import check_spaces, lookup, names
 
-_TRANSFORM_OPTIONS = ("normalize_observations", "scale_rewards", "clip_rewards")
+_TRANSFORM_OPTIONS = ("normalize_observations", "normalize_rewards", "scale_rewards", "clip_rewards")
 # Where this run writes and listens belongs to the command line, not to a preset that another run reuses.
 _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_dir", "insecure"}
 _RUN_OPTIONS = (

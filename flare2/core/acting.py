@@ -67,6 +67,7 @@ class Acting:
         self.obs = ObservationRows(specs.acting_inputs, count, keyed=isinstance(observation_space, gym.spaces.Dict))
         self.views = ViewRows(specs, count)
         self.states: Arrays = self._zero_states()
+        self.reward_states = transforms.reward_states(count)
         self._action_keys = list(action_space.spaces) if isinstance(action_space, gym.spaces.Dict) else None
         self._clip = (action_space.low, action_space.high) if isinstance(action_space, gym.spaces.Box) else None
 
@@ -106,7 +107,7 @@ class Acting:
         next_inputs: Arrays = next_rows.arrays()
         if self.transforms.observing:
             self.transforms.observations(next_inputs, count=self.training)
-        self.transforms.rewards(rewards)
+        self.transforms.rewards(rewards, self.reward_states, count=self.training)
         if self.views:
             self.views.advance(next_inputs, actions, {"reward": rewards})
         self.obs, self.states = next_rows, next_states
@@ -117,6 +118,7 @@ class Acting:
 
         The rows ``stepped`` returned keep the final observations: the next request starts from copies.
         """
+        self.transforms.episodes_ended(self.reward_states, ended)
         self.obs = self.obs.copy()
         self.states = {key: value.copy() for key, value in self.states.items()}
         for index, observation in zip(ended, observations):

@@ -21,7 +21,7 @@ from flare2.core.devices import count_parameters, module_attributes, resolve_dev
 from flare2.core.learn_requests import NEXT_INPUTS_FOLLOW
 from flare2.core.ragged_tensor import RaggedTensor
 from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
-from flare2.core.transforms import RunningMoments
+from flare2.core.transforms import RunningMoments, statistics_shape
 from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import Ragged, rows_in_order
 
@@ -431,7 +431,7 @@ class ComputationTask:
             with self._statistics_lock:
                 self.statistics = {
                     key: RunningMoments(
-                        self.specs.inputs[key].fixed_shape,
+                        statistics_shape(self.specs, key),
                         int(m["count"]),
                         m["mean"].cpu().numpy(),
                         m["m2"].cpu().numpy(),

@@ -12,6 +12,9 @@ and stores only what comes out, so acting and learning see the same data
   picked up at the next trade). The CT keeps the merged statistics and saves
   them in its checkpoint, so a resumed run and its evaluation episodes
   normalise as the saved run did.
+- ``NormalizeRewards``: each reward divided by the running standard deviation
+  of the discounted return (SB3's ``VecNormalize(norm_reward=True)``), from
+  statistics shared and saved in the same way.
 - ``ScaleRewards`` and ``ClipRewards``: fixed reward scaling and clipping.
 
 Frame stacks are not a transform here: a model that wants the last n
@@ -89,7 +92,8 @@ class RunningMoments:
         self.count = total
 
     def to_wire(self) -> dict[str, Any]:
-        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+        # Arithmetic on moments of one number makes numpy scalars: they go out as arrays of shape ().
+        return {"count": self.count, "mean": np.asarray(self.mean), "m2": np.asarray(self.m2)}
 
     @classmethod
     def from_wire(cls, value: Any, shape: tuple[int, ...], what: str) -> RunningMoments:
@@ -119,18 +123,34 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+RETURNS_PREFIX = "return:"
+"""The run's statistics of the discounted return of reward ``r`` are kept as ``return:r``; all others by input name."""
+
+
+def statistics_shape(specs: CTSpecs, key: Any) -> tuple[int, ...]:
+    """The shape of one sample of the run's statistics ``key``; a SpecError when the CT keeps none of that name."""
+    name = key if isinstance(key, str) else ""
+    spec = (
+        specs.rewards.get(name[len(RETURNS_PREFIX) :])
+        if name.startswith(RETURNS_PREFIX)
+        else specs.acting_inputs.get(name)
+    )
+    if spec is None or spec.ragged:
+        raise SpecError(
+            f"statistics of {key!r}: the CT has no fixed-shape input of that name, nor a reward after {RETURNS_PREFIX!r}"
+        )
+    return spec.fixed_shape
+
+
 def check_statistics_request(specs: CTSpecs, payload: Any) -> dict[str, RunningMoments]:
-    """The moments of a statistics request ``{"moments": {input key: moments}}``, checked against the CT's inputs."""
+    """The moments of a statistics request ``{"moments": {key: moments}}``, checked against the CT's specs."""
     moments = payload.get("moments") if isinstance(payload, dict) else None
     if not isinstance(moments, dict) or not moments:
         raise SpecError("a statistics request carries 'moments': a map of input name to count, mean and m2")
-    checked = {}
-    for key, value in moments.items():
-        spec = specs.acting_inputs.get(key)
-        if spec is None or spec.ragged:
-            raise SpecError(f"statistics of {key!r}: the CT has no fixed-shape input of that name")
-        checked[key] = RunningMoments.from_wire(value, spec.fixed_shape, f"statistics of {key!r}")
-    return checked
+    return {
+        key: RunningMoments.from_wire(value, statistics_shape(specs, key), f"statistics of {key!r}")
+        for key, value in moments.items()
+    }
 
 
 class Transform:
@@ -144,11 +164,88 @@ class Transform:
         ``rows`` of them when given; ``count``: these are observations of training envs, which running statistics
         may learn from."""
 
-    def rewards(self, rewards: np.ndarray) -> None:
-        """Transform a step's rewards (one per env) in place."""
+    def reward_state(self, envs: int) -> Any:
+        """What the transform keeps of each of ``envs`` envs between their steps, for one acting pipeline (each
+        pipeline of an agent has its own; the transform is shared)."""
+        return None
+
+    def rewards(self, rewards: np.ndarray, state: Any, *, count: bool) -> None:
+        """Transform a step's rewards (one per env) in place; ``state``: the pipeline's, from ``reward_state``;
+        ``count``: rewards of training envs, which running statistics may learn from."""
+
+    def episodes_ended(self, state: Any, rows: np.ndarray) -> None:
+        """The episodes of envs ``rows`` of the pipeline whose ``state`` this is ended."""
 
 
-class NormalizeObservations(Transform):
+class _SharedStatistics(Transform):
+    """A transform that works from running statistics every agent of the run shares: it counts samples here and
+    trades its new counts for the run's merged ones with the CT every ``sync_every`` samples (see the module
+    docstring); ``_rescale`` derives what it applies from ``moments`` whenever they change."""
+
+    def __init__(self, *, epsilon: float, sync_every: int) -> None:
+        self.epsilon, self.sync_every = epsilon, sync_every
+        self.moments: dict[str, RunningMoments] = {}
+        """What this agent works from: the run's statistics it last heard of, plus its own counts since."""
+        self._unsent: dict[str, RunningMoments] = {}
+        self._port: Any = None
+        self._ticket: int | None = None
+        self._rows_since_sync = 0
+
+    def _bind_statistics(self, port: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        """Keep the statistics of ``shapes`` (by statistics key), starting from what the run already knows (a
+        resumed run: the checkpoint's)."""
+        self._port = port
+        self._unsent = {key: RunningMoments(shape) for key, shape in shapes.items()}
+        self._adopt(port.wait_statistics(self._send()), since={})
+
+    def _rescale(self) -> None:
+        raise NotImplementedError
+
+    def _count(self, samples: Mapping[str, np.ndarray]) -> None:
+        """Count ``samples`` (``[n, *shape]`` by statistics key, the same n for each) here and towards the run."""
+        for key, values in samples.items():
+            counted = RunningMoments.of(values)
+            self.moments[key].merge(counted)
+            self._unsent[key].merge(counted)
+        self._rows_since_sync += counted.count
+        if self._rows_since_sync >= self.sync_every:
+            self._sync()
+        else:
+            self._rescale()
+
+    def _send(self) -> int:
+        """Send the counts not sent yet; returns the ticket of the reply."""
+        ticket = self._port.send_statistics({"moments": {key: m.to_wire() for key, m in self._unsent.items()}})
+        self._unsent = {key: RunningMoments(m.shape) for key, m in self._unsent.items()}
+        self._rows_since_sync = 0
+        return ticket
+
+    def _adopt(self, reply: dict[str, Any], since: dict[str, RunningMoments]) -> None:
+        """Work from the run's merged statistics of a reply, plus the counts sent ``since`` its request."""
+        shapes = {key: m.shape for key, m in self._unsent.items()}
+        moments = reply.get("moments") if isinstance(reply, dict) else None
+        if not isinstance(moments, dict) or moments.keys() != set(shapes):
+            raise SpecError(f"a statistics reply must give the moments of {sorted(shapes)}, got {_describe(moments)}")
+        self.moments = {
+            key: RunningMoments.from_wire(moments[key], shape, f"statistics of {key!r}")
+            for key, shape in shapes.items()
+        }
+        for key, counted in since.items():
+            self.moments[key].merge(counted)
+        self._rescale()
+
+    def _sync(self) -> None:
+        """Trade this agent's new counts for the run's merged statistics. The reply read is the previous trade's,
+        long since answered, so the agent does not wait for the one it sends now."""
+        sending = self._unsent
+        previous, self._ticket = self._ticket, self._send()
+        if previous is None:
+            self._rescale()
+        else:
+            self._adopt(self._port.wait_statistics(previous), since=sending)
+
+
+class NormalizeObservations(_SharedStatistics):
     """``clip((x - mean) / sqrt(var + epsilon))`` for each of ``keys``, from the run's shared running statistics."""
 
     def __init__(
@@ -160,13 +257,8 @@ class NormalizeObservations(Transform):
                 f"NormalizeObservations needs input keys, clip > 0, epsilon > 0 and sync_every >= 1, got {self.keys}, "
                 f"{clip}, {epsilon}, {sync_every}"
             )
-        self.clip, self.epsilon, self.sync_every = clip, epsilon, sync_every
-        self.moments: dict[str, RunningMoments] = {}
-        """What this agent normalises with: the run's statistics it last heard of, plus its own counts since."""
-        self._unsent: dict[str, RunningMoments] = {}
-        self._port: Any = None
-        self._ticket: int | None = None
-        self._rows_since_sync = 0
+        super().__init__(epsilon=epsilon, sync_every=sync_every)
+        self.clip = clip
         self._scale: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def bind(self, ct: str, specs: CTSpecs, port: Any) -> None:
@@ -177,48 +269,16 @@ class NormalizeObservations(Transform):
                     f"NormalizeObservations({key!r}): CT {ct!r} has no fixed-shape float input {key!r} (its inputs: "
                     f"{ {name: (s.shape, s.dtype) for name, s in specs.acting_inputs.items()} }): name one of those"
                 )
-        self._port = port
-        self._unsent = {key: RunningMoments(specs.acting_inputs[key].fixed_shape) for key in self.keys}
-        # Start from what the run already knows (a resumed run: the checkpoint's statistics).
-        self._adopt(port.wait_statistics(self._send()), since={})
+        self._bind_statistics(port, {key: specs.acting_inputs[key].fixed_shape for key in self.keys})
 
-    def _send(self) -> int:
-        """Send the counts not sent yet; returns the ticket of the reply."""
-        ticket = self._port.send_statistics({"moments": {key: m.to_wire() for key, m in self._unsent.items()}})
-        self._unsent = {key: RunningMoments(m.shape) for key, m in self._unsent.items()}
-        self._rows_since_sync = 0
-        return ticket
-
-    def _adopt(self, reply: dict[str, Any], since: dict[str, RunningMoments]) -> None:
-        """Normalise with the run's merged statistics of a reply, plus the counts sent ``since`` its request."""
-        shapes = {key: m.shape for key, m in self._unsent.items()}
-        moments = reply.get("moments") if isinstance(reply, dict) else None
-        if not isinstance(moments, dict) or moments.keys() != set(shapes):
-            raise SpecError(f"a statistics reply must give the moments of {sorted(shapes)}, got {_describe(moments)}")
-        self.moments = {
-            key: RunningMoments.from_wire(moments[key], shape, f"statistics of {key!r}")
-            for key, shape in shapes.items()
-        }
-        for key, counted in since.items():
-            self.moments[key].merge(counted)
-        self._update_scale()
-
-    def _update_scale(self) -> None:
+    def _rescale(self) -> None:
         self._scale = {key: (m.mean, 1 / np.sqrt(m.variance + self.epsilon)) for key, m in self.moments.items()}
 
     def observations(self, inputs: Mapping[str, np.ndarray | Ragged], rows: np.ndarray | None, *, count: bool) -> None:
         # bind took only fixed-shape inputs, so each of ``keys`` is an array.
         arrays = {key: cast(np.ndarray, inputs[key]) for key in self.keys}
         if count:
-            for key in self.keys:
-                counted = RunningMoments.of(arrays[key] if rows is None else arrays[key][rows])
-                self.moments[key].merge(counted)
-                self._unsent[key].merge(counted)
-            self._rows_since_sync += counted.count
-            if self._rows_since_sync >= self.sync_every:
-                self._sync()
-            else:
-                self._update_scale()
+            self._count({key: arrays[key] if rows is None else arrays[key][rows] for key in self.keys})
         for key in self.keys:
             mean, inverse_std = self._scale[key]
             array = arrays[key]
@@ -227,15 +287,56 @@ class NormalizeObservations(Transform):
             else:
                 array[rows] = np.clip((array[rows] - mean) * inverse_std, -self.clip, self.clip)
 
-    def _sync(self) -> None:
-        """Trade this agent's new counts for the run's merged statistics. The reply read is the previous trade's,
-        long since answered, so the agent does not wait for the one it sends now."""
-        sending = self._unsent
-        previous, self._ticket = self._ticket, self._send()
-        if previous is None:
-            self._update_scale()
-        else:
-            self._adopt(self._port.wait_statistics(previous), since=sending)
+
+class NormalizeRewards(_SharedStatistics):
+    """Each reward divided by ``sqrt(var + epsilon)`` of the discounted return ``R = gamma * R + reward`` (zero
+    before each episode's first reward), then clipped to ``[-clip, clip]``: SB3's ``VecNormalize(norm_reward=True)``,
+    with the variance counted by every agent of the run together. Rewards are scaled, never shifted, so their signs
+    and the ends of episodes mean what they meant; value targets keep a steady size whatever the env's reward scale."""
+
+    def __init__(
+        self, gamma: float = 0.99, *, clip: float = 10.0, epsilon: float = 1e-8, sync_every: int = 1000
+    ) -> None:
+        if not 0 <= gamma <= 1 or clip <= 0 or epsilon <= 0 or sync_every < 1:
+            raise ConfigError(
+                f"NormalizeRewards needs 0 <= gamma <= 1 (the algorithm's discount), clip > 0, epsilon > 0 and "
+                f"sync_every >= 1, got {gamma}, {clip}, {epsilon}, {sync_every}"
+            )
+        super().__init__(epsilon=epsilon, sync_every=sync_every)
+        self.gamma, self.clip = gamma, clip
+        self.key = RETURNS_PREFIX + "reward"
+        self._inverse_std = 1.0
+
+    def bind(self, ct: str, specs: CTSpecs, port: Any) -> None:
+        spec = specs.rewards.get("reward")
+        if spec is None or spec.shape != ():
+            raise ConfigError(
+                f"NormalizeRewards: CT {ct!r} has no scalar reward 'reward' (its rewards: "
+                f"{ {name: s.shape for name, s in specs.rewards.items()} }); it normalises one reward per env step"
+            )
+        if self.key in specs.acting_inputs:
+            raise ConfigError(
+                f"NormalizeRewards keeps its statistics as {self.key!r}, and CT {ct!r} has an input of that name: "
+                "rename the input"
+            )
+        self._bind_statistics(port, {self.key: ()})
+
+    def _rescale(self) -> None:
+        self._inverse_std = float(1 / np.sqrt(self.moments[self.key].variance + self.epsilon))
+
+    def reward_state(self, envs: int) -> np.ndarray:
+        return np.zeros(envs)  # each env's discounted return so far
+
+    def rewards(self, rewards: np.ndarray, state: Any, *, count: bool) -> None:
+        if count:
+            returns = cast(np.ndarray, state)
+            returns *= self.gamma
+            returns += rewards
+            self._count({self.key: returns})
+        np.clip(rewards * self._inverse_std, -self.clip, self.clip, out=rewards, casting="unsafe")
+
+    def episodes_ended(self, state: Any, rows: np.ndarray) -> None:
+        cast(np.ndarray, state)[rows] = 0
 
 
 class ScaleRewards(Transform):
@@ -246,7 +347,7 @@ class ScaleRewards(Transform):
             raise ConfigError(f"ScaleRewards needs a finite, non-zero factor, got {factor}")
         self.factor = factor
 
-    def rewards(self, rewards: np.ndarray) -> None:
+    def rewards(self, rewards: np.ndarray, state: Any, *, count: bool) -> None:
         rewards *= self.factor
 
 
@@ -258,12 +359,13 @@ class ClipRewards(Transform):
             raise ConfigError(f"ClipRewards needs low < high, got {low}, {high}")
         self.low, self.high = low, high
 
-    def rewards(self, rewards: np.ndarray) -> None:
+    def rewards(self, rewards: np.ndarray, state: Any, *, count: bool) -> None:
         np.clip(rewards, self.low, self.high, out=rewards)
 
 
 TRANSFORMS: dict[str, type[Transform]] = {
     "normalize_observations": NormalizeObservations,
+    "normalize_rewards": NormalizeRewards,
     "scale_rewards": ScaleRewards,
     "clip_rewards": ClipRewards,
 }
@@ -313,6 +415,16 @@ class Transforms:
         for transform in self.observing:
             transform.observations(inputs, rows, count=count)
 
-    def rewards(self, rewards: np.ndarray) -> None:
-        for transform in self.rewarding:
-            transform.rewards(rewards)
+    def reward_states(self, envs: int) -> list[Any]:
+        """What the reward transforms keep of each of ``envs`` envs of one acting pipeline (``Transform.reward_state``)."""
+        return [transform.reward_state(envs) for transform in self.rewarding]
+
+    def rewards(self, rewards: np.ndarray, states: list[Any], *, count: bool = True) -> None:
+        """Transform a step's rewards in place; ``states``: the pipeline's, from ``reward_states``."""
+        for transform, state in zip(self.rewarding, states):
+            transform.rewards(rewards, state, count=count)
+
+    def episodes_ended(self, states: list[Any], rows: np.ndarray) -> None:
+        """The episodes of envs ``rows`` of the pipeline whose reward ``states`` these are ended."""
+        for transform, state in zip(self.rewarding, states):
+            transform.episodes_ended(state, rows)

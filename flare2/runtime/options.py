@@ -49,6 +49,14 @@ def number_option(kind: type, *, least: float | None = None, strict: bool = Fals
     return parse
 
 
+def _discount(text: str) -> float:
+    """An argparse type: a discount, from 0 to 1."""
+    value = number_option(float, least=0)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a discount from 0 to 1, got {text}")
+    return value
+
+
 _RUN, _AGENTS, _BATCHING = RunConfig, AgentConfig, BatchingConfig
 _POSITIVE = number_option(float, least=0, strict=True)
 _SUPERVISION = "supervision and checkpoints"
@@ -354,11 +362,20 @@ def add_transform_options(parser: argparse.ArgumentParser) -> None:
         "run together and kept in the checkpoint",
     )
     group.add_argument(
+        "--normalize-rewards",
+        type=_discount,
+        default=None,
+        metavar="GAMMA",
+        help="divide each reward (after any scaling and clipping) by the running standard deviation of the return "
+        "discounted by GAMMA (give the algorithm's), then clip it to +-10; counted by every agent of the run together "
+        "and kept in the checkpoint (SB3's VecNormalize(norm_reward=True))",
+    )
+    group.add_argument(
         "--scale-rewards",
         type=number_option(float),
         default=None,
         metavar="FACTOR",
-        help="multiply every reward by FACTOR (after normalisation of observations, before clipping)",
+        help="multiply every reward by FACTOR (before clipping)",
     )
     group.add_argument(
         "--clip-rewards",
@@ -383,4 +400,6 @@ def transform_options(values: Mapping[str, Any]) -> list[Any]:
         transforms.append(["scale_rewards", {"factor": values["scale_rewards"]}])
     if values.get("clip_rewards") is not None:
         transforms.append(["clip_rewards", {"low": -values["clip_rewards"], "high": values["clip_rewards"]}])
+    if values.get("normalize_rewards") is not None:
+        transforms.append(["normalize_rewards", {"gamma": values["normalize_rewards"]}])
     return transforms

@@ -185,9 +185,9 @@ def test_ppo_on_mountaincar_normalises_observations_and_scales_rewards_with_a_co
         "learning_rate": 3e-4,
     }
     assert spec.learning_rate is None
-    assert spec.normalize_observations and spec.reward_scale == 0.1
+    assert spec.normalize_observations and spec.normalize_rewards == 0.99 and spec.reward_scale is None
     assert spec.describe().endswith(
-        "with rewards times 0.1; VecNormalize(norm_obs=True, norm_reward=False); torch.set_num_threads(1)"
+        "with VecNormalize(norm_obs=True, norm_reward=True, gamma=0.99); torch.set_num_threads(1)"
     )
 
 

@@ -12,7 +12,7 @@ from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.envs import GymAgent
 from flare2.core.specs import CTSpecs, Spec
-from flare2.core.transforms import NormalizeObservations, RunningMoments, Transforms
+from flare2.core.transforms import NormalizeObservations, NormalizeRewards, RunningMoments, Transforms
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.agents.agent_process import StopRequested, make_envs
 from flare2.runtime.compute.cdp import ComputationDataProcessor
@@ -160,8 +160,10 @@ def test_malformed_statistics_are_refused_naming_what_is_wrong_and_leave_the_mer
 def test_a_pipeline_from_options_names_an_unknown_transform_and_bad_arguments():
     pipeline = Transforms.from_options(["normalize_observations", ["clip_rewards", {"low": -1, "high": 1}]])
     assert [type(t).__name__ for t in pipeline.transforms] == ["NormalizeObservations", "ClipRewards"]
-    with pytest.raises(ConfigError, match="normalize_rewards"):
-        Transforms.from_options(["normalize_rewards"])
+    with pytest.raises(ConfigError, match="normalize_actions"):
+        Transforms.from_options(["normalize_actions"])
+    with pytest.raises(ConfigError, match="NormalizeRewards needs 0 <= gamma <= 1"):
+        Transforms.from_options([["normalize_rewards", {"gamma": 1.5}]])
     with pytest.raises(ConfigError, match="scale_rewards.*does not take"):
         Transforms.from_options([["scale_rewards", {"scale": 2}]])
     with pytest.raises(ConfigError, match="NormalizeObservations\\('y'\\).*name one of those"):
@@ -190,16 +192,17 @@ class Drifting(gym.Env):
 
 
 class StatisticsPort(AnsweringPort):
-    """Answers predictions with zeros, and statistics from a RunningMoments of its own (the CT's part)."""
+    """Answers predictions with zeros, and statistics from RunningMoments of its own (the CT's part)."""
 
     def __init__(self, steps: int) -> None:
         super().__init__(steps, lambda inputs: {"action": np.zeros_like(inputs["obs"])})
-        self.merged = RunningMoments((2,))
+        self.merged = {"obs": RunningMoments((2,)), "return:reward": RunningMoments(())}
         self.answers: list[dict] = []
 
     def send_statistics(self, payload):
-        self.merged.merge(RunningMoments.from_wire(payload["moments"]["obs"], (2,), "obs"))
-        self.answers.append({"moments": {"obs": self.merged.copy().to_wire()}})
+        for key, moments in payload["moments"].items():
+            self.merged[key].merge(RunningMoments.from_wire(moments, self.merged[key].shape, key))
+        self.answers.append({"moments": {key: self.merged[key].copy().to_wire() for key in payload["moments"]}})
         return len(self.answers)
 
     def wait_statistics(self, ticket):
@@ -230,7 +233,7 @@ def test_a_gym_agent_acts_on_and_stores_the_transformed_observations_and_rewards
 
     # Counted and traded every 4 rows: the first observations of the 2 envs, their next ones over 6 steps, and the
     # first observations of their second episodes.
-    assert port.merged.count == 2 + 6 * 2 + 2
+    assert port.merged["obs"].count == 2 + 6 * 2 + 2
     for step, sent in zip(helper.steps, port.sent):
         # What was asked with is what is learned from, clipped to the transform's limit.
         np.testing.assert_array_equal(step["inputs"]["obs"], sent["inputs"]["obs"])
@@ -240,3 +243,73 @@ def test_a_gym_agent_acts_on_and_stores_the_transformed_observations_and_rewards
     # The second coordinate is the first plus 100: normalised, the two are equal.
     for step in helper.steps:
         np.testing.assert_allclose(step["next_inputs"]["obs"][:, 0], step["next_inputs"]["obs"][:, 1], atol=1e-4)
+
+
+def test_rewards_are_divided_by_the_running_deviation_of_the_discounted_return_as_sb3_normalises_them():
+    """SB3's VecNormalize(norm_reward=True), step by step: R = gamma R + r, zero again after an episode's end; each
+    reward over the standard deviation of every R so far (this step's included), clipped."""
+    specs = CTSpecs(
+        inputs={"obs": Spec((2,), "float32")},
+        actions={"action": Spec((2,), "float32")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+    )
+    agent = GymAgent(transforms=[["normalize_rewards", {"gamma": 0.9, "sync_every": 3, "clip": 2.5}]])
+    agent.num_envs = 2
+    agent.make_env = Drifting
+    make_envs(agent, 0)
+    port, helper = StatisticsPort(6), KeepingHelper()
+    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
+    with pytest.raises(StopRequested):
+        agent.run()
+
+    returns, counted, expected = np.zeros(2), [], []
+    for t in range(1, 7):
+        reward = 3.0 * ((t - 1) % 4 + 1)  # Drifting's episodes end after 4 steps
+        returns = 0.9 * returns + reward
+        counted.extend(returns)
+        expected.append(np.clip(reward / np.sqrt(np.var(counted) + 1e-8), -2.5, 2.5))
+        if t % 4 == 0:
+            returns = np.zeros(2)
+    stored = [step["rewards"]["reward"].tolist() for step in helper.steps]
+    np.testing.assert_allclose(stored, np.repeat(np.array(expected)[:, None], 2, axis=1), rtol=1e-5)
+    assert max(expected) == 2.5 and min(expected) < 2.5  # the clip was met, and not everywhere
+    # Traded every second step (4 returns, at least 3): all 12 reached the run's statistics.
+    assert port.merged["return:reward"].count == 12
+
+
+def test_the_return_statistics_of_two_agents_meet_in_the_ct_and_survive_its_checkpoint(tmp_path):
+    ct, cdp = served_ct("a", "b")
+    first, second = NormalizeRewards(0.5, sync_every=2), NormalizeRewards(0.5, sync_every=2)
+    for name, transform in (("a", first), ("b", second)):
+        transform.bind("RL", ct.specs, CDPPort(cdp, name))
+    states = [first.reward_state(2), second.reward_state(2)]
+    for rewards in ([1.0, 2.0], [3.0, 4.0]):
+        for transform, state in zip((first, second), states):
+            transform.rewards(np.array(rewards, np.float32), state, count=True)
+    # Returns 1, 2, then 0.5 + 3, 1 + 4, from each agent.
+    everything = [1.0, 2.0, 3.5, 5.0] * 2
+    assert ct.statistics["return:reward"].count == 8
+    np.testing.assert_allclose(ct.statistics["return:reward"].variance, np.var(everything))
+    first.episodes_ended(states[0], np.array([1]))
+    np.testing.assert_array_equal(states[0], [3.5, 0.0])
+
+    ct.save(tmp_path / "RL.pt", {"steps": 8})
+    resumed, resumed_cdp = served_ct("c")
+    resumed.load(tmp_path / "RL.pt")
+    fresh = NormalizeRewards(0.5)
+    fresh.bind("RL", resumed.specs, CDPPort(resumed_cdp, "c"))
+    rewards = np.array([2.0], np.float32)
+    fresh.rewards(rewards, fresh.reward_state(1), count=False)
+    np.testing.assert_allclose(rewards, 2.0 / np.std(everything), rtol=1e-6)
+
+
+def test_a_reward_normaliser_needs_a_scalar_reward_and_names_the_ones_there_are():
+    specs = CTSpecs(
+        inputs={"obs": Spec((2,), "float32")},
+        actions={"action": Spec((2,), "float32")},
+        states={},
+        rewards={"team": Spec((3,), "float32")},
+    )
+    with pytest.raises(ConfigError, match="no scalar reward 'reward' \\(its rewards: \\{'team': \\(3,\\)\\}\\)"):
+        NormalizeRewards().bind("RL", specs, None)

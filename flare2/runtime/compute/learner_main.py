@@ -21,14 +21,14 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.learn_requests import check_learn
-from flare2.core.transforms import RunningMoments
+from flare2.core.transforms import RunningMoments, statistics_shape
 from flare2.errors import LearnersPartedError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.compute.cts import build_cts, resume
@@ -248,11 +248,8 @@ def _save(cts: list[ComputationTask], request: dict[str, Any]) -> None:
     for ct in cts:
         if ct.name in request["paths"]:
             ct.predict_calls = request["predict_calls"][ct.name]
-            # Statistics are kept of fixed-shape inputs only (check_statistics_request).
             ct.statistics = {
-                key: RunningMoments.from_wire(
-                    moments, cast("tuple[int, ...]", ct.specs.inputs[key].shape), f"statistics of {key!r}"
-                )
+                key: RunningMoments.from_wire(moments, statistics_shape(ct.specs, key), f"statistics of {key!r}")
                 for key, moments in request["statistics"][ct.name].items()
             }
             ct.save(request["paths"][ct.name], request["counters"])

@@ -96,8 +96,8 @@ RECORD = AlgorithmRecord(
     presets={
         # The example's settings, measured in the README's results.
         "CartPole-v1": {},
-        # rl-baselines3-zoo's settings for these (hyperparams/ppo.yml; VecNormalize as --normalize-observations,
-        # and for MountainCar a fixed reward scale in place of its running one). Its learning rate and minibatch
+        # rl-baselines3-zoo's settings for these (hyperparams/ppo.yml; its VecNormalize of observations and
+        # rewards as --normalize-observations and --normalize-rewards). Its learning rate and minibatch
         # (3e-4 constant, 64) matter: with the package's (1e-3 annealed, 256) greedy returns ended 5 to 13 short of
         # its figures. Each update is hundreds of gradient steps over thousands of env steps, and rollouts played
         # one such update behind cost two to three times the env steps (docs/learners-and-devices.md), so the
@@ -105,7 +105,13 @@ RECORD = AlgorithmRecord(
         "Acrobot-v1": {
             "algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.94, "epochs": 4},
             "agent": {"sample_interval": 256},
-            "run": {"envs_per_agent": 16, "normalize_observations": True, "max_steps": 1_000_000, **_ON_POLICY},
+            "run": {
+                "envs_per_agent": 16,
+                "normalize_observations": True,
+                "normalize_rewards": 0.99,
+                "max_steps": 1_000_000,
+                **_ON_POLICY,
+            },
         },
         "MountainCar-v0": {
             "algorithm": {**_ZOO_STEP, "gamma": 0.99, "gae_lambda": 0.98, "epochs": 4},
@@ -113,7 +119,7 @@ RECORD = AlgorithmRecord(
             "run": {
                 "envs_per_agent": 16,
                 "normalize_observations": True,
-                "scale_rewards": 0.1,
+                "normalize_rewards": 0.99,
                 "max_steps": 1_000_000,
                 **_ON_POLICY,
             },

@@ -185,9 +185,9 @@ def test_ppo_on_mountaincar_normalises_observations_and_scales_rewards_with_a_co
         "learning_rate": 3e-4,
     }
     assert spec.learning_rate is None
-    assert spec.normalize_observations and spec.normalize_rewards == 0.99 and spec.reward_scale is None
+    assert spec.normalize_observations and spec.reward_scale == 0.1
     assert spec.describe().endswith(
-        "with VecNormalize(norm_obs=True, norm_reward=True, gamma=0.99); torch.set_num_threads(1)"
+        "with rewards times 0.1; VecNormalize(norm_obs=True, norm_reward=False); torch.set_num_threads(1)"
     )
 
 
@@ -196,7 +196,7 @@ def test_appo_races_sb3_ppo_with_its_own_settings_and_says_what_it_does_otherwis
     assert appo.algo == "PPO"
     # PPO's preset but for APPO's rollouts of 64 steps, which SB3's PPO plays too.
     assert appo.kwargs == {**ppo.kwargs, "n_steps": 64} and appo.n_envs == ppo.n_envs == 16
-    assert appo.normalize_observations
+    assert appo.normalize_observations and appo.normalize_rewards == ppo.normalize_rewards == 0.99
     assert any("V-trace" in text and "rho_bar=1" in text for text in appo.differences)
     assert any("learn_ahead 2" in text for text in appo.differences)
 

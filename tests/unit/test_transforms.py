@@ -135,6 +135,8 @@ def test_the_statistics_survive_a_checkpoint_and_an_agent_of_the_resumed_run_sta
     "moments, named",
     [
         ({"z": {"count": 1, "mean": np.zeros(2), "m2": np.zeros(2)}}, "no fixed-shape input of that name"),
+        ({"return:bonus": {"count": 1, "mean": np.zeros(()), "m2": np.zeros(())}}, "nor a reward after 'return:'"),
+        ({"return:reward": {"count": 1, "mean": np.zeros(2), "m2": np.zeros(2)}}, "float64 array of shape ()"),
         ({"x": {"count": 1, "mean": np.zeros(3), "m2": np.zeros(3)}}, "float64 array of shape (2,)"),
         ({"x": {"count": 1, "mean": np.zeros(2, np.float32), "m2": np.zeros(2)}}, "float64 array of shape (2,)"),
         ({"x": {"count": 1, "mean": np.array([np.nan, 0.0]), "m2": np.zeros(2)}}, "NaN or infinity"),

@@ -211,20 +211,15 @@ class StatisticsPort(AnsweringPort):
         return self.answers[ticket - 1]
 
 
-def test_a_gym_agent_acts_on_and_stores_the_transformed_observations_and_rewards():
+def played_drifting(transforms: list) -> tuple[StatisticsPort, KeepingHelper]:
+    """A GymAgent with ``transforms`` played 6 steps of 2 Drifting envs: the port it traded with, and what it stored."""
     specs = CTSpecs(
         inputs={"obs": Spec((2,), "float32")},
         actions={"action": Spec((2,), "float32")},
         states={},
         rewards={"reward": Spec((), "float32")},
     )
-    agent = GymAgent(
-        transforms=[
-            ["normalize_observations", {"sync_every": 4, "clip": 1.5}],
-            ["scale_rewards", {"factor": 0.5}],
-            ["clip_rewards", {"low": -1.0, "high": 1.0}],
-        ]
-    )
+    agent = GymAgent(transforms=transforms)
     agent.num_envs = 2
     agent.make_env = Drifting
     make_envs(agent, 0)
@@ -232,6 +227,17 @@ def test_a_gym_agent_acts_on_and_stores_the_transformed_observations_and_rewards
     agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
     with pytest.raises(StopRequested):
         agent.run()
+    return port, helper
+
+
+def test_a_gym_agent_acts_on_and_stores_the_transformed_observations_and_rewards():
+    port, helper = played_drifting(
+        [
+            ["normalize_observations", {"sync_every": 4, "clip": 1.5}],
+            ["scale_rewards", {"factor": 0.5}],
+            ["clip_rewards", {"low": -1.0, "high": 1.0}],
+        ]
+    )
 
     # Counted and traded every 4 rows: the first observations of the 2 envs, their next ones over 6 steps, and the
     # first observations of their second episodes.
@@ -250,20 +256,7 @@ def test_a_gym_agent_acts_on_and_stores_the_transformed_observations_and_rewards
 def test_rewards_are_divided_by_the_running_deviation_of_the_discounted_return_as_sb3_normalises_them():
     """SB3's VecNormalize(norm_reward=True), step by step: R = gamma R + r, zero again after an episode's end; each
     reward over the standard deviation of every R so far (this step's included), clipped."""
-    specs = CTSpecs(
-        inputs={"obs": Spec((2,), "float32")},
-        actions={"action": Spec((2,), "float32")},
-        states={},
-        rewards={"reward": Spec((), "float32")},
-    )
-    agent = GymAgent(transforms=[["normalize_rewards", {"gamma": 0.9, "sync_every": 3, "clip": 2.5}]])
-    agent.num_envs = 2
-    agent.make_env = Drifting
-    make_envs(agent, 0)
-    port, helper = StatisticsPort(6), KeepingHelper()
-    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers={"RL": helper})
-    with pytest.raises(StopRequested):
-        agent.run()
+    port, helper = played_drifting([["normalize_rewards", {"gamma": 0.9, "sync_every": 3, "clip": 2.5}]])
 
     returns, counted, expected = np.zeros(2), [], []
     for t in range(1, 7):

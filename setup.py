@@ -24,7 +24,8 @@ setup(
     ],
     extras_require={
         # The tests also cover flare2 plot, flare2 eval --video (as a .gif: no ffmpeg needed), --tensorboard, --wandb
-        # (offline), flare2 tune, the docs site, and Atari and MinAtar games.
+        # (offline), flare2 tune, the docs site, Atari and MinAtar games, and the presets of Box2D and MuJoCo envs:
+        # every optional package a default test uses, all from wheels.
         "test": [
             "pytest>=7",
             # two tests at a time: most of an integration test's time is its processes starting and waiting
@@ -41,6 +42,8 @@ setup(
             "ale-py>=0.9",
             "opencv-python-headless>=4.10",
             "minatar>=1.0.15",
+            "box2d>=2.3.10",
+            "gymnasium[mujoco]>=1.0",
         ],
         # the checks .ci/run makes before the tests: pinned, so that a new release cannot fail an unchanged tree
         "lint": ["ruff==0.17.6", "mypy==2.4.1"],
@@ -57,8 +60,9 @@ setup(
         "wandb": ["wandb>=0.16", "tensorboard>=2.10"],
         # flare2 tune: Optuna samples the settings and prunes trials
         "tune": ["optuna>=3.4"],
-        # Gymnasium's Box2D envs (LunarLander-v3, BipedalWalker-v3) and MuJoCo envs (HalfCheetah-v5, Hopper-v5...)
-        "box2d": ["gymnasium[box2d]>=1.0"],
+        # Gymnasium's Box2D envs (LunarLander-v3, BipedalWalker-v3) import Box2D: the box2d wheel (gymnasium[box2d]
+        # before 1.4 builds box2d-py from source with SWIG); pygame draws them. MuJoCo envs: HalfCheetah-v5, Hopper-v5...
+        "box2d": ["box2d>=2.3.10", "pygame>=2.1"],
         "mujoco": ["gymnasium[mujoco]>=1.0"],
         # Atari games (ALE/Breakout-v5...) with ale-py, which ships the ROMs; OpenCV resizes the frames to 84x84
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.10"],

@@ -4,7 +4,10 @@ that have one (Atari). Imports no torch: agent processes import this module.
 **Env packages.** ale-py registers ``ALE/...`` ids and MinAtar ``MinAtar/...``
 ids only once imported: ``make_gym_env`` imports the package of an id's
 namespace first, and names the package and flare2's extra to install when it
-is missing. ``module:EnvId`` works as Gymnasium makes it (the module is imported).
+is missing. Gymnasium's own Box2D and MuJoCo envs are registered always but
+need a package to be made: ``missing_extra`` names flare2's extra for those
+too, before Gymnasium's import fails. ``module:EnvId`` works as Gymnasium
+makes it (the module is imported).
 
 **Atari** (``atari_game``): the preprocessing of SB3's ``AtariWrapper`` and
 CleanRL's ``ppo_atari`` (Mnih et al., Nature 2015; Machado et al., JAIR 2018):
@@ -30,6 +33,7 @@ as the model's view of the last 4 observations (``--frames 4``).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,12 +46,21 @@ LEARNING_EPISODE_ENDS = "learning_episode_ends"
 though the env plays on without a reset: a lost life of an Atari game. The stock agent then starts the episode's
 trajectory views afresh; the returns it reports run to the env's own end."""
 
-ENV_PACKAGES: dict[str, tuple[str, str | None, str, str]] = {
-    "ALE": ("ale_py", None, "ale-py", "atari"),
-    "MinAtar": ("minatar.gym", "register_envs", "minatar", "minatar"),
+ENV_PACKAGES: dict[str, tuple[str, str | None]] = {
+    "ALE": ("ale_py", None),
+    "MinAtar": ("minatar.gym", "register_envs"),
 }
 """Namespaces of env ids whose package registers them: (module to import, the function of it to call after, if
-importing it is not enough; the package; flare2's extra that installs it)."""
+importing it is not enough)."""
+
+ENV_EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
+    "ALE": (("ale_py", "cv2"), "atari"),
+    "MinAtar": (("minatar",), "minatar"),
+    "gymnasium.envs.box2d": (("Box2D",), "box2d"),
+    "gymnasium.envs.mujoco": (("mujoco", "imageio", "packaging"), "mujoco"),
+}
+"""What the envs of a namespace (``ALE``) or of a Gymnasium entry-point package need: (the modules they import,
+flare2's extra that installs them). The Atari preprocessing resizes frames with OpenCV (``cv2``)."""
 
 NOOP_MAX = 30
 FRAME_SKIP = 4
@@ -81,22 +94,44 @@ def register_env_package(env_id: str) -> None:
             except ImportError:
                 continue
         return
-    try:
-        _register(space)
-    except ImportError:
-        _, _, package, extra = ENV_PACKAGES[space]
-        raise ConfigError(
-            f"env {env_id!r} is one of the {space} environments of the {package} package, which is not installed: "
-            f'pip install "flare2[{extra}]" (or pip install {package})'
-        ) from None
+    _refuse_missing_extra(env_id)
+    _register(space)
 
 
 def _register(space: str) -> None:
     """Register the ids of namespace ``space`` (an ImportError when its package is missing)."""
-    module_name, function, _, _ = ENV_PACKAGES[space]
+    module_name, function = ENV_PACKAGES[space]
     module = importlib.import_module(module_name)
     if function is not None and not any(key.startswith(space + "/") for key in gym.registry):
         getattr(module, function)()
+
+
+def missing_extra(env_id: str) -> str | None:
+    """flare2's extra that installs a module ``env_id`` needs and this Python lacks; None when none is known missing."""
+    space = namespace(env_id)
+    if space not in ENV_EXTRAS:
+        spec = gym.registry.get(registered_id(env_id))
+        entry_point = spec.entry_point if spec is not None else None
+        space = next(
+            (family for family in ENV_EXTRAS if isinstance(entry_point, str) and entry_point.startswith(family + ".")),
+            None,
+        )
+        if space is None:
+            return None
+    modules, extra = ENV_EXTRAS[space]
+    return extra if any(importlib.util.find_spec(module) is None for module in modules) else None
+
+
+def _refuse_missing_extra(env_id: str) -> None:
+    """A ConfigError naming the modules and flare2's extra when ``env_id`` needs an extra this Python lacks."""
+    extra = missing_extra(env_id)
+    if extra is not None:
+        needs = next(modules for modules, of in ENV_EXTRAS.values() if of == extra)
+        missing = [module for module in needs if importlib.util.find_spec(module) is None]
+        raise ConfigError(
+            f"env {env_id!r} needs {', '.join(missing)}, which flare2's {extra} extra installs: "
+            f'pip install "flare2[{extra}]"'
+        )
 
 
 def is_atari(env_id: str) -> bool:
@@ -116,6 +151,7 @@ def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, pr
     """``gymnasium.make`` of ``env_id`` with the published preprocessing of its kind of game (Atari's; none for the
     others), ``preprocessing=False`` for the raw env; an error that names the id and the fix."""
     register_env_package(env_id)
+    _refuse_missing_extra(env_id)
     try:
         if preprocessing and is_atari(env_id):
             return atari_game(env_id, env_kwargs)
@@ -176,12 +212,6 @@ class AtariLives(gym.Wrapper):
 def atari_game(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
     """The game ``env_id`` with the published preprocessing (the module docstring)."""
     env = gym.make(env_id, **{**_ATARI_BASE_KWARGS, **dict(env_kwargs or {})})
-    try:
-        import cv2  # noqa: F401  (AtariPreprocessing resizes with it)
-    except ImportError:
-        raise ConfigError(
-            f'env {env_id!r}: the Atari preprocessing resizes frames with OpenCV: pip install "flare2[atari]"'
-        ) from None
     env = gym.wrappers.AtariPreprocessing(
         env,
         noop_max=NOOP_MAX,

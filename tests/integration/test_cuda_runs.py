@@ -4,20 +4,17 @@ device."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 import torch
+from extras import needs_env
 from runs import read_csv
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 
-needs_atari = pytest.mark.skipif(
-    importlib.util.find_spec("ale_py") is None or importlib.util.find_spec("cv2") is None,
-    reason="the atari extra (ale-py, opencv) is not installed",
-)
+needs_atari = needs_env("ALE/Breakout-v5")
 FEW_FRAMES = ["--envs-per-agent", "2", "--sample-interval", "64"]
 """The Atari presets' request shape with fewer envs and steps: frames stay uint8 up to the GPU's pinned copies."""
 

@@ -6,11 +6,10 @@ import json
 import subprocess
 import sys
 
-import pytest
+from extras import skip_without
 from runs import read_csv
 
-pytest.importorskip("ale_py")
-pytest.importorskip("cv2")
+skip_without("atari", "ale_py", "cv2")
 
 
 def flare2(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
@@ -39,7 +38,7 @@ def test_an_atari_game_trains_with_its_preset_within_the_message_limit_and_eval_
 
 
 def test_a_minatar_game_trains_dqn_on_its_cnn(tmp_path):
-    pytest.importorskip("minatar")
+    skip_without("minatar", "minatar")
     result = flare2(
         "train", "--env", "MinAtar/Breakout-v1", "--algo", "dqn", "--serial", "--max-steps", "400",
         "--warmup", "100", "--device", "cpu", "--log-dir", str(tmp_path),

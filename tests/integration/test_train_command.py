@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from extras import skip_without
 from runs import read_csv
 
 from flare2.commands.train import resolve
@@ -86,7 +87,7 @@ def test_sac_learns_in_a_learner_process_whose_checkpoint_a_resumed_run_goes_on_
 
 
 def test_wandb_gets_every_scalar_and_the_runs_settings_through_its_tensorboard_sync(tmp_path):
-    pytest.importorskip("wandb")
+    skip_without("wandb", "wandb")
     # Offline, W&B keeps its run on disk for a later `wandb sync`; its settings and caches stay in the test's folder.
     wandb_environment = {
         "WANDB_MODE": "offline",
@@ -244,7 +245,9 @@ def test_tune_runs_its_trials_and_writes_the_best_as_a_preset_flare2_train_takes
 
 
 def test_a_pruned_trial_is_stopped_early_and_ends_cleanly(tmp_path):
-    optuna = pytest.importorskip("optuna")
+    skip_without("tune", "optuna")
+    import optuna
+
     # A pruner that stops every trial at its first report: the run it stops must end at once, not at its budget.
     study = Study(
         "a2c",

@@ -9,6 +9,7 @@ climbs; seeds 0, 1 and 2 first reached 10 at 2.11M, 1.18M and 1.01M steps (docs/
 from __future__ import annotations
 
 import pytest
+from extras import skip_without
 from runs import first_row_reaching, flare2_train
 
 pytestmark = [pytest.mark.learning, pytest.mark.slow]
@@ -18,7 +19,7 @@ BUDGET_STEPS = 3_000_000
 
 
 def test_ppo_with_its_minatar_preset_reaches_the_published_level_on_breakout(tmp_path, no_leftover_processes):
-    pytest.importorskip("minatar", reason="MinAtar is the minatar extra: pip install -e '.[minatar]'")
+    skip_without("minatar", "minatar")
     rows = flare2_train(
         "ppo",
         "MinAtar/Breakout-v1",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from doubles import ATARI_SPECS, KeepingHelper
+from extras import skip_without
 
 from flare2.commands.train import check_env_id
 from flare2.core import env_making
@@ -22,8 +23,7 @@ from flare2.zoo.encoders import ImageEncoder, image_layout
 from flare2.zoo.models import ActorCritic, QNetwork
 from flare2.zoo.registry import lookup
 
-pytest.importorskip("ale_py")
-pytest.importorskip("cv2")
+skip_without("atari", "ale_py", "cv2")
 
 
 def test_atari_and_minatar_ids_work_once_their_package_is_installed_and_a_wrong_one_names_the_close_ones():
@@ -32,14 +32,17 @@ def test_atari_and_minatar_ids_work_once_their_package_is_installed_and_a_wrong_
     with pytest.raises(ConfigError, match="did you mean ALE/Breakout-v5"):
         check_env_id("ALE/Breakot-v5")
     assert is_atari("ALE/Pong-v5") and is_atari("PongNoFrameskip-v4") and not is_atari("CartPole-v1")
-    pytest.importorskip("minatar")
+    skip_without("minatar", "minatar")
     check_env_id("MinAtar/Breakout-v1")
 
 
 def test_an_id_of_a_namespace_whose_package_is_missing_names_the_package_and_the_extra(monkeypatch):
-    monkeypatch.setitem(env_making.ENV_PACKAGES, "Nowhere", ("no_such_package_here", None, "nowhere-envs", "nowhere"))
+    monkeypatch.setitem(env_making.ENV_PACKAGES, "Nowhere", ("no_such_package_here", None))
+    monkeypatch.setitem(env_making.ENV_EXTRAS, "Nowhere", (("no_such_package_here",), "nowhere"))
     with pytest.raises(
-        ConfigError, match=r'nowhere-envs package, which is not installed: pip install "flare2\[nowhere\]"'
+        ConfigError,
+        match=r"'Nowhere/Game-v0' needs no_such_package_here, which flare2's nowhere extra installs: "
+        r'pip install "flare2\[nowhere\]"',
     ):
         make_gym_env("Nowhere/Game-v0")
 
@@ -184,7 +187,7 @@ def test_atari_games_take_their_algorithms_atari_preset_whatever_the_id():
         # PPO's preset waits for learn(); APPO's learns beside the acting, in a thread on the compute process's cores.
         assert ppo["run"]["learner"] == "inline" and lookup("appo").preset(env_id)["run"]["learner"] == "thread"
     assert "frames" not in lookup("ppo").preset("Acrobot-v1")["agent"]
-    pytest.importorskip("minatar")
+    skip_without("minatar", "minatar")
     assert lookup("ppo").preset("MinAtar/Breakout-v1")["algorithm"]["epochs"] == 3
     assert lookup("dqn").preset("MinAtar/Asterix-v1")["agent"]["warmup"] == 5_000
 

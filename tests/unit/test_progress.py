@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from extras import skip_without
 
 from flare2.runtime.latency import LatencyHistogram
 from flare2.runtime.manager.progress import PROGRESS_COLUMNS, ProgressLog, duration_text, summary_line
@@ -244,14 +245,16 @@ def test_the_summary_names_the_best_and_last_mean_return_and_where_the_files_are
 
 def _board_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
     """The scalars TensorBoard itself reads from the event files of ``log_dir``, by tag."""
-    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    skip_without("tensorboard", "tensorboard")
+    from tensorboard.backend.event_processing import event_accumulator
+
     events = event_accumulator.EventAccumulator(str(log_dir))
     events.Reload()
     return {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def test_tensorboard_gets_every_progress_and_learn_scalar_and_a_resume_continues_one_curve(tmp_path):
-    pytest.importorskip("tensorboard")
+    skip_without("tensorboard", "tensorboard")
     totals = RunTotals()
     log = ProgressLog(tmp_path, tensorboard=True)
     for steps, episode_return, loss in ((100, 10.0, 0.9), (100, 20.0, 0.8), (100, 30.0, 0.7)):

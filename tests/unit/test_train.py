@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 import torch
+from extras import needs_env
 
 import flare2
 from flare2.commands.train import resolve
@@ -50,23 +52,32 @@ def test_settings_come_from_the_algorithm_then_the_envs_preset_then_a_preset_fil
     assert td3.config.hidden == (64, 64) and td3.config.random_steps == 800
 
 
-def test_every_algorithm_has_a_preset_env_it_takes(tmp_path):
-    presets = [(algo, env_id) for algo in names() for env_id in lookup(algo).presets]
-    assert {algo for algo, _ in presets} == set(names())
-    for algo, env_id in presets:
-        assert (
-            resolve(
-                [
-                    "--env",
-                    f"flare2.zoo.envs:{env_id}" if env_id.startswith("flare2/") else env_id,
-                    "--algo",
-                    algo,
-                    "--log-dir",
-                    str(tmp_path),
-                ]
-            ).algo
-            == algo
+PRESETS = [(algo, env_id) for algo in names() for env_id in lookup(algo).presets]
+
+
+def test_every_algorithm_has_a_preset_env():
+    assert {algo for algo, _ in PRESETS} == set(names())
+
+
+@pytest.mark.parametrize("algo, env_id", [pytest.param(*preset, marks=needs_env(preset[1])) for preset in PRESETS])
+def test_every_preset_env_is_one_its_algorithm_takes(tmp_path, algo, env_id):
+    env = f"flare2.zoo.envs:{env_id}" if env_id.startswith("flare2/") else env_id
+    assert resolve(["--env", env, "--algo", algo, "--log-dir", str(tmp_path)]).algo == algo
+
+
+@pytest.mark.parametrize(
+    "env_id, module, extra", [("LunarLander-v3", "Box2D", "box2d"), ("HalfCheetah-v5", "mujoco", "mujoco")]
+)
+def test_a_gymnasium_env_whose_package_is_missing_names_flare2s_extra(capsys, monkeypatch, env_id, module, extra):
+    installed = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == module else installed(name))
+    assert (
+        usage_error(capsys, ["--env", env_id, "--algo", "ppo" if extra == "box2d" else "sac"])
+        .rstrip()
+        .endswith(
+            f"env '{env_id}' needs {module}, which flare2's {extra} extra installs: pip install \"flare2[{extra}]\""
         )
+    )
 
 
 @pytest.mark.parametrize(

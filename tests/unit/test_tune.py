@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from extras import needs_env
 
 from flare2.commands.train import _write_train_file, resolve
 from flare2.commands.tune import _defaults, best_preset, search_space
@@ -12,7 +13,10 @@ from flare2.runtime.run_files import TRAIN_FILE
 from flare2.zoo.record import field_names
 from flare2.zoo.registry import lookup, names
 
-PRESETS = sorted((algo, env_id) for algo in names() for env_id in lookup(algo).presets)
+PRESETS = [
+    pytest.param(algo, env_id, marks=needs_env(env_id))
+    for algo, env_id in sorted((algo, env_id) for algo in names() for env_id in lookup(algo).presets)
+]
 
 
 def test_every_algorithm_has_a_search_space_of_its_own_settings():

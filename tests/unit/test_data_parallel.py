@@ -185,7 +185,11 @@ def test_learners_the_machine_or_the_run_cannot_take_are_refused_naming_the_fix(
             )
 
 
-def test_a_rendezvous_that_does_not_answer_ends_in_a_message_naming_it_within_twice_its_timeout():
+def test_a_rendezvous_that_does_not_answer_ends_in_a_message_naming_it_within_twice_its_timeout(monkeypatch):
+    # join() sets the interfaces in os.environ for the learner process it runs in; here that is the test process,
+    # whose later runs would inherit a loopback interface their learners on other hosts cannot reach.
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.setenv(name, "lo")
     port = free_port("127.0.0.1")  # nothing listens there
     started = time.monotonic()
     with pytest.raises(

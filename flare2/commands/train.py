@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
+from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, resolve_engine
 from flare2.core.env_making import make_gym_env, register_env_package
 from flare2.core.envs import DEFAULT_CT
 from flare2.errors import ConfigError, RunFailed
@@ -54,7 +55,7 @@ _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_di
 _RUN_OPTIONS = (
     tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY)
     + _TRANSFORM_OPTIONS
-    + ("max_episode_steps", "env_preprocessing")
+    + ("max_episode_steps", "env_preprocessing", "env_engine")
 )
 
 
@@ -214,6 +215,14 @@ def resolve(
         "no-op starts, 4 frames per step max-pooled, FIRE to start, 84x84 grayscale, a lost life ends the episode "
         "for learning; the returns reported are whole games' scores); --no-env-preprocessing plays the raw env",
     )
+    parser.add_argument(
+        "--env-engine",
+        choices=ENGINES,
+        default=DEFAULT_ENGINE,
+        help="what steps each agent's envs: python (Gymnasium envs one after another), gymnasium (in Gymnasium's "
+        "SyncVectorEnv), ale (ALE's C++ vector env, native threads: Atari games with the preprocessing), auto (ale "
+        f"for Atari games where ale-py has it, else python); default: {DEFAULT_ENGINE}",
+    )
     derived = {name: "--" + source.replace("_", "-") for name, source in record.derived.items()}
     add_config_options(parser, record.config_class, derived=derived)
     add_config_options(parser, record.settings_class, title="how its agents send experience, and its network")
@@ -237,6 +246,10 @@ def resolve(
     config = config_from_args(
         parser, args, record.config_class, **{name: sources[source] for name, source in record.derived.items()}
     )
+    try:
+        resolve_engine(args.env_engine, env_id, args.env_preprocessing)
+    except ConfigError as exc:
+        parser.error(str(exc))
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
     ct = CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))
@@ -244,6 +257,7 @@ def resolve(
         "env_id": env_id,
         "env_kwargs": env_kwargs,
         "preprocessing": args.env_preprocessing,
+        "engine": args.env_engine,
         "ct": DEFAULT_CT,
         "transforms": transforms_from_args(args),
         **settings.helper_kwargs(args.num_agents),

@@ -74,7 +74,7 @@ class Acting:
     def _zero_states(self) -> Arrays:
         return {name: spec.zeros(self.count) for name, spec in self.specs.states.items()}
 
-    def start(self, observations: Sequence[Any]) -> None:
+    def start(self, observations: Sequence[Any] | np.ndarray) -> None:
         """Every env starts an episode from its observation, as ``reset()`` gave it."""
         for index, observation in enumerate(observations):
             self.obs.set(index, observation)

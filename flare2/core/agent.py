@@ -44,7 +44,7 @@ VectorAgent; read its ``run()`` before writing your own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -305,12 +305,20 @@ class VectorAgent(AgentBase):
     """
 
     envs: list[Any]
-    """The ``num_envs`` training environments."""
+    """The ``num_envs`` training environments (none where ``make_vector_envs`` gave vector envs)."""
+    vector_envs: Sequence[Any] = ()
+    """What ``make_vector_envs`` gave, each wrapped by the runtime to count its episodes; empty otherwise."""
     eval_env: Any = None
     """One more environment for evaluation episodes when the run has ``eval_every``, else None."""
     requests_overlap: bool = True
     """Whether a request sent with ``send_predict`` is answered while this agent does something else; False in
     serial mode, where every request is served at once (so playing envs in halves would only halve the batches)."""
+
+    def make_vector_envs(self) -> list[Any]:
+        """Vector envs that play this agent's ``num_envs`` envs in place of ``make_env()`` (Gymnasium ``VectorEnv``s,
+        one per group of envs asked in one request; ``flare2.core.env_engines``), made inside the agent process;
+        an empty list (the default) has the runtime make each env with ``make_env()``."""
+        return []
 
     def run(self) -> None:
         """Play ``self.envs`` until the run stops (see the class docstring)."""

@@ -3,6 +3,7 @@ one CT named by ``ct``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 
 from flare2.core.acting import Acting
 from flare2.core.agent import EvaluationSchedule, PendingPrediction, VectorAgent
+from flare2.core.env_engines import DEFAULT_ENGINE, PythonEnvs, VectorEnvs, make_engine_env, resolve_engine
 from flare2.core.env_making import LEARNING_EPISODE_ENDS, make_gym_env
 from flare2.core.helpers import AgentHelper, ExpReplayHelper, OnlineHelper
 from flare2.core.spaces import action_specs, input_specs
@@ -79,6 +81,12 @@ class GymAgent(VectorAgent):
     ``infos`` names entries of the env's ``info`` dict that travel with each
     step to learning: each must be one of the CT's ``extra_specs`` (with its
     shape and dtype); a step whose ``info`` lacks it stores zeros.
+
+    ``engine`` says what steps the envs (``flare2.core.env_engines``: ``python``,
+    ``gymnasium``, ``ale`` or ``auto``); an engine other than ``python`` makes
+    one vector env per request group (``make_vector_envs``), with
+    ``engine_threads`` native threads where it has them (0: as many as this
+    process may use cores).
     """
 
     def __init__(
@@ -94,6 +102,8 @@ class GymAgent(VectorAgent):
         infos: list[str] | None = None,
         complete_episodes: bool = False,
         preprocessing: bool = True,
+        engine: str = DEFAULT_ENGINE,
+        engine_threads: int = 0,
     ) -> None:
         self.env_id = env_id
         self.preprocessing = preprocessing
@@ -105,9 +115,36 @@ class GymAgent(VectorAgent):
         self.transforms = transforms or []
         self.infos = list(infos or [])
         self.complete_episodes = complete_episodes
+        self.engine = engine
+        self.engine_threads = engine_threads
 
     def make_env(self) -> gym.Env:
         return make_gym_env(self.env_id, self.env_kwargs, preprocessing=self.preprocessing)
+
+    def make_vector_envs(self) -> list[Any]:
+        engine = resolve_engine(self.engine, self.env_id, self.preprocessing)
+        if engine == "python":
+            return []
+        threads = self.engine_threads or len(os.sched_getaffinity(0))
+        return [
+            make_engine_env(
+                engine, self.env_id, self.env_kwargs, stop - first, preprocessing=self.preprocessing, threads=threads
+            )
+            for first, stop in pairwise(self._group_bounds())
+        ]
+
+    def _group_bounds(self) -> list[int]:
+        """Where each group of envs asked in one request starts, and the end: two halves with double buffering."""
+        count = self.num_envs
+        # Double buffering: while the compute process answers one half, this process steps the other.
+        halves = self.double_buffer and self.requests_overlap and count >= 2
+        return [0, count // 2, count] if halves else [0, count]
+
+    def spaces(self) -> tuple[gym.Space, gym.Space]:
+        """The observation and action space of one of this agent's envs."""
+        if self.vector_envs:
+            return self.vector_envs[0].single_observation_space, self.vector_envs[0].single_action_space
+        return self.envs[0].observation_space, self.envs[0].action_space
 
     def helpers(self) -> dict[str, AgentHelper]:
         if self.replay is not None:
@@ -119,8 +156,8 @@ class GymAgent(VectorAgent):
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         ct_specs = specs[self.ct]
-        env = self.envs[0]
-        env_inputs, env_actions_ = input_specs(env.observation_space), action_specs(env.action_space)
+        observation_space, action_space = self.spaces()
+        env_inputs, env_actions_ = input_specs(observation_space), action_specs(action_space)
         if (
             set(ct_specs.acting_inputs) != set(env_inputs)
             or not set(env_actions_) <= set(ct_specs.actions)
@@ -152,12 +189,15 @@ class GymAgent(VectorAgent):
 
     def run(self) -> None:
         specs = self.specs(self.ct)
-        count = self.num_envs
-        # Double buffering: while the compute process answers one half, this process steps the other.
-        halves = self.double_buffer and self.requests_overlap and count >= 2
-        bounds = [0, count // 2, count] if halves else [0, count]
         transforms = self.bind_transforms(self.ct, Transforms.from_options(self.transforms))
-        groups = [_EnvGroup(self, first, stop, specs, transforms) for first, stop in pairwise(bounds)]
+        bounds = list(pairwise(self._group_bounds()))
+        engines: list[PythonEnvs | VectorEnvs]
+        if self.vector_envs:
+            name = resolve_engine(self.engine, self.env_id, self.preprocessing)
+            engines = [VectorEnvs(envs, name) for envs in self.vector_envs]
+        else:
+            engines = [PythonEnvs(self.envs[first:stop]) for first, stop in bounds]
+        groups = [_EnvGroup(self, engine, first, specs, transforms) for engine, (first, _) in zip(engines, bounds)]
         evaluation = _EvaluationEpisodes(self, specs, transforms) if self.eval_env is not None else None
         for group in groups:
             group.send(evaluation if group is groups[0] else None)
@@ -184,11 +224,11 @@ def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _acting(agent: GymAgent, specs: CTSpecs, transforms: Transforms, count: int, *, training: bool) -> Acting:
-    env = agent.envs[0]
+    observation_space, action_space = agent.spaces()
     return Acting(
         specs=specs,
-        observation_space=env.observation_space,
-        action_space=env.action_space,
+        observation_space=observation_space,
+        action_space=action_space,
         transforms=transforms,
         count=count,
         training=training,
@@ -196,20 +236,22 @@ def _acting(agent: GymAgent, specs: CTSpecs, transforms: Transforms, count: int,
 
 
 class _EnvGroup:
-    """Envs ``first`` to ``stop`` of a GymAgent, asked for in one request: their acting pipeline and that request.
+    """A group of a GymAgent's envs, asked for in one request: its engine, its acting pipeline and that request.
 
-    Every step of a group: ``step()`` waits for its actions, steps its envs,
-    restarts those whose episode ended (their stored ``next_inputs`` row keeps
-    the final observation) and returns the rows to store; ``send()`` asks for
-    the next actions.
+    Every step of a group: ``step()`` waits for its actions, steps its envs
+    (the engine restarts those whose episode ended; their stored
+    ``next_inputs`` row keeps the final observation) and returns the rows to
+    store; ``send()`` asks for the next actions.
     """
 
-    def __init__(self, agent: GymAgent, first: int, stop: int, specs: CTSpecs, transforms: Transforms) -> None:
+    def __init__(
+        self, agent: GymAgent, engine: PythonEnvs | VectorEnvs, first: int, specs: CTSpecs, transforms: Transforms
+    ) -> None:
         self.agent = agent
-        self.envs = agent.envs[first:stop]
+        self.engine = engine
         self.extra_specs = specs.extras
-        self.acting = _acting(agent, specs, transforms, len(self.envs), training=not agent.evaluating)
-        self.acting.start([env.reset(seed=agent.env_seed(first + index))[0] for index, env in enumerate(self.envs)])
+        self.acting = _acting(agent, specs, transforms, engine.count, training=not agent.evaluating)
+        self.acting.start(engine.reset([agent.env_seed(first + index) for index in range(engine.count)]))
         self.pending: PendingPrediction | None = None
         self.with_evaluation = False
         self.inputs: dict[str, Any] = {}
@@ -227,7 +269,7 @@ class _EnvGroup:
         """The rows to store for this step of the group's envs, and how many of their episodes ended."""
         assert self.pending is not None, "send() comes before step()"
         actions, next_states = self.pending.result()
-        envs, count, acting = self.envs, len(self.envs), self.acting
+        count, acting = self.engine.count, self.acting
         evaluation_reply = None
         if evaluation is not None and self.with_evaluation:
             evaluation_reply = (
@@ -236,24 +278,21 @@ class _EnvGroup:
             )
             actions = {key: value[:count] for key, value in actions.items()}
             next_states = {key: value[:count] for key, value in next_states.items()}
-        per_env = acting.env_actions(actions)
+        stepped = self.engine.step(acting.env_actions(actions), self.agent.infos)
         next_obs = acting.next_rows()
-        rewards = np.empty(count, acting.reward_dtype)
-        terminated, truncated = np.empty(count, bool), np.empty(count, bool)
         only = next_obs.only_array
-        extras: dict[str, Any] = {name: self.extra_specs[name].zeros(count) for name in self.agent.infos}
-        playing_on: dict[int, Any] = {}
-        for index, env in enumerate(envs):
-            observation, rewards[index], terminated[index], truncated[index], info = env.step(per_env[index])
-            if only is not None:
+        if only is not None:
+            only[...] = stepped.observations
+            for index, observation in stepped.final.items():
                 only[index] = observation
-            else:
-                next_obs.set(index, observation)
-            if extras:
-                self._keep_infos(extras, index, info)
-            if LEARNING_EPISODE_ENDS in info and not (terminated[index] or truncated[index]):
-                terminated[index] = info[LEARNING_EPISODE_ENDS]
-                playing_on[index] = observation
+        else:
+            for index in range(count):
+                next_obs.set(index, stepped.final.get(index, stepped.observations[index]))
+        extras: dict[str, Any] = {name: self.extra_specs[name].zeros(count) for name in self.agent.infos}
+        for name, values in stepped.infos.items():
+            self._keep_infos(extras[name], name, values)
+        rewards = stepped.rewards.astype(acting.reward_dtype, copy=False)
+        terminated = stepped.terminated | stepped.lost_lives
         next_inputs = acting.stepped(next_obs, rewards, actions, next_states)
         if evaluation is not None and evaluation_reply is not None:
             evaluation.play(*evaluation_reply)
@@ -263,28 +302,29 @@ class _EnvGroup:
             "rewards": {"reward": rewards},
             "next_inputs": next_inputs,
             "terminated": terminated,
-            "truncated": truncated,
+            "truncated": stepped.truncated,
             "states": self.states,
             "policy_version": np.full(count, self.pending.version, np.int64),
             "extras": extras,
         }
-        ended = np.flatnonzero(terminated | truncated)
+        ended = np.flatnonzero(terminated | stepped.truncated)
         if ended.size:
-            starts = [playing_on[int(i)] if i in playing_on else envs[i].reset()[0] for i in ended]
-            acting.restart(ended, starts)
-        return step, ended.size - sum(index in playing_on for index in ended)
+            # Envs whose game goes on after a lost life start their views afresh from the observation they reached.
+            acting.restart(ended, [stepped.observations[int(index)] for index in ended])
+        return step, len(stepped.final)
 
-    def _keep_infos(self, extras: dict[str, np.ndarray], index: int, info: dict[str, Any]) -> None:
-        for name, rows in extras.items():
-            if name in info:
-                value = np.asarray(info[name])
-                if value.shape != rows.shape[1:] or not np.can_cast(value.dtype, rows.dtype, "same_kind"):
-                    raise SpecError(
-                        f"info[{name!r}] of env {self.agent.env_id!r} is a {value.dtype.name} of shape {value.shape}, "
-                        f"which does not fit extra spec {self.extra_specs[name]} of CT {self.agent.ct!r}: declare the "
-                        "spec as the env gives it"
-                    )
-                rows[index] = value
+    def _keep_infos(self, rows: np.ndarray, name: str, values: list[Any]) -> None:
+        for index, value in enumerate(values):
+            if value is None:
+                continue
+            value = np.asarray(value)
+            if value.shape != rows.shape[1:] or not np.can_cast(value.dtype, rows.dtype, "same_kind"):
+                raise SpecError(
+                    f"info[{name!r}] of env {self.agent.env_id!r} is a {value.dtype.name} of shape {value.shape}, "
+                    f"which does not fit extra spec {self.extra_specs[name]} of CT {self.agent.ct!r}: declare the "
+                    "spec as the env gives it"
+                )
+            rows[index] = value
 
 
 class _EvaluationEpisodes:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from extras import skip_without
 from runs import read_csv
 
@@ -18,17 +19,19 @@ def flare2(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
     )
 
 
-def test_an_atari_game_trains_with_its_preset_within_the_message_limit_and_eval_plays_whole_games(tmp_path):
+@pytest.mark.parametrize("engine", ["python", "ale"])
+def test_an_atari_game_trains_with_its_preset_within_the_message_limit_and_eval_plays_whole_games(tmp_path, engine):
     # The preset's request shape, fewer envs and steps: 2 envs x 64 steps of 84x84 frames stacked by 4.
     result = flare2(
         "train", "--env", "ALE/Breakout-v5", "--algo", "ppo", "--envs-per-agent", "2", "--sample-interval", "64",
-        "--epochs", "1", "--max-steps", "512", "--device", "cpu", "--log-dir", str(tmp_path),
+        "--epochs", "1", "--max-steps", "512", "--device", "cpu", "--env-engine", engine, "--log-dir", str(tmp_path),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     rows = read_csv(tmp_path / "progress.csv")
     assert rows[-1]["env_steps"] >= 512 and rows[-1]["learn_steps"] >= 3
     settings = json.loads((tmp_path / "train.json").read_text())
     assert settings["agent"]["frames"] == 4 and settings["run"]["clip_rewards"] == 1.0
+    assert settings["run"]["env_engine"] == engine
     # Returns are whole games' raw scores (Breakout's bricks are worth 1 to 7 points, never clipped away).
     episodes = read_csv(tmp_path / "episodes.csv")
     assert episodes and all(row["length"] > 50 and row["return"] == int(row["return"]) for row in episodes)

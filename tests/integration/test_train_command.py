@@ -23,7 +23,8 @@ from flare2.commands.tune import Study
     [
         # Real processes for one; the others in serial mode, which runs the same code in one process, faster.
         ("ppo", "CartPole-v1", ["--envs-per-agent", "2", "--max-steps", "600", "--epochs", "1"]),
-        ("a2c", "CartPole-v1", ["--serial", "--max-steps", "300", "--tensorboard"]),
+        # ... and through Gymnasium's SyncVectorEnv, the seam every vector env plays through.
+        ("a2c", "CartPole-v1", ["--serial", "--max-steps", "300", "--tensorboard", "--env-engine", "gymnasium"]),
         ("dqn", "CartPole-v1", ["--serial", "--max-steps", "600", "--warmup", "200"]),
         ("sarsa", "CliffWalking-v1", ["--serial", "--max-steps", "300"]),
         ("td3", "Pendulum-v1", ["--serial", "--max-steps", "400", "--warmup", "200", "--batch-size", "32"]),

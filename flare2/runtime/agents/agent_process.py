@@ -35,7 +35,7 @@ from flare2.core.learn_requests import least_bytes
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, DecodeError, FlareError, PeerDiedError, RemoteError, ReplyTimeoutError
 from flare2.runtime import exit_codes
-from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats
+from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats, VectorEpisodeRecorder
 from flare2.runtime.agents.socket_port import SocketPort
 from flare2.runtime.latency import LatencyHistogram
 from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts, import_object
@@ -123,7 +123,9 @@ def make_envs(agent: AgentBase, eval_every: int) -> EpisodeStats:
     stats = EpisodeStats()
     agent.eval_every = eval_every
     if isinstance(agent, VectorAgent):
-        agent.envs = [EpisodeRecorder(agent.make_env(), stats) for _ in range(agent.num_envs)]
+        vector_envs = agent.make_vector_envs()
+        agent.vector_envs = [VectorEpisodeRecorder(vector_env, stats) for vector_env in vector_envs]
+        agent.envs = [] if vector_envs else [EpisodeRecorder(agent.make_env(), stats) for _ in range(agent.num_envs)]
         agent.eval_env = EpisodeRecorder(agent.make_env(), stats, evaluating=True) if eval_every else None
     elif isinstance(agent, Agent):
         agent.env = EpisodeRecorder(agent.make_env(), stats)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 class EpisodeStats:
     """Steps and finished episodes of every env of this process since the last report.
@@ -63,4 +65,35 @@ class EpisodeRecorder:
         if result[2] or result[3]:
             (stats.eval_finished if self.evaluating else stats.finished).append((self._return, self._length))
             self._return, self._length = 0.0, 0
+        return result
+
+
+class VectorEpisodeRecorder:
+    """Wraps a vector env (an env engine's, ``flare2.core.env_engines``) to count the steps of all its envs and the
+    return and length of each finished episode into ``stats``, as ``EpisodeRecorder`` does for one env."""
+
+    def __init__(self, vector_env: Any, stats: EpisodeStats) -> None:
+        self.vector_env = vector_env
+        self.stats = stats
+        self._returns = np.zeros(vector_env.num_envs)
+        self._lengths = np.zeros(vector_env.num_envs, np.int64)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.vector_env, name)
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._returns[:] = 0
+        self._lengths[:] = 0
+        return self.vector_env.reset(*args, **kwargs)
+
+    def step(self, actions: Any) -> Any:
+        result = self.vector_env.step(actions)
+        self.stats.steps += len(self._returns)
+        self._returns += result[1]
+        self._lengths += 1
+        ended = np.flatnonzero(np.logical_or(result[2], result[3]))
+        if ended.size:
+            self.stats.finished.extend((float(self._returns[index]), int(self._lengths[index])) for index in ended)
+            self._returns[ended] = 0
+            self._lengths[ended] = 0
         return result

@@ -12,6 +12,11 @@ learn() per wall second (cts.csv), the rate learn() alone would allow (the steps
 acting for free), the mean predict batch, the peak RSS of the run's process tree (tools/proctree.py) and, where
 there is one, the GPU's utilisation sampled by nvidia-smi over the same window.
 
+``--engines python ale ...`` plays every setting once per env engine (``--env-engine``, flare2.core.env_engines).
+``--ceiling`` first measures each engine alone: the same processes of the same envs each, random actions, no
+inference, no learning (``--ceiling-seconds`` of play after one second of warm-up); every flare2 row then states
+its ratio to the ceiling of the engine it used.
+
 With ``--sb3-python PYTHON`` (a Python that has stable-baselines3 and ale-py, such as the one
 ``tools/bench_peers.py --install`` makes), SB3's PPO plays each setting too, right after flare2's, once per
 ``--sb3-vec-env`` (DummyVecEnv, SubprocVecEnv): tools/sb3_atari.py, rl-baselines3-zoo's Atari settings and the
@@ -34,6 +39,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
@@ -88,11 +94,69 @@ class GPUSampler:
         return sum(values) / len(values) if values else math.nan
 
 
-def measure(args: argparse.Namespace, envs: int, envs_per_process: int, log_dir: Path) -> dict[str, float]:
-    """One flare2 run of ``envs`` envs, at most ``envs_per_process`` in an agent process, for ``args.steps`` env
-    steps; its rates over the rows past the warm-up."""
+def layout(envs: int, envs_per_process: int) -> tuple[int, int]:
+    """Agent processes and envs in each for ``envs`` envs, at most ``envs_per_process`` in a process."""
     agents = max(1, math.ceil(envs / envs_per_process))
-    per_agent = envs // agents
+    return agents, envs // agents
+
+
+def play_alone(engine: str, env_id: str, envs: int, seconds: float, threads: int) -> None:
+    """``--play-alone``: one process of the ceiling; prints the env steps it played in ``seconds`` after a warm-up."""
+    import numpy as np
+
+    from flare2.core.env_engines import PythonEnvs, VectorEnvs, make_engine_env
+    from flare2.core.env_making import make_gym_env
+
+    if engine == "python":
+        played: PythonEnvs | VectorEnvs = PythonEnvs([make_gym_env(env_id) for _ in range(envs)])
+    else:
+        played = VectorEnvs(make_engine_env(engine, env_id, {}, envs, preprocessing=True, threads=threads), engine)
+    played.reset(list(range(envs)))
+    actions = make_gym_env(env_id).action_space.n
+    rng = np.random.default_rng(0)
+    steps, started = 0, time.perf_counter()
+    warm_until, stop_at = started + 1.0, started + 1.0 + seconds
+    while (now := time.perf_counter()) < stop_at:
+        played.step(rng.integers(0, actions, envs))
+        if now >= warm_until:
+            steps += envs
+    print(json.dumps({"steps": steps, "seconds": seconds}), flush=True)
+
+
+def measure_ceiling(args: argparse.Namespace, engine: str, envs: int, envs_per_process: int) -> dict[str, Any]:
+    """The engine alone, in the layout of a flare2 run of ``envs`` envs: its processes play at once."""
+    agents, per_agent = layout(envs, envs_per_process)
+    threads = engine_threads(agents)
+    print(f"# ceiling of {engine}, {envs} envs ({agents} x {per_agent})", flush=True)
+    command = [sys.executable, str(Path(__file__)), "--play-alone", engine, args.env, str(per_agent)]
+    processes = [
+        subprocess.Popen(
+            [*command, str(args.ceiling_seconds), str(threads)], cwd=TOOLS.parent, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(agents)
+    ]
+    played = 0.0
+    for process in processes:
+        out, _ = process.communicate(timeout=args.timeout)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if process.returncode != 0 or not lines:
+            return {"system": f"{engine} alone {agents}x{per_agent}", "envs": envs, "steps_per_s": math.nan}
+        figures = json.loads(lines[-1])
+        played += figures["steps"] / figures["seconds"]
+    return {"system": f"{engine} alone {agents}x{per_agent}", "envs": envs, "engine": engine, "steps_per_s": played}
+
+
+def engine_threads(agents: int) -> int:
+    """The native threads of each agent's engine that ``flare2 train`` gives it (flare2.core.env_engines)."""
+    from flare2.core.env_engines import engine_threads as flare2_engine_threads
+
+    return flare2_engine_threads(agents)
+
+
+def measure(args: argparse.Namespace, envs: int, envs_per_process: int, log_dir: Path, engine: str) -> dict[str, float]:
+    """One flare2 run of ``envs`` envs, at most ``envs_per_process`` in an agent process, for ``args.steps`` env
+    steps with ``engine``; its rates over the rows past the warm-up."""
+    agents, per_agent = layout(envs, envs_per_process)
     command = [
         sys.executable,
         "-m",
@@ -116,6 +180,8 @@ def measure(args: argparse.Namespace, envs: int, envs_per_process: int, log_dir:
         "2",
         "--log-dir",
         str(log_dir),
+        "--env-engine",
+        engine,
         *args.extra,
     ]
     print(f"# flare2, {envs} envs ({agents} x {per_agent}): {' '.join(command[2:])}", flush=True)
@@ -126,8 +192,9 @@ def measure(args: argparse.Namespace, envs: int, envs_per_process: int, log_dir:
     sampler.stop()
     if measured.returncode != 0:
         print(measured.stderr[-2000:], file=sys.stderr)
-    result: dict[str, float] = {
-        "system": f"flare2 {agents}x{per_agent}",
+    result: dict[str, Any] = {
+        "system": f"flare2 {engine} {agents}x{per_agent}",
+        "engine": engine,
         "envs": envs,
         "agents": agents,
         "peak_rss_mb": measured.peak_rss_bytes / 2**20,
@@ -199,6 +266,7 @@ COLUMNS = (
     ("predict() s/s", "predict_share", ".2f"),
     ("rows per forward pass", "predict_batch_rows", ".1f"),
     ("GPU util %", "gpu_util_pct", ".0f"),
+    ("of its engine's ceiling", "ratio_to_ceiling", ".2f"),
 )
 
 
@@ -247,18 +315,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sb3-python", help="also run SB3's PPO with this Python, as the baseline of each setting")
     parser.add_argument("--sb3-vec-env", nargs="+", choices=("dummy", "subproc"), default=["dummy", "subproc"])
     parser.add_argument("--runs", type=Path, help="keep each run's log dir here (default: a temporary dir)")
+    parser.add_argument(
+        "--engines", nargs="+", default=["python"], help="the --env-engine of flare2's runs (a run each)"
+    )
+    parser.add_argument("--ceiling", action="store_true", help="measure each engine alone first (the module docstring)")
+    parser.add_argument("--ceiling-seconds", type=float, default=10.0, help="seconds each engine plays alone")
     parser.add_argument("extra", nargs="*", help="more flare2 train options (after --)")
+    if argv is None and sys.argv[1:2] == ["--play-alone"]:
+        engine, env_id, envs, seconds, threads = sys.argv[2:7]
+        play_alone(engine, env_id, int(envs), float(seconds), int(threads))
+        return 0
     args = parser.parse_args(argv)
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench_atari_") as scratch:
         logs = args.runs or Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
+        ceilings: dict[tuple[str, int, int], float] = {}
+        for envs in args.envs if args.ceiling else ():
+            for most in args.envs_per_process:
+                for engine in args.engines:
+                    alone = measure_ceiling(args, engine, envs, most)
+                    ceilings[engine, envs, most] = alone["steps_per_s"]
+                    runs.append({**alone, "repeat": 0})
+                    print(json.dumps(runs[-1]), flush=True)
         for repeat in range(args.repeat):
             for envs in args.envs:
-                ours = [
-                    measure(args, envs, most, logs / f"{args.algo}_{envs}_{most}_{repeat}")
-                    for most in args.envs_per_process
-                ]
+                ours = []
+                for most in args.envs_per_process:
+                    for engine in args.engines:
+                        run = measure(args, envs, most, logs / f"{args.algo}_{envs}_{most}_{engine}_{repeat}", engine)
+                        if (engine, envs, most) in ceilings:
+                            run["ratio_to_ceiling"] = run["steps_per_s"] / ceilings[engine, envs, most]
+                        ours.append(run)
                 theirs = [measure_sb3(args, envs, vec_env) for vec_env in args.sb3_vec_env] if args.sb3_python else []
                 for run in ours if theirs else ():
                     run["ratio_to_better_sb3"] = run["steps_per_s"] / max(other["steps_per_s"] for other in theirs)

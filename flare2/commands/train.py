@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
-from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, resolve_engine
+from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, resolve_engine
 from flare2.core.env_making import make_gym_env, register_env_package
 from flare2.core.envs import DEFAULT_CT
 from flare2.errors import ConfigError, RunFailed
@@ -258,6 +258,7 @@ def resolve(
         "env_kwargs": env_kwargs,
         "preprocessing": args.env_preprocessing,
         "engine": args.env_engine,
+        "engine_threads": engine_threads(args.num_agents),
         "ct": DEFAULT_CT,
         "transforms": transforms_from_args(args),
         **settings.helper_kwargs(args.num_agents),

@@ -29,6 +29,7 @@ the last 4 observations (``--frames 4``), which sends each new frame once.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,7 @@ from flare2.errors import ConfigError
 
 ENGINES = ("auto", "python", "gymnasium", "ale")
 """The values of ``--env-engine`` (the module docstring says what each steps)."""
-DEFAULT_ENGINE = "python"
+DEFAULT_ENGINE = "auto"
 """The engine of ``flare2 train`` and of a GymAgent that names none (docs/benchmarks.md has the figures behind it)."""
 
 _C_INT_SEEDS = 2**31 - 1
@@ -258,6 +259,12 @@ def gymnasium_vector_env(make_env: Callable[[], gym.Env], count: int) -> Any:
             "--env-engine gymnasium needs Gymnasium 1.1 or later (same-step autoreset): pip install -U gymnasium"
         ) from None
     return gym.vector.SyncVectorEnv([make_env] * count, autoreset_mode=mode)
+
+
+def engine_threads(agent_processes: int) -> int:
+    """Native threads for each of ``agent_processes`` engines: the cores this process may use, shared out (each agent
+    process also runs Python of its own, and one engine thread per core is the most that pays)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, agent_processes))
 
 
 def resolve_engine(engine: str, env_id: str, preprocessing: bool) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -145,3 +146,12 @@ def test_bench_refuses_a_device_this_machine_lacks_with_flare2s_message(monkeypa
     assert bench.checked_device("auto") == "cpu"
     with pytest.raises(SystemExit, match="torch sees no CUDA device: use --device cpu"):
         bench.checked_device("cuda")
+
+
+@pytest.mark.parametrize("engine", ["python", "gymnasium"])
+def test_bench_atari_plays_an_engine_alone_and_counts_whole_steps_of_its_envs_past_the_warm_up(capsys, engine):
+    bench = load_tool("bench_atari")
+    assert bench.layout(256, 8) == (32, 8) and bench.layout(8, 64) == (1, 8)
+    bench.play_alone(engine, "CartPole-v1", 3, 0.2, 1)
+    played = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert played["seconds"] == 0.2 and played["steps"] > 0 and played["steps"] % 3 == 0

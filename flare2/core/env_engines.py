@@ -110,10 +110,6 @@ class PythonEnvs:
             observations[index] = observation
         return EnvsStep(observations, rewards, terminated, truncated, lost_lives, final, infos)
 
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-
 
 class VectorEnvs:
     """Any Gymnasium ``VectorEnv`` that resets an env within the step its episode ends (``SAME_STEP``), as an engine.
@@ -155,9 +151,6 @@ class VectorEnvs:
             final,
             infos,
         )
-
-    def close(self) -> None:
-        self.vector_env.close()
 
 
 def _per_env(observations: Any, count: int) -> Sequence[Any] | np.ndarray:

@@ -110,7 +110,8 @@ def play_alone(engine: str, env_id: str, envs: int, seconds: float, threads: int
     if engine == "python":
         played: PythonEnvs | VectorEnvs = PythonEnvs([make_gym_env(env_id) for _ in range(envs)])
     else:
-        played = VectorEnvs(make_engine_env(engine, env_id, {}, envs, preprocessing=True, threads=threads), engine)
+        vector_env = make_engine_env(engine, env_id, {}, envs, preprocessing=True, threads=threads)
+        played = VectorEnvs(vector_env, f"the {engine} engine's")
     played.reset(list(range(envs)))
     actions = make_gym_env(env_id).action_space.n
     rng = np.random.default_rng(0)

@@ -289,9 +289,10 @@ class VectorAgent(AgentBase):
     Every array passed to or returned by ``predict``, ``send_predict``, ``store`` and ``initial_states`` has a
     leading dimension of rows, one per env (a ragged spec's rows as a ``Ragged``).
 
-    The runtime calls ``make_env()`` ``num_envs`` times (once more for
-    ``eval_env`` when the run has evaluation episodes), wraps each env to count
-    its steps and episodes, then calls ``run()`` once: it plays until the run
+    The runtime calls ``make_vector_envs()``, and where that gives none,
+    ``make_env()`` ``num_envs`` times (once more for ``eval_env`` when the run
+    has evaluation episodes either way); it wraps each env (or vector env) to
+    count its steps and episodes, then calls ``run()`` once: it plays until the run
     stops (the runtime ends it from inside ``predict``). Per step:
 
     1. ``actions, states = self.predict(ct, inputs, states)`` with ``num_envs``

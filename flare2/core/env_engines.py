@@ -117,11 +117,12 @@ class VectorEnvs:
     It may mark lost lives in ``info[LEARNING_EPISODE_ENDS]`` (a bool per env), as ``AleGames`` does.
     """
 
-    def __init__(self, vector_env: Any, name: str) -> None:
+    def __init__(self, vector_env: Any, owner: str) -> None:
+        """``owner`` names whose vector env it is in the error for one that resets on the next step."""
         mode = getattr(vector_env, "metadata", {}).get("autoreset_mode")
         if str(getattr(mode, "value", mode)) != "SameStep":
             raise ConfigError(
-                f"the {name} engine's VectorEnv resets envs with autoreset mode {mode}, and flare2 keeps the last "
+                f"{owner} VectorEnv resets envs with autoreset mode {mode}, and flare2 keeps the last "
                 "observation of each episode from the step that ends it: make it with "
                 "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (Gymnasium 1.1 or later)"
             )

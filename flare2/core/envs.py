@@ -193,8 +193,7 @@ class GymAgent(VectorAgent):
         bounds = list(pairwise(self._group_bounds()))
         engines: list[PythonEnvs | VectorEnvs]
         if self.vector_envs:
-            name = resolve_engine(self.engine, self.env_id, self.preprocessing)
-            engines = [VectorEnvs(envs, name) for envs in self.vector_envs]
+            engines = [VectorEnvs(envs, f"{type(self).__name__}'s") for envs in self.vector_envs]
         else:
             engines = [PythonEnvs(self.envs[first:stop]) for first, stop in bounds]
         groups = [_EnvGroup(self, engine, first, specs, transforms) for engine, (first, _) in zip(engines, bounds)]

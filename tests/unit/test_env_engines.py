@@ -34,7 +34,7 @@ def test_a_gymnasium_vector_env_steps_cartpole_exactly_as_the_python_envs_do_acr
     python = PythonEnvs([EpisodeRecorder(make_gym_env("CartPole-v1"), python_stats) for _ in SEEDS])
     vector = VectorEnvs(
         VectorEpisodeRecorder(gymnasium_vector_env(lambda: make_gym_env("CartPole-v1"), len(SEEDS)), vector_stats),
-        "gymnasium",
+        "the gymnasium engine's",
     )
     first_p, steps_p = play(python, 300)
     first_v, steps_v = play(vector, 300)
@@ -57,13 +57,13 @@ def test_a_gymnasium_vector_env_steps_cartpole_exactly_as_the_python_envs_do_acr
 def test_a_vector_env_that_resets_on_the_next_step_is_refused_naming_same_step():
     next_step = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
     with pytest.raises(ConfigError, match=r"autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP"):
-        VectorEnvs(next_step, "mine")
+        VectorEnvs(next_step, "my agent's")
 
 
 @needs_env("ALE/Breakout-v5")
 def test_ale_reports_a_lost_life_for_learning_and_the_end_of_a_game_with_its_last_frame_and_raw_score():
     stats = EpisodeStats()
-    engine = VectorEnvs(VectorEpisodeRecorder(ale_vector_env("ALE/Breakout-v5", 2, {}, threads=1), stats), "ale")
+    engine = VectorEnvs(VectorEpisodeRecorder(ale_vector_env("ALE/Breakout-v5", 2, {}, threads=1), stats), "ALE's")
     observations = np.asarray(engine.reset([1, 2]))
     assert observations.shape == (2, 84, 84) and observations.dtype == np.uint8
     rng = np.random.default_rng(0)

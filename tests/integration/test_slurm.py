@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,9 +71,11 @@ def slurm_conf(directory: Path, hosts: Hosts, munge_socket: Path) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
+def cluster(monkeypatch):
     """Hosts A, B and C with Slurm: the controller on A, nodes nodeb and nodec on B and C."""
-    directory = tmp_path / "slurm"
+    # slurmstepd and munged make Unix sockets in these folders, whose paths may not pass 108 bytes: pytest's tmp_path
+    # (/tmp/pytest-of-USER/pytest-N/popen-gwK/test_.../) grows past that as N grows.
+    directory = Path(tempfile.mkdtemp(prefix="fl2slurm-", dir="/tmp"))
     for sub in ("state", "spool/nodeb", "spool/nodec", "munge"):
         (directory / sub).mkdir(parents=True)
     key = directory / "munge" / "munge.key"
@@ -102,6 +105,7 @@ def cluster(tmp_path, monkeypatch):
         pid = int(munged_pid.read_text())
         os.kill(pid, signal.SIGKILL)
         assert wait_until_gone([pid], timeout_s=10) == []
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_flare2_slurm_starts_an_attach_on_each_node_and_the_run_counts_their_agents(tmp_path, cluster):

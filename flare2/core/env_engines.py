@@ -9,7 +9,7 @@ gives back an ``EnvsStep``. GymAgent asks one engine per request it sends
   one after another in this process. It plays every env flare2 can carry.
 - ``gymnasium``: the same K envs inside Gymnasium's ``SyncVectorEnv``: the
   seam through which any Gymnasium ``VectorEnv`` plays (a ``GymAgent``
-  subclass may return its own from ``make_vector_env``); it needs
+  subclass may return its own from ``make_vector_envs``); it needs
   ``autoreset_mode`` ``SAME_STEP`` (Gymnasium 1.1 and later).
 - ``ale``: ALE's own C++ vector env (``ale_py.vector_env.AtariVectorEnv``),
   which steps Atari games on native threads with the published

@@ -126,6 +126,8 @@ def play_alone(engine: str, env_id: str, envs: int, seconds: float, threads: int
 
 def measure_ceiling(args: argparse.Namespace, engine: str, envs: int, envs_per_process: int) -> dict[str, Any]:
     """The engine alone, in the layout of a flare2 run of ``envs`` envs: its processes play at once."""
+    from flare2.core.env_engines import engine_threads  # flare2 train's share of the cores for each agent's engine
+
     agents, per_agent = layout(envs, envs_per_process)
     threads = engine_threads(agents)
     print(f"# ceiling of {engine}, {envs} envs ({agents} x {per_agent})", flush=True)
@@ -145,13 +147,6 @@ def measure_ceiling(args: argparse.Namespace, engine: str, envs: int, envs_per_p
         figures = json.loads(lines[-1])
         played += figures["steps"] / figures["seconds"]
     return {"system": f"{engine} alone {agents}x{per_agent}", "envs": envs, "engine": engine, "steps_per_s": played}
-
-
-def engine_threads(agents: int) -> int:
-    """The native threads of each agent's engine that ``flare2 train`` gives it (flare2.core.env_engines)."""
-    from flare2.core.env_engines import engine_threads as flare2_engine_threads
-
-    return flare2_engine_threads(agents)
 
 
 def measure(args: argparse.Namespace, envs: int, envs_per_process: int, log_dir: Path, engine: str) -> dict[str, float]:

@@ -246,10 +246,6 @@ def resolve(
     config = config_from_args(
         parser, args, record.config_class, **{name: sources[source] for name, source in record.derived.items()}
     )
-    try:
-        resolve_engine(args.env_engine, env_id, args.env_preprocessing)
-    except ConfigError as exc:
-        parser.error(str(exc))
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
     ct = CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))
@@ -257,8 +253,7 @@ def resolve(
         "env_id": env_id,
         "env_kwargs": env_kwargs,
         "preprocessing": args.env_preprocessing,
-        "engine": args.env_engine,
-        "engine_threads": engine_threads(args.num_agents),
+        **_engine_kwargs(parser, args, env_id),
         "ct": DEFAULT_CT,
         "transforms": transforms_from_args(args),
         **settings.helper_kwargs(args.num_agents),
@@ -302,6 +297,15 @@ def _known_options(record: AlgorithmRecord) -> dict[str, set[str]]:
         "agent": field_names(record.settings_class),
         "run": set(_RUN_OPTIONS),
     }
+
+
+def _engine_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace, env_id: str) -> dict[str, Any]:
+    """GymAgent's engine and its threads; a usage error for an engine that cannot play the env."""
+    try:
+        resolve_engine(args.env_engine, env_id, args.env_preprocessing)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return {"engine": args.env_engine, "engine_threads": engine_threads(args.num_agents)}
 
 
 def check_env_id(env_id: str) -> None:

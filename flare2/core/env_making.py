@@ -54,13 +54,13 @@ ENV_PACKAGES: dict[str, tuple[str, str | None]] = {
 importing it is not enough)."""
 
 ENV_EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
-    "ALE": (("ale_py", "cv2"), "atari"),
+    "ALE": (("ale_py",), "atari"),
     "MinAtar": (("minatar",), "minatar"),
     "gymnasium.envs.box2d": (("Box2D",), "box2d"),
     "gymnasium.envs.mujoco": (("mujoco", "imageio", "packaging"), "mujoco"),
 }
 """What the envs of a namespace (``ALE``) or of a Gymnasium entry-point package need: (the modules they import,
-flare2's extra that installs them). The Atari preprocessing resizes frames with OpenCV (``cv2``)."""
+flare2's extra that installs them). The Atari preprocessing also needs OpenCV (``atari_game`` says so)."""
 
 NOOP_MAX = 30
 FRAME_SKIP = 4
@@ -211,6 +211,11 @@ class AtariLives(gym.Wrapper):
 
 def atari_game(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
     """The game ``env_id`` with the published preprocessing (the module docstring)."""
+    if importlib.util.find_spec("cv2") is None:
+        _, extra = ENV_EXTRAS["ALE"]
+        raise ConfigError(
+            f'env {env_id!r}: the Atari preprocessing resizes frames with OpenCV: pip install "flare2[{extra}]"'
+        )
     env = gym.make(env_id, **{**_ATARI_BASE_KWARGS, **dict(env_kwargs or {})})
     env = gym.wrappers.AtariPreprocessing(
         env,

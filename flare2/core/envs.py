@@ -3,7 +3,6 @@ one CT named by ``ct``."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
@@ -13,7 +12,14 @@ import numpy as np
 
 from flare2.core.acting import Acting
 from flare2.core.agent import EvaluationSchedule, PendingPrediction, VectorAgent
-from flare2.core.env_engines import DEFAULT_ENGINE, PythonEnvs, VectorEnvs, make_engine_env, resolve_engine
+from flare2.core.env_engines import (
+    DEFAULT_ENGINE,
+    PythonEnvs,
+    VectorEnvs,
+    engine_threads,
+    make_engine_env,
+    resolve_engine,
+)
 from flare2.core.env_making import LEARNING_EPISODE_ENDS, make_gym_env
 from flare2.core.helpers import AgentHelper, ExpReplayHelper, OnlineHelper
 from flare2.core.spaces import action_specs, input_specs
@@ -125,7 +131,7 @@ class GymAgent(VectorAgent):
         engine = resolve_engine(self.engine, self.env_id, self.preprocessing)
         if engine == "python":
             return []
-        threads = self.engine_threads or len(os.sched_getaffinity(0))
+        threads = self.engine_threads or engine_threads(agent_processes=1)
         return [
             make_engine_env(
                 engine, self.env_id, self.env_kwargs, stop - first, preprocessing=self.preprocessing, threads=threads

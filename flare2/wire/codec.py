@@ -12,6 +12,7 @@ count must match the shape exactly, nesting is bounded, and any other type
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 
 from flare2.errors import DecodeError, EncodeError
 from flare2.wire.ragged import Ragged
+from flare2.wire.shared_arrays import SHARED_ARRAY_EXT_CODE, SharedArraysReader, SharedArraysWriter
 
 ARRAY_EXT_CODE = 1
 MAX_NDIM = 32
@@ -53,7 +55,8 @@ _HEAD_FORMATS = tuple(f"<BB{ndim}I" for ndim in range(MAX_NDIM + 1))
 WIRE_DTYPE_NAMES = tuple(dtype.name for dtype in _WIRE_DTYPES)
 
 
-def _array_to_ext(array: np.ndarray) -> msgpack.ExtType:
+def _wire_array(array: np.ndarray) -> tuple[np.ndarray, bytes]:
+    """``array`` in its wire dtype, and its wire head: one byte of dtype code, one of ndim, the dims."""
     # Arrays of the machine's own little-endian wire dtypes are looked up as they are (the common case);
     # others are matched by name and converted.
     code = _CODE_OF_DTYPE.get(array.dtype) if _NATIVE_IS_LITTLE else None
@@ -71,13 +74,22 @@ def _array_to_ext(array: np.ndarray) -> msgpack.ExtType:
         head = struct.pack(_HEAD_FORMATS[array.ndim], code, array.ndim, *array.shape)
     except struct.error:
         raise EncodeError(f"cannot send an array of shape {array.shape}: each dimension must be below 2**32") from None
+    return array, head
+
+
+def _array_to_ext(array: np.ndarray, shared: SharedArraysWriter | None = None) -> msgpack.ExtType:
+    array, head = _wire_array(array)
+    if shared is not None:
+        reference = shared.place(array, head)
+        if reference is not None:
+            return reference
     # tobytes() writes C order whatever the layout.
     return msgpack.ExtType(ARRAY_EXT_CODE, head + array.tobytes())
 
 
-def _default(value: Any) -> Any:
+def _default(value: Any, shared: SharedArraysWriter | None = None) -> Any:
     if isinstance(value, np.ndarray):
-        return _array_to_ext(value)
+        return _array_to_ext(value, shared)
     if isinstance(value, np.generic):
         return _array_to_ext(np.asarray(value))
     if isinstance(value, Ragged):
@@ -92,19 +104,31 @@ def _default(value: Any) -> Any:
     )
 
 
-def encode(value: Any) -> bytes:
-    """Encode plain data with numpy arrays into msgpack bytes."""
+def encode(value: Any, *, shared: SharedArraysWriter | None = None) -> bytes:
+    """Encode plain data with numpy arrays into msgpack bytes; with ``shared``, large arrays go into its block and
+    the bytes hold references to them (``flare2.wire.shared_arrays``)."""
     _check_structure(value, 0, EncodeError, leaves=False)
+    if shared is None:
+        return _pack(value, _default)
+    shared.begin()
     try:
-        return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=False)
+        return _pack(value, functools.partial(_default, shared=shared))
+    except BaseException:
+        shared.cancel()
+        raise
+
+
+def _pack(value: Any, default: Any) -> bytes:
+    try:
+        return msgpack.packb(value, default=default, use_bin_type=True, strict_types=False)
     except EncodeError:
         raise
     except (TypeError, ValueError, OverflowError) as exc:
         raise EncodeError(f"cannot encode message: {exc}") from exc
 
 
-def _ext_to_array(code: int, data: bytes) -> np.ndarray:
-    if code != ARRAY_EXT_CODE:
+def _ext_to_array(code: int, data: bytes, shared: SharedArraysReader | None = None) -> np.ndarray:
+    if code != ARRAY_EXT_CODE and (code != SHARED_ARRAY_EXT_CODE or shared is None):
         raise DecodeError(f"unknown msgpack ext type {code}")
     if len(data) < 2:
         raise DecodeError("array header is truncated")
@@ -121,6 +145,9 @@ def _ext_to_array(code: int, data: bytes) -> np.ndarray:
     expected = dtype.itemsize
     for dim in shape:
         expected *= dim
+    if code == SHARED_ARRAY_EXT_CODE:
+        assert shared is not None  # checked above
+        return shared.array(data[head_len:], dtype, shape, expected)
     if len(data) - head_len != expected:
         raise DecodeError(
             f"array of shape {shape} and dtype {dtype.name} needs {expected} bytes, got {len(data) - head_len}"
@@ -151,21 +178,27 @@ def _check_structure(value: Any, depth: int, error: type[Exception], leaves: boo
         raise error(f"values of type {type(value).__name__} are not accepted")
 
 
-def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
-    """Decode bytes made by :func:`encode`; raise DecodeError for anything else."""
+def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, shared: SharedArraysReader | None = None) -> Any:
+    """Decode bytes made by :func:`encode`; raise DecodeError for anything else. References to shared arrays are
+    taken only with the ``shared`` reader of the stream they came on."""
     if len(data) > max_bytes:
         raise DecodeError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    if shared is not None:
+        shared.begin()
     try:
         value = msgpack.unpackb(
             data,
             raw=False,
             strict_map_key=True,
-            ext_hook=_ext_to_array,
+            ext_hook=_ext_to_array if shared is None else functools.partial(_ext_to_array, shared=shared),
             use_list=True,
         )
     except DecodeError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise DecodeError(f"not a valid msgpack message ({type(exc).__name__}: {exc})") from None
+    finally:
+        if shared is not None:
+            shared.finish()
     _check_structure(value, 0, DecodeError, leaves=True)
     return value

@@ -15,6 +15,7 @@ import msgpack
 
 from flare2.errors import DecodeError
 from flare2.wire.codec import DEFAULT_MAX_BYTES, decode, encode
+from flare2.wire.shared_arrays import SharedArraysReader, SharedArraysWriter
 
 # 2: predictions carry the version of the weights, learn requests the policy version of every step,
 # and a predict request marks its greedy rows with an array.
@@ -81,12 +82,13 @@ class Message:
     ct: str = ""
 
 
-def pack(message: Message) -> list[bytes]:
-    """The frames of ``message`` (a ROUTER prepends the peer identity itself)."""
+def pack(message: Message, *, shared: SharedArraysWriter | None = None) -> list[bytes]:
+    """The frames of ``message`` (a ROUTER prepends the peer identity itself); ``shared``: a local stream's block
+    for its large arrays."""
     header = msgpack.packb(
         [PROTOCOL_VERSION, message.kind, message.agent_id, message.seq, message.ct], use_bin_type=True
     )
-    return [header, encode(message.payload)]
+    return [header, encode(message.payload, shared=shared)]
 
 
 def _decode_header(frame: bytes) -> tuple[str, str, int, str]:
@@ -117,12 +119,15 @@ def _decode_header(frame: bytes) -> tuple[str, str, int, str]:
     return kind, agent_id, seq, ct
 
 
-def unpack(frames: list[bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
-    """Strictly decode the frames of one message (without a ROUTER identity frame)."""
+def unpack(
+    frames: list[bytes], *, max_bytes: int = DEFAULT_MAX_BYTES, shared: SharedArraysReader | None = None
+) -> Message:
+    """Strictly decode the frames of one message (without a ROUTER identity frame); ``shared``: the reader of the
+    local stream it came on."""
     if len(frames) != 2:
         raise DecodeError(f"a message has 2 frames (header, payload), got {len(frames)}")
     kind, agent_id, seq, ct = _decode_header(frames[0])
-    payload = decode(frames[1], max_bytes=max_bytes)
+    payload = decode(frames[1], max_bytes=max_bytes, shared=shared)
     if not isinstance(payload, dict):
         raise DecodeError("payload must be a map")
     return Message(kind=kind, payload=payload, agent_id=agent_id, seq=seq, ct=ct)

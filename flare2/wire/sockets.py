@@ -199,7 +199,9 @@ class Requester:
         on_blocked: Callable[[], None] | None = None,
         blocked_every_s: float = 0.25,
         busy_wait_s: float = 0.0,
+        shared_arrays: bool = False,
     ) -> None:
+        """``shared_arrays``: on a stream, large arrays cross through shared memory (``flare2.wire.shared_arrays``)."""
         self.endpoint = endpoint
         self.identity = identity
         self._max_bytes = max_bytes
@@ -212,12 +214,18 @@ class Requester:
                 on_blocked=on_blocked,
                 blocked_every_s=blocked_every_s,
                 busy_wait_s=busy_wait_s,
+                shared_arrays=shared_arrays,
             )
         else:
             self._sock = connect_dealer(ctx, endpoint, identity=identity, max_bytes=max_bytes, curve=curve)
         self._seq = 0
         self._awaited: set[int] = set()
         self._early: dict[int, Message] = {}
+
+    @property
+    def shares_arrays(self) -> bool:
+        """Whether large arrays cross through shared memory (a local stream asked to)."""
+        return self._stream is not None and self._stream.shared_arrays is not None
 
     @property
     def socket(self) -> zmq.Socket:
@@ -227,11 +235,15 @@ class Requester:
 
     def send(self, kind: str, payload: dict, *, ct: str = "") -> int:
         """Send a message that expects no reply; returns its seq."""
-        frames = pack(Message(kind, payload, self.identity, self._seq + 1, ct))
-        if len(frames[-1]) > self._max_bytes:
+        shared = self._stream.shared_arrays if self._stream is not None else None
+        frames = pack(Message(kind, payload, self.identity, self._seq + 1, ct), shared=shared)
+        size = len(frames[-1]) + (shared.placed_bytes if shared is not None else 0)
+        if size > self._max_bytes:
+            if shared is not None:
+                shared.cancel()
             # The receiver would close the connection without a word, and the reply would never come.
             raise ConfigError(
-                f"a {kind} message to {self.endpoint} holds {len(frames[-1])} bytes, more than the run's "
+                f"a {kind} message to {self.endpoint} holds {size} bytes, more than the run's "
                 f"max_message_bytes ({self._max_bytes}): send fewer or smaller arrays per message (fewer steps per "
                 "learn request or envs per agent: --sample-interval, --batch-size, --envs-per-agent) or raise "
                 "--max-message-bytes"

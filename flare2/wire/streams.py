@@ -13,6 +13,7 @@ uid is checked).
 
 from __future__ import annotations
 
+import array
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 
 from flare2.errors import ConfigError, DecodeError, TransportError
+from flare2.wire.shared_arrays import SharedArraysReader, SharedArraysWriter
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ _READ_BYTES = 1 << 20
 _PEER_CREDENTIALS = struct.Struct("3i")
 # Drops logged one by one before they are only counted.
 _LOGGED_DROPS = 20
+# Room for the fds one read may bring: one block's with a message; more close the connection.
+_FDS_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize)
 
 
 class OversizeError(DecodeError):
@@ -58,6 +62,21 @@ def _read_available(sock: socket.socket) -> bytes | None:
         return None
     except OSError:
         return b""
+
+
+def _read_available_with_fds(sock: socket.socket) -> tuple[bytes | None, list[int]]:
+    """``_read_available``, and the fds that came with the bytes (those of shared-array blocks)."""
+    try:
+        data, ancillary, _flags, _address = sock.recvmsg(_READ_BYTES, _FDS_SPACE)
+    except (BlockingIOError, InterruptedError):
+        return None, []
+    except OSError:
+        return b"", []
+    fds: list[int] = []
+    for level, kind, values in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", values[: len(values) - len(values) % 4]))
+    return data, fds
 
 
 class StreamDecoder:
@@ -112,6 +131,8 @@ class StreamConnection:
         self.identity: bytes | None = None
         self.unsent = bytearray()
         self.closed = False
+        self.shared_arrays = SharedArraysReader(max_bytes)
+        """The blocks of shared arrays this agent sent: decode its messages with it."""
 
     def __repr__(self) -> str:
         return f"<local agent {self.identity!r}>"
@@ -224,7 +245,17 @@ class StreamServer:
                 self._drop(connection, f"its process belongs to uid {uid}, not to this run's uid {os.geteuid()}")
 
     def _read(self, connection: StreamConnection, now: float) -> None:
-        data = _read_available(connection.sock)
+        data, fds = _read_available_with_fds(connection.sock)
+        if fds:
+            try:
+                if len(fds) > 1:
+                    for fd in fds:
+                        os.close(fd)
+                    raise DecodeError(f"{len(fds)} fds came in one read, where one block's may")
+                connection.shared_arrays.attach(fds[0])
+            except DecodeError as exc:
+                self._drop(connection, str(exc))
+                return
         if data is None:
             return
         if not data:
@@ -265,6 +296,7 @@ class StreamServer:
         if connection.closed:
             return
         connection.closed = True
+        connection.shared_arrays.close()
         self._connections.pop(connection.fd, None)
         try:
             self._epoll.unregister(connection.fd)
@@ -291,7 +323,10 @@ class StreamClient:
         on_blocked: Callable[[], None] | None = None,
         blocked_every_s: float = 0.25,
         busy_wait_s: float = 0.0,
+        shared_arrays: bool = False,
     ) -> None:
+        """``shared_arrays``: send large arrays through shared memory (``flare2.wire.shared_arrays``); messages
+        are then packed with ``self.shared_arrays``."""
         if not endpoint.startswith(SCHEME):
             raise ConfigError(f"{endpoint!r} is not a {SCHEME}PATH endpoint")
         self.endpoint = endpoint
@@ -310,22 +345,34 @@ class StreamClient:
         self._on_blocked = on_blocked
         self._blocked_every_ms = max(1, int(blocked_every_s * 1000))
         self._busy_wait_s = busy_wait_s
+        self.shared_arrays = SharedArraysWriter() if shared_arrays else None
 
     def send(self, frames: list[bytes]) -> None:
-        if self._ended:
-            return  # the compute process is gone; the manager will say so
-        chunks = stream_chunks(frames)
+        """Send one message (packed with ``self.shared_arrays`` where there is one)."""
+        fd = self.shared_arrays.take_fd() if self.shared_arrays is not None else None
+        try:
+            if not self._ended:
+                self._send(stream_chunks(frames), fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _send(self, chunks: list[bytes], fd: int | None) -> None:
+        # A new block's fd goes with the message's first byte, so it arrives before the message is read.
+        ancillary = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
         try:
             try:
-                sent = self._sock.sendmsg(chunks)
+                sent = self._sock.sendmsg(chunks, ancillary)
             except BlockingIOError:
                 sent = 0
             if sent == sum(len(chunk) for chunk in chunks):
                 return  # the usual case: the whole message fitted at once
+            fd_sent = sent > 0
             rest = memoryview(b"".join(chunks))[sent:]
             while rest:
                 try:
-                    rest = rest[self._sock.send(rest) :]
+                    rest = rest[self._sock.sendmsg([rest], [] if fd_sent else ancillary) :]
+                    fd_sent = True
                 except BlockingIOError:
                     self._wait_writable()
         except (BrokenPipeError, ConnectionResetError):
@@ -358,6 +405,8 @@ class StreamClient:
     def close(self) -> None:
         self._ended = True
         self._sock.close()
+        if self.shared_arrays is not None:
+            self.shared_arrays.close()
 
     def _read(self) -> None:
         data = _read_available(self._sock)

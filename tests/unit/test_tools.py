@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tool_modules import load_tool
+from tool_modules import TOOLS, load_tool
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
@@ -155,3 +157,17 @@ def test_bench_atari_plays_an_engine_alone_and_counts_whole_steps_of_its_envs_pa
     bench.play_alone(engine, "CartPole-v1", 3, 0.2, 1)
     played = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert played["seconds"] == 0.2 and played["steps"] > 0 and played["steps"] % 3 == 0
+
+
+def test_bench_frames_times_every_way_a_local_agent_can_send_its_frames():
+    # A process of its own: its compute side is spawned, and imports the tool by its path.
+    result = subprocess.run(
+        [sys.executable, str(TOOLS / "bench_frames.py"), "--envs", "2", "--requests", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    header, _, row = result.stdout.strip().splitlines()
+    assert "shared memory − tiny µs" in header
+    assert row.startswith("| 2 | 0.06 MB |") and len(row.split("|")) == len(header.split("|"))

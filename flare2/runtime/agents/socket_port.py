@@ -69,6 +69,8 @@ class SocketPort:
                 "version? Install the same flare2 on both sides"
             )
         # A send that waits for room in a stream services the manager link meanwhile, like a wait for a reply.
+        # Observations cross a local predict stream through shared memory; a learn request's arrays are read once
+        # per many steps, and may be kept by learn(), so they cross the stream.
         self.predictor, self.learner = (
             Requester(
                 ctx,
@@ -79,10 +81,11 @@ class SocketPort:
                 on_blocked=control.service,
                 blocked_every_s=control.interval_s,
                 busy_wait_s=busy_wait_us / 1e6,
+                shared_arrays=key == "predict_endpoint",
             )
             for key in ("predict_endpoint", "learn_endpoint")
         )
-        self._views = ViewsSender(specs)
+        self._views = ViewsSender(specs, whole=self.predictor.shares_arrays)
         self._learns_in_flight: deque[int] = deque()
         self._sent_at: dict[int, float] = {}
 

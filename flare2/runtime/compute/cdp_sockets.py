@@ -144,8 +144,9 @@ class SocketFront:
             logger.exception("CT %r dropped a request it could not handle", self.cdp.ct.name)
 
     def _accept(self, reply_to: bytes | StreamConnection, frames: list[bytes], now: float, *, learn: bool) -> None:
+        shared = reply_to.shared_arrays if isinstance(reply_to, StreamConnection) else None
         try:
-            message = unpack(frames, max_bytes=self.max_bytes)
+            message = unpack(frames, max_bytes=self.max_bytes, shared=shared)
         except DecodeError as exc:
             self.cdp.reject(reply_to, learn, 0, str(exc), "bad_request")
             return

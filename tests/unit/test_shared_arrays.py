@@ -1,0 +1,211 @@
+"""Large arrays of local predict requests through shared memory: round trips, reuse only after reading, refusals."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import time
+
+import numpy as np
+import pytest
+
+from flare2.core.specs import CTSpecs, Spec
+from flare2.errors import DecodeError
+from flare2.runtime.agents.socket_port import SocketPort
+from flare2.runtime.latency import LatencyHistogram
+from flare2.wire.codec import decode, encode
+from flare2.wire.protocol import PREDICT, Message, pack, unpack
+from flare2.wire.shared_arrays import MIN_SHARED_BYTES, SharedArraysReader, SharedArraysWriter
+from flare2.wire.streams import StreamClient, StreamServer
+
+LIMIT = 1 << 24
+FRAMES = (64, 84, 84)
+
+
+def frames(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, FRAMES, dtype=np.uint8)
+
+
+def handed_over(writer: SharedArraysWriter, reader: SharedArraysReader) -> None:
+    """What the stream does with a new block's fd: the reader gets its own."""
+    fd = writer.take_fd()
+    if fd is not None:
+        reader.attach(os.dup(fd))
+        os.close(fd)
+
+
+@pytest.fixture
+def pair():
+    writer, reader = SharedArraysWriter(), SharedArraysReader(LIMIT)
+    yield writer, reader
+    writer.close()
+    reader.close()
+
+
+def test_large_arrays_cross_as_references_and_small_ones_inline(pair):
+    writer, reader = pair
+    big, small = frames(0), np.arange(MIN_SHARED_BYTES // 8 - 1, dtype=np.int64)
+    data = encode({"obs": big, "flags": small}, shared=writer)
+    assert len(data) < small.nbytes + 200
+    handed_over(writer, reader)
+    decoded = decode(data, shared=reader)
+    np.testing.assert_array_equal(decoded["obs"], big)
+    np.testing.assert_array_equal(decoded["flags"], small)
+    assert decoded["obs"].flags.writeable, "a copy of its own, not a view of the block"
+
+
+def test_a_region_is_reused_only_after_the_reader_has_read_the_message_that_used_it(pair):
+    writer, reader = pair
+    sent = [encode({"obs": frames(seed)}, shared=writer) for seed in range(40)]
+    handed_over(writer, reader)
+    # Nothing read yet: once the block is full, arrays cross inline and no region is written twice.
+    assert writer.inline_arrays > 0
+    for seed, data in enumerate(sent):
+        np.testing.assert_array_equal(decode(data, shared=reader)["obs"], frames(seed))
+    inline_before = writer.inline_arrays
+    for seed in range(100):
+        data = encode({"obs": frames(seed)}, shared=writer)
+        np.testing.assert_array_equal(decode(data, shared=reader)["obs"], frames(seed))
+    assert writer.inline_arrays == inline_before, "read messages free their regions"
+
+
+def test_a_region_rewritten_or_named_wrongly_is_refused_not_read(pair):
+    writer, reader = pair
+    first = encode({"obs": frames(0)}, shared=writer)
+    handed_over(writer, reader)
+    # The writer's state rolled back as if the first message had been read: its region is written again.
+    writer._in_flight.clear()
+    encode({"obs": frames(1)}, shared=writer)
+    with pytest.raises(DecodeError, match="does not hold message 1's array"):
+        decode(first, shared=reader)
+    with pytest.raises(DecodeError, match="unknown msgpack ext type 2"):
+        decode(first)
+    tampered = bytearray(first)
+    tampered[-24] = 9  # the block number
+    with pytest.raises(DecodeError, match="names block 9"):
+        decode(bytes(tampered), shared=reader)
+    tampered = bytearray(first)
+    tampered[-16:-8] = (1 << 40).to_bytes(8, "little")  # the offset
+    with pytest.raises(DecodeError, match="does not fit its block"):
+        decode(bytes(tampered), shared=reader)
+
+
+def test_a_messages_shared_arrays_count_towards_the_size_limit(pair):
+    writer, _ = pair
+    reader = SharedArraysReader(max_bytes=FRAMES[0] * 84 * 84 + 10)
+    data = encode({"a": frames(0), "b": frames(1)}, shared=writer)
+    handed_over(writer, reader)
+    with pytest.raises(DecodeError, match="more than the limit"):
+        decode(data, shared=reader)
+    reader.close()
+
+
+def test_an_fd_that_is_not_a_sealed_memory_file_is_refused(tmp_path):
+    reader = SharedArraysReader(LIMIT)
+    path = tmp_path / "file"
+    path.write_bytes(b"\0" * 4096)
+    with pytest.raises(DecodeError, match="sealed against shrinking"):
+        reader.attach(os.open(path, os.O_RDWR))
+    unsealed = os.memfd_create("x")
+    os.ftruncate(unsealed, 4096)
+    with pytest.raises(DecodeError, match="sealed against shrinking"):
+        reader.attach(unsealed)
+    with pytest.raises(OSError):
+        fcntl.fcntl(unsealed, fcntl.F_GET_SEALS)  # the reader closed what it refused
+
+
+def test_a_message_that_fails_to_encode_gives_its_regions_back(pair):
+    writer, reader = pair
+    with pytest.raises(Exception, match="cannot send a value of type object"):
+        encode({"obs": frames(0), "z": object()}, shared=writer)
+    data = encode({"obs": frames(1)}, shared=writer)
+    handed_over(writer, reader)
+    np.testing.assert_array_equal(decode(data, shared=reader)["obs"], frames(1))
+    assert not writer.inline_arrays
+
+
+def pump(server: StreamServer, until, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, "nothing arrived in time"
+        if select.select([server], [], [], 0.05)[0]:
+            server.drain(time.monotonic())
+
+
+def test_a_stream_client_sends_its_block_with_the_first_message_and_the_server_reads_through_it(tmp_path):
+    received: list[Message] = []
+    connections = []
+
+    def receive(connection, message_frames, now):
+        connections.append(connection)
+        received.append(unpack(message_frames, max_bytes=LIMIT, shared=connection.shared_arrays))
+
+    server = StreamServer(str(tmp_path / "s"), max_bytes=LIMIT, receive=receive)
+    client = StreamClient(server.endpoint, max_bytes=LIMIT, shared_arrays=True)
+    try:
+        for seq in range(1, 31):
+            assert client.shared_arrays is not None
+            client.send(pack(Message(PREDICT, {"obs": frames(seq)}, "a", seq, "RL"), shared=client.shared_arrays))
+            pump(server, lambda: len(received) == seq)
+            np.testing.assert_array_equal(received[-1].payload["obs"], frames(seq))
+        assert client.shared_arrays.inline_arrays == 0
+        # A bigger message grows the block: the new one's fd goes with it.
+        big = np.ones((8, *FRAMES), np.uint8)
+        client.send(pack(Message(PREDICT, {"obs": big}, "a", 31, "RL"), shared=client.shared_arrays))
+        pump(server, lambda: len(received) == 31)
+        np.testing.assert_array_equal(received[-1].payload["obs"], big)
+        assert client.shared_arrays.inline_arrays == 0
+    finally:
+        client.close()
+    # The agent gone, its connection closes and the compute side unmaps the block: nothing of it is left.
+    pump(server, lambda: connections[0].closed)
+    assert not connections[0].shared_arrays._blocks
+    server.close()
+
+
+class _Control:
+    interval_s = 0.1
+    round_trips = LatencyHistogram()
+
+    def service(self) -> None:
+        pass
+
+    def maybe_service(self) -> None:
+        pass
+
+
+def test_an_agents_port_sends_its_predict_requests_frames_through_shared_memory_and_its_learn_requests_inline(
+    tmp_path,
+):
+    arrived: dict[str, tuple] = {}
+
+    def server(name: str) -> StreamServer:
+        def receive(connection, message_frames, now):
+            arrived[name] = (connection, message_frames)
+
+        return StreamServer(str(tmp_path / name), max_bytes=LIMIT, receive=receive)
+
+    predict, learn = server("predict"), server("learn")
+    specs = CTSpecs(
+        inputs={"obs": Spec(FRAMES[1:], "uint8")}, actions={"action": Spec((), "int64")}, states={}, rewards={}
+    )
+    info = {"predict_endpoint": predict.endpoint, "learn_endpoint": learn.endpoint, "busy_wait_us": 0}
+    port = SocketPort(None, "RL", info, specs, "a0", _Control(), None, LIMIT, None)
+    try:
+        assert port.predictor.shares_arrays and not port.learner.shares_arrays
+        port.send_predict({"inputs": {"obs": frames(0)}, "states": {}})
+        # Large enough to be shared on a predict stream, small enough to fit the learn stream's buffer unread.
+        port.send_statistics({"obs": frames(1)[:4]})
+        pump(predict, lambda: "predict" in arrived)
+        pump(learn, lambda: "learn" in arrived)
+        connection, message_frames = arrived["predict"]
+        with pytest.raises(DecodeError, match="unknown msgpack ext type 2"):
+            unpack(message_frames, max_bytes=LIMIT)
+        shared = unpack(message_frames, max_bytes=LIMIT, shared=connection.shared_arrays)
+        np.testing.assert_array_equal(shared.payload["inputs"]["obs"], frames(0))
+        np.testing.assert_array_equal(unpack(arrived["learn"][1], max_bytes=LIMIT).payload["obs"], frames(1)[:4])
+    finally:
+        port.close()
+        predict.close()
+        learn.close()

@@ -21,9 +21,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -198,6 +200,26 @@ class _Control:
             report = {"role": "agent", **self.stats.take(), "predict_round_trips": self.round_trips.take()}
             self.requester.send(STATS, report)
 
+    @contextmanager
+    def beating(self) -> Iterator[None]:
+        """Heartbeats (reports of nothing played) from a thread of their own while this thread is in user code
+        that cannot service the link: making 64 Atari envs takes longer than the heartbeat timeout, and slow is
+        not dead. Nothing else uses the link meanwhile; the thread is joined before anything does again."""
+        done = threading.Event()
+        nothing = {"role": "agent", **EpisodeStats().take(), "predict_round_trips": LatencyHistogram().take()}
+
+        def beat() -> None:
+            while not done.wait(self.interval_s):
+                self.requester.send(STATS, nothing)
+
+        thread = threading.Thread(target=beat, name="flare2-heartbeats", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+
 
 def run_agent(settings: AgentSettings) -> int:
     """Run one agent until the manager stops it; returns the process exit code."""
@@ -296,7 +318,8 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
                 max_bytes,
                 settings.curve,
             )
-        control.stats = make_envs(agent, eval_every)
+        with control.beating():
+            control.stats = make_envs(agent, eval_every)
         agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
         check_request_sizes(helpers, specs, max_bytes)
         play(agent, control.maybe_service)

@@ -40,7 +40,7 @@ machine says how much flare2 costs. The summary holds:
 - ``rtt_ratio``: flare2's prediction round trip (1 process x 1 env, p50) over
   the raw echo round trip plus the in-process act path at batch 1 (1.0 would be
   a runtime that costs nothing beyond a socket round trip and the forward pass;
-  flare2's figure is the middle of a histogram bucket about 19 % wide);
+  flare2's figure is the middle of a histogram bucket about 4.4 % wide);
 - ``rollout_vs_echo_8``: flare2 rollout steps/s at 8 processes x 1 env over the
   raw 8-client echo rate (the most round trips/s the sockets allow);
 - ``rollout_vs_syncvec_best``: the best flare2 rollout rate of (c) over the

@@ -14,9 +14,11 @@ from flare2.errors import ConfigError
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 
 LEARNERS = ("auto", "process", "thread", "inline")
-# What RunConfig.busy_wait_us None means while every busy process has a core of its own: longer than an env step
-# and the bookkeeping around it, so that the reply is there before the waiting process would have slept.
-AUTO_BUSY_WAIT_US = 200
+# What RunConfig.busy_wait_us None means while every busy process has a core of its own: longer than a prediction on
+# a CPU (for an agent waiting for its reply) and an env step (for the compute process waiting for the next request),
+# so that the message is there before the waiting process would have slept. At 200 µs an agent of one CartPole env
+# slept before most replies, and its round trip took 0.33 ms instead of 0.24 (tools/bench.py --quick, 2 cores).
+AUTO_BUSY_WAIT_US = 1000
 # A wait that checks for longer than this is a core spent, not a wake-up saved.
 MOST_BUSY_WAIT_US = 1_000_000
 REJOIN_FOR_S = 3600.0

@@ -29,7 +29,9 @@ from flare2.wire.shared_arrays import SharedArraysReader, SharedArraysWriter
 # 8: the manager's answer to a probe carries the run's id and its agents' recipe; a remote agent's hello says whether
 # it rejoins in place of one that lost the manager.
 # 9: a probe may ask for learner ranks (``flare2 learn``), answered with the learners' recipe.
-PROTOCOL_VERSION = 9
+# 10: a local stream's messages may hold shared arrays (flare2.wire.shared_arrays); an agent's round-trip histogram
+# has 16 buckets an octave (was 4).
+PROTOCOL_VERSION = 10
 MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63 - 1

@@ -15,7 +15,8 @@ this step's observation (its env played on) crosses as a flag:
   episode that started, views a custom agent made otherwise), in row order.
 
 The sender (``ViewsSender``, in the agent's port) compares each view with the
-one it sent last, so nothing is assumed from episode flags and a custom agent's
+one it sent last (on a local stream, where arrays cross through shared memory,
+it sends whole views: ``ViewsSender(whole=True)``), so nothing is assumed from episode flags and a custom agent's
 views arrive exactly; a request without ``continued`` carries every view. The
 receiver (``ViewsReceiver``, in the CDP) keeps the last views of each agent and
 refuses a request that continues views it does not hold. Views of actions and

@@ -8,6 +8,10 @@ little-endian uint32, then the raw little-endian bytes. Nothing is pickled,
 and nothing decoded is trusted: dtype codes come from a fixed table, the byte
 count must match the shape exactly, nesting is bounded, and any other type
 (msgpack timestamps, unknown ext codes) is rejected with a DecodeError.
+
+On a local agent's predict stream a large array may instead travel as a
+reference into shared memory (ext code 2, ``flare2.wire.shared_arrays``),
+decoded only with that stream's reader: anywhere else it is an unknown ext code.
 """
 
 from __future__ import annotations

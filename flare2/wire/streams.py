@@ -8,7 +8,9 @@ agent processes of one env each played 5.4k env steps/s over ZeroMQ and 6.7k
 over streams). Agents on
 other machines keep ZeroMQ and its CURVE security; a stream is reachable only
 by processes of the same user (a private directory, and each connecting peer's
-uid is checked).
+uid is checked). An agent's predict stream carries its large arrays through
+shared memory (``flare2.wire.shared_arrays``): the block's fd comes with a
+message, and the connection's reader decodes what refers to it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ _PEER_CREDENTIALS = struct.Struct("3i")
 # Drops logged one by one before they are only counted.
 _LOGGED_DROPS = 20
 # Room for the fds one read may bring: one block's with a message; more close the connection.
-_FDS_SPACE = socket.CMSG_SPACE(4 * array.array("i").itemsize)
+_FD_BYTES = array.array("i").itemsize
+_FDS_SPACE = socket.CMSG_SPACE(4 * _FD_BYTES)
 
 
 class OversizeError(DecodeError):
@@ -75,7 +78,7 @@ def _read_available_with_fds(sock: socket.socket) -> tuple[bytes | None, list[in
     fds: list[int] = []
     for level, kind, values in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(array.array("i", values[: len(values) - len(values) % 4]))
+            fds.extend(array.array("i", values[: len(values) - len(values) % _FD_BYTES]))
     return data, fds
 
 

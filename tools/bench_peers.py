@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
+import importlib.metadata
 import json
 import math
 import os
@@ -324,13 +325,18 @@ def venv_python(venv_dir: Path) -> Path:
 
 
 def install_venv(venv_dir: Path) -> None:
-    """Make the venv (sharing this python's packages, so torch is not fetched again) and pip-install SB3 into it."""
+    """Make the venv and pip-install SB3 into it, with the torch this python has (a race compares the frameworks,
+    not two torch versions) and what SB3's Atari wrappers need (ale-py, OpenCV).
+
+    ``--system-site-packages`` shares the base interpreter's packages, not those of a venv this runs in, so torch is
+    named explicitly: left to SB3's requirements, pip fetched the newest torch with its CUDA libraries."""
     if not venv_python(venv_dir).exists():
         print(f"creating {venv_dir} (--system-site-packages)", file=sys.stderr)
         venv.EnvBuilder(system_site_packages=True, with_pip=True).create(venv_dir)
+    torch_version = importlib.metadata.version("torch").split("+")[0]
+    packages = ["stable-baselines3", f"torch=={torch_version}", "ale-py", "opencv-python-headless"]
     subprocess.run(
-        [str(venv_python(venv_dir)), "-m", "pip", "install", "--disable-pip-version-check", "stable-baselines3"],
-        check=True,
+        [str(venv_python(venv_dir)), "-m", "pip", "install", "--disable-pip-version-check", *packages], check=True
     )
 
 

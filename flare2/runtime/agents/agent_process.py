@@ -254,7 +254,37 @@ def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int) -> AgentB
     return agent
 
 
+@dataclass
+class _Welcome:
+    """The agent made, and what the manager's welcome settles for it."""
+
+    agent: AgentBase
+    helpers: dict[str, AgentHelper]
+    payload: dict[str, Any]
+    interval_s: float
+    manager_timeout_s: float
+    max_bytes: int
+    eval_every: int
+
+
 def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int:
+    welcome = _join(requester, settings)
+    if isinstance(welcome, int):
+        return welcome
+    control = _Control(requester, settings, interval_s=welcome.interval_s, manager_timeout_s=welcome.manager_timeout_s)
+    ports: dict[str, SocketPort] = {}
+    try:
+        _connect(ctx, welcome, control, ports, settings)
+        play(welcome.agent, control.maybe_service)
+    except Exception as exc:  # noqa: BLE001 - the user's episode code may raise anything; _ended says how it ended
+        return _ended(exc, requester, control, ports, settings)
+    finally:
+        for port in ports.values():
+            port.close()
+
+
+def _join(requester: Requester, settings: AgentSettings) -> _Welcome | int:
+    """Make the agent and say hello to the manager: its welcome, or the exit code of an agent that cannot start."""
     try:
         agent = make_agent(settings.agent_path, settings.agent_kwargs, settings.envs_per_agent)
         if "torch" in sys.modules:
@@ -299,42 +329,57 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
         logger.error("agent %s cannot start: %s", settings.agent_id, exc)
         _report(requester, error_payload(str(exc), code="config"))
         return exit_codes.CONFIG_ERROR
+    return _Welcome(agent, helpers, welcome.payload, interval_s, manager_timeout_s, max_bytes, eval_every)
 
-    welcome = welcome.payload
-    control = _Control(requester, settings, interval_s=interval_s, manager_timeout_s=manager_timeout_s)
-    ports: dict[str, SocketPort] = {}
-    try:
-        cts = welcome["cts"]
-        specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in helpers}
-        for name in helpers:
-            ports[name] = SocketPort(
-                ctx,
-                name,
-                cts[name],
-                specs[name],
-                settings.agent_id,
-                control,
-                _reply_timeout(welcome),
-                max_bytes,
-                settings.curve,
-            )
-        with control.beating():
-            control.stats = make_envs(agent, eval_every)
-        agent.connect(agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=helpers)
-        check_request_sizes(helpers, specs, max_bytes)
-        play(agent, control.maybe_service)
-    except StopRequested as stop:
-        if stop.learn_replies:
+
+def _connect(
+    ctx: zmq.Context,
+    welcome: _Welcome,
+    control: _Control,
+    ports: dict[str, SocketPort],
+    settings: AgentSettings,
+) -> None:
+    """Open a port to each CT's CDP (into ``ports``, which the caller closes), make the envs and hand both to the
+    agent."""
+    cts = welcome.payload["cts"]
+    specs = {name: CTSpecs.from_wire(cts[name]["specs"]) for name in welcome.helpers}
+    for name in welcome.helpers:
+        ports[name] = SocketPort(
+            ctx,
+            name,
+            cts[name],
+            specs[name],
+            settings.agent_id,
+            control,
+            _reply_timeout(welcome.payload),
+            welcome.max_bytes,
+            settings.curve,
+        )
+    with control.beating():
+        control.stats = make_envs(welcome.agent, welcome.eval_every)
+    welcome.agent.connect(
+        agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=welcome.helpers
+    )
+    check_request_sizes(welcome.helpers, specs, welcome.max_bytes)
+
+
+def _ended(
+    exc: Exception, requester: Requester, control: _Control, ports: dict[str, SocketPort], settings: AgentSettings
+) -> int:
+    """The exit code of an agent whose play ended with ``exc`` (called while it is handled), after telling the
+    manager what it needs to hear."""
+    if isinstance(exc, StopRequested):
+        if exc.learn_replies:
             for port in ports.values():
                 port.finish_learning(timeout_s=_FINISH_LEARNING_S)
         control.send_stats()
         requester.send(BYE, {"reason": "stopped"})
         requester.socket.setsockopt(zmq.LINGER, 2000)
         return exit_codes.OK
-    except PeerDiedError as exc:
+    if isinstance(exc, PeerDiedError):
         logger.error("agent %s: %s; exiting", settings.agent_id, exc)
         return exit_codes.MANAGER_LOST
-    except ReplyTimeoutError as exc:
+    if isinstance(exc, ReplyTimeoutError):
         logger.error(
             "agent %s: %s (--reply-timeout), though the manager still vouched for the compute process: raise "
             "--reply-timeout or leave it unset, or find what keeps predict() or learn() busy that long",
@@ -342,23 +387,19 @@ def _run(ctx: zmq.Context, requester: Requester, settings: AgentSettings) -> int
             exc,
         )
         return exit_codes.REPLY_TIMEOUT
-    except RemoteError as exc:
+    if isinstance(exc, RemoteError):
         # The compute process reports the failure to the manager, which stops the run and shows the traceback.
         logger.error("agent %s: %s", settings.agent_id, str(exc).splitlines()[0])
         return exit_codes.COMPUTE_FAILED
-    except FlareError as exc:
+    if isinstance(exc, FlareError):
         logger.error("agent %s: %s", settings.agent_id, exc)
         _report(requester, error_payload(str(exc), code="config"))
         return exit_codes.CONFIG_ERROR
-    except Exception as exc:  # noqa: BLE001 - the user's episode code may raise anything; the manager hears why
-        control.send_stats()  # the steps it played still count
-        text = traceback.format_exc()
-        logger.error("agent %s raised in its episode code:\n%s", settings.agent_id, text)
-        _report(requester, error_payload(f"agent {settings.agent_id} raised {exc!r}", traceback=text, code="user_code"))
-        return exit_codes.FAILED
-    finally:
-        for port in ports.values():
-            port.close()
+    control.send_stats()  # the steps it played still count
+    text = traceback.format_exc()
+    logger.error("agent %s raised in its episode code:\n%s", settings.agent_id, text)
+    _report(requester, error_payload(f"agent {settings.agent_id} raised {exc!r}", traceback=text, code="user_code"))
+    return exit_codes.FAILED
 
 
 def _welcome_number(welcome: dict[str, Any], key: str, kind: type[int | float]) -> float:

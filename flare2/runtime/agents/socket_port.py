@@ -69,8 +69,8 @@ class SocketPort:
                 "version? Install the same flare2 on both sides"
             )
         # A send that waits for room in a stream services the manager link meanwhile, like a wait for a reply.
-        # Observations cross a local predict stream through shared memory; a learn request's arrays are read once
-        # per many steps, and may be kept by learn(), so they cross the stream.
+        # Observations cross a local predict stream through shared memory. A learn request (7 MB for PPO's Atari
+        # preset) comes once per many steps: a block several times its size would cost more memory than it saves time.
         self.predictor, self.learner = (
             Requester(
                 ctx,

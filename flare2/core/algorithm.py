@@ -145,6 +145,14 @@ class Algorithm:
         (``self.optimizer`` unless another is given, for algorithms with several); returns the gradient norm before
         clipping, or None without ``max_grad_norm`` (nothing is clipped or measured then). With several learners
         (``--learners``) the gradients are first averaged over them (:mod:`flare2.core.data_parallel`)."""
+        grad_norm = self.optimize_on_device(loss, optimizer)
+        return None if grad_norm is None else float(grad_norm)
+
+    def optimize_on_device(
+        self, loss: torch.Tensor, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.Tensor | None:
+        """``optimize`` with the gradient norm left on the model's device as a tensor: nothing read back, so on a
+        GPU the host queues the next step's kernels while this one's run (the loops of many small steps)."""
         optimizer = optimizer if optimizer is not None else self.optimizer
         if optimizer is None:
             raise ValueError(f"{type(self).__name__} must create self.optimizer before calling optimize()")
@@ -154,7 +162,7 @@ class Algorithm:
         average_gradients(params)
         grad_norm = None
         if self.max_grad_norm is not None:
-            grad_norm = float(nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            grad_norm = nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         step_optimizer(optimizer)
         return grad_norm
 

@@ -36,10 +36,36 @@ from flare2.zoo.record import ActorCriticSettings
 from flare2.zoo.records.ppo import ClippedObjectiveConfig, PPOConfig
 from flare2.zoo.returns import gae
 
+CLIPPED_COSTS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+"""The costs ``clipped_loss`` adds up, in the order of its ``CostSums`` row."""
+
+
+class CostSums:
+    """The sum of each cost term over the minibatches of one learn(), kept on the model's device and read back once
+    at its end: reading a loss per minibatch (``.item()``) makes the host wait for the GPU at every step, so the
+    next minibatch's kernels cannot be queued while this one's run."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self._sums: torch.Tensor | None = None
+        self._count = 0
+
+    def add(self, *terms: torch.Tensor) -> None:
+        """One minibatch's terms, in the order of ``names``."""
+        row = torch.stack([term.detach().float() for term in terms])
+        self._sums = row if self._sums is None else self._sums + row
+        self._count += 1
+
+    def means(self) -> dict[str, float]:
+        """The mean of each term over the minibatches added (one read from the device)."""
+        if self._sums is None:
+            return {name: float("nan") for name in self.names}
+        return dict(zip(self.names, (self._sums / self._count).tolist()))
+
 
 def clipped_loss(
     config: ClippedObjectiveConfig,
-    totals: dict[str, float],
+    costs: CostSums,
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
@@ -48,7 +74,8 @@ def clipped_loss(
     targets: torch.Tensor,
     weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """PPO's loss on one minibatch (clipped surrogate, value and entropy terms); adds its terms to ``totals``.
+    """PPO's loss on one minibatch (clipped surrogate, value and entropy terms); adds its terms to ``costs``
+    (``CLIPPED_COSTS``).
 
     ``weights`` (one per step, >= 0) scale each step's standardised advantage: the truncated importance weights of
     steps that another policy played (``PPO.learn``)."""
@@ -62,11 +89,9 @@ def clipped_loss(
     value_loss = F.mse_loss(values, targets)
     entropy_mean = entropy.mean()
     with torch.no_grad():
-        totals["policy_loss"] += policy_loss.item()
-        totals["value_loss"] += value_loss.item()
-        totals["entropy"] += entropy_mean.item()
-        totals["approx_kl"] += ((ratio - 1) - log_ratio).mean().item()
-        totals["clip_fraction"] += ((ratio - 1).abs() > config.clip).float().mean().item()
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1).abs() > config.clip).float().mean()
+        costs.add(policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction)
     return policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy_mean
 
 
@@ -256,18 +281,17 @@ class PPO(ClippedObjective):
         config, model = self.config, self.model
         samples = advantages.numel()
         flat_advantages, flat_targets = advantages.reshape(samples), targets.reshape(samples)
-        totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
-        updates = 0
+        costs = CostSums(CLIPPED_COSTS)
         for _ in range(config.epochs):
             for index in torch.randperm(samples, device=advantages.device).split(
                 minibatch_share(config.minibatch_size)
             ):
                 policy, values = model.policy_and_value(take_rows(inputs, index))
                 log_prob, entropy = model.log_prob_and_entropy(policy, _unnamed(take_rows(actions, index)))
-                self.optimize(
+                self.optimize_on_device(
                     clipped_loss(
                         config,
-                        totals,
+                        costs,
                         log_prob,
                         old_log_prob[index],
                         flat_advantages[index],
@@ -277,8 +301,7 @@ class PPO(ClippedObjective):
                         None if weights is None else weights[index],
                     )
                 )
-                updates += 1
-        return {key: value / updates for key, value in totals.items()}
+        return costs.means()
 
 
 def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:

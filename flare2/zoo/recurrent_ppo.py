@@ -19,7 +19,7 @@ import torch
 from flare2.core.algorithm import Experience, Tensors
 from flare2.core.data_parallel import minibatch_share
 from flare2.errors import ConfigError
-from flare2.zoo.ppo import ClippedObjective, clipped_loss, importance_weights
+from flare2.zoo.ppo import CLIPPED_COSTS, ClippedObjective, CostSums, clipped_loss, importance_weights
 from flare2.zoo.record import RecurrentSettings
 from flare2.zoo.records.recurrent_ppo import RecurrentPPOConfig
 from flare2.zoo.recurrent import GRUActorCritic
@@ -82,18 +82,17 @@ class RecurrentPPO(ClippedObjective):
             )
         self.count_steps(advantages.numel(), config)
 
-        totals = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0}
-        updates = 0
+        costs = CostSums(CLIPPED_COSTS)
         for _ in range(config.epochs):
             for index in torch.randperm(obs.shape[0], device=obs.device).split(
                 minibatch_share(config.minibatch_sequences)
             ):
                 logits, new_values, _ = model.sequence(obs[index], first_hidden[index], ends[index])
                 log_prob, entropy = model.log_prob_and_entropy(logits, actions[index])
-                self.optimize(
+                self.optimize_on_device(
                     clipped_loss(
                         config,
-                        totals,
+                        costs,
                         log_prob,
                         proximal_log_prob[index],
                         advantages[index],
@@ -103,8 +102,7 @@ class RecurrentPPO(ClippedObjective):
                         weights[index],
                     )
                 )
-                updates += 1
-        return {**{key: value / updates for key, value in totals.items()}, **off_policy}
+        return {**costs.means(), **off_policy}
 
 
 def build(env: gym.Env, config: RecurrentPPOConfig, settings: RecurrentSettings) -> RecurrentPPO:

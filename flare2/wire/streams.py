@@ -22,6 +22,7 @@ import os
 import select
 import socket
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,29 +58,52 @@ def stream_chunks(frames: list[bytes]) -> list[bytes]:
     return [_LENGTHS.pack(len(header), len(payload)), header, payload]
 
 
-def _read_available(sock: socket.socket) -> bytes | None:
-    """What a non-blocking ``sock`` holds now (b"" once its peer is gone), or None while it holds nothing."""
-    try:
-        return sock.recv(_READ_BYTES)
-    except (BlockingIOError, InterruptedError):
-        return None
-    except OSError:
-        return b""
+class _ReadBuffer:
+    """Where a thread's stream reads land before their bytes are copied out, made once per thread.
+
+    ``recv(n)`` allocates n bytes on every call, that one answers or not: with a 1 MB n that is an mmap and an
+    munmap per read in a process whose allocator hands such sizes to the kernel (the compute process), and a
+    busy-waiting agent reads thousands of times between replies. Reading into one buffer and copying out what
+    came costs a copy of the bytes that came, usually a few dozen."""
+
+    def __init__(self) -> None:
+        self._view = memoryview(bytearray(_READ_BYTES))
+        self._views = [self._view]
+
+    def read(self, sock: socket.socket) -> bytes | None:
+        """What a non-blocking ``sock`` holds now (b"" once its peer is gone), or None while it holds nothing."""
+        try:
+            count = sock.recv_into(self._view)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return b""
+        return bytes(self._view[:count])
+
+    def read_with_fds(self, sock: socket.socket) -> tuple[bytes | None, list[int]]:
+        """``read``, and the fds that came with the bytes (those of shared-array blocks)."""
+        try:
+            count, ancillary, _flags, _address = sock.recvmsg_into(self._views, _FDS_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return None, []
+        except OSError:
+            return b"", []
+        fds: list[int] = []
+        for level, kind, values in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", values[: len(values) - len(values) % _FD_BYTES]))
+        return bytes(self._view[:count]), fds
 
 
-def _read_available_with_fds(sock: socket.socket) -> tuple[bytes | None, list[int]]:
-    """``_read_available``, and the fds that came with the bytes (those of shared-array blocks)."""
-    try:
-        data, ancillary, _flags, _address = sock.recvmsg(_READ_BYTES, _FDS_SPACE)
-    except (BlockingIOError, InterruptedError):
-        return None, []
-    except OSError:
-        return b"", []
-    fds: list[int] = []
-    for level, kind, values in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(array.array("i", values[: len(values) - len(values) % _FD_BYTES]))
-    return data, fds
+_read_buffers = threading.local()
+
+
+def _read_buffer() -> _ReadBuffer:
+    """This thread's read buffer (each read copies its bytes out before the thread reads again)."""
+    buffer: _ReadBuffer | None = getattr(_read_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _read_buffers.buffer = _ReadBuffer()
+    return buffer
 
 
 class StreamDecoder:
@@ -248,7 +272,7 @@ class StreamServer:
                 self._drop(connection, f"its process belongs to uid {uid}, not to this run's uid {os.geteuid()}")
 
     def _read(self, connection: StreamConnection, now: float) -> None:
-        data, fds = _read_available_with_fds(connection.sock)
+        data, fds = _read_buffer().read_with_fds(connection.sock)
         if fds:
             try:
                 if len(fds) > 1:
@@ -412,7 +436,7 @@ class StreamClient:
             self.shared_arrays.close()
 
     def _read(self) -> None:
-        data = _read_available(self._sock)
+        data = _read_buffer().read(self._sock)
         if data is None:
             return
         if not data:

@@ -3,6 +3,8 @@ helper that keeps what an agent stores, and a port that answers an agent's predi
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -91,7 +93,7 @@ class AnsweringPort:
         self.sent: list[dict] = []
 
     def send_predict(self, payload):
-        self.sent.append(payload)
+        self.sent.append(copy.deepcopy(payload))  # kept past the reply, when the agent's views move on in place
         return len(self.sent)
 
     def wait_predict(self, ticket):

@@ -60,6 +60,7 @@ def serve(path: str, ready: Any) -> None:
         _batch = {key: np.array(value) for key, value in payload["inputs"].items()}
         rows = len(next(iter(_batch.values())))
         reply = {"actions": {"action": np.zeros(rows, np.int64)}}
+        connection.shared_arrays.release(message.seq)  # as the CDP's reply does (SocketFront._send)
         server.send(connection, pack(Message(PREDICTION, reply, seq=message.seq)))
 
     server = StreamServer(path, max_bytes=MAX_BYTES, receive=receive)

@@ -20,7 +20,9 @@ class CTPort(Protocol):
     """Learn requests that may be on their way before ``learn`` waits for the oldest reply (the CT says)."""
 
     def send_predict(self, payload: dict[str, Any]) -> int:
-        """Send a predict request without waiting; returns the ticket ``wait_predict`` takes."""
+        """Send a predict request without waiting; returns the ticket ``wait_predict`` takes. The payload's arrays
+        may change once its reply is waited for (an agent's frame stacks move on in place): a port that keeps them
+        longer keeps copies."""
 
     def wait_predict(self, ticket: int) -> dict[str, Any]:
         """The reply to the request of ``ticket``: ``actions``, ``states`` and the weights' ``version``."""

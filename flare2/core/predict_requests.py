@@ -33,6 +33,7 @@ import numpy as np
 
 from flare2.core.specs import CTSpecs, View
 from flare2.errors import SpecError
+from flare2.wire.shared_arrays import in_shared_block
 
 CONTINUED = "continued"
 """The key of the rows whose views continue the request before (see the module docstring)."""
@@ -146,6 +147,8 @@ class ViewsReceiver:
         specs = self.specs.inputs
         if not all(isinstance(views[name], np.ndarray) and views[name].ndim >= 1 for name in self.views):
             return
+        if any(in_shared_block(views[name]) for name in self.views):
+            return  # its region is reused once it is answered; an agent that shares arrays sends whole views anyway
         rows = len(next(iter(views.values())))
         if all(_fits(views[name], (rows, *specs[name].fixed_shape), specs[name].dtype) for name in self.views):
             self._hold(agent_id, dict(views))

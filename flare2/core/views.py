@@ -53,8 +53,16 @@ class ViewRows:
             self.start(index, {key: value[index] for key, value in inputs.items()})
 
     def current(self) -> dict[str, np.ndarray]:
-        """The views of the current step, ``[count, frames, ...]`` each (copies: the caller may keep them)."""
-        return {name: frames.copy() for name, frames in self._frames.items()}
+        """The views of the current step, ``[count, frames, ...]`` each: read-only views of the frames, valid until
+        the next ``advance`` or ``start``. The agent sends them at once and moves on only after the reply, by when
+        the CDP has copied them into its batch; a copy here would be one more pass over every stack, each step
+        (0.05 ms for 64 Atari envs)."""
+        views = {}
+        for name, frames in self._frames.items():
+            view = frames.view()
+            view.flags.writeable = False
+            views[name] = view
+        return views
 
     def advance(
         self,

@@ -184,7 +184,8 @@ def _check_structure(value: Any, depth: int, error: type[Exception], leaves: boo
 
 def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, shared: SharedArraysReader | None = None) -> Any:
     """Decode bytes made by :func:`encode`; raise DecodeError for anything else. References to shared arrays are
-    taken only with the ``shared`` reader of the stream they came on."""
+    taken only with the ``shared`` reader of the stream they came on, as views of its block (``protocol.unpack``
+    says until when)."""
     if len(data) > max_bytes:
         raise DecodeError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     if shared is not None:
@@ -201,8 +202,5 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, shared: SharedArr
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise DecodeError(f"not a valid msgpack message ({type(exc).__name__}: {exc})") from None
-    finally:
-        if shared is not None:
-            shared.finish()
     _check_structure(value, 0, DecodeError, leaves=True)
     return value

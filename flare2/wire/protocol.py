@@ -125,13 +125,20 @@ def unpack(
     frames: list[bytes], *, max_bytes: int = DEFAULT_MAX_BYTES, shared: SharedArraysReader | None = None
 ) -> Message:
     """Strictly decode the frames of one message (without a ROUTER identity frame); ``shared``: the reader of the
-    local stream it came on."""
+    local stream it came on, whose arrays in the message stay views of its block until ``shared.release(seq)``."""
     if len(frames) != 2:
         raise DecodeError(f"a message has 2 frames (header, payload), got {len(frames)}")
     kind, agent_id, seq, ct = _decode_header(frames[0])
-    payload = decode(frames[1], max_bytes=max_bytes, shared=shared)
-    if not isinstance(payload, dict):
-        raise DecodeError("payload must be a map")
+    try:
+        payload = decode(frames[1], max_bytes=max_bytes, shared=shared)
+        if not isinstance(payload, dict):
+            raise DecodeError("payload must be a map")
+    except DecodeError:
+        if shared is not None:
+            shared.finish(None)
+        raise
+    if shared is not None:
+        shared.finish(seq)  # its shared arrays are views of the agent's block until the reply to seq
     return Message(kind=kind, payload=payload, agent_id=agent_id, seq=seq, ct=ct)
 
 

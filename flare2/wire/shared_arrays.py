@@ -6,7 +6,7 @@ way (into the message, into the kernel, out of it, out of the message, into
 the batch) and cost 1.4 ms a step more than a request of one int per env
 (``tools/bench_frames.py``). Through shared memory it is copied twice: by the
 agent into a block both processes map, and by the compute process out of it
-while it decodes the message.
+into the batch the model gets.
 
 How it goes:
 
@@ -21,10 +21,11 @@ How it goes:
   and the message number. The region starts with the message number (its
   version stamp), written with the array.
 - The compute process's ``SharedArraysReader`` (one per connection) checks the
-  reference against the block's bounds and the stamp, copies the array out,
-  checks the stamp again (a region rewritten while it was read is refused, not
-  used), and once the message is decoded writes its number to the block's
-  ``consumed`` word.
+  reference against the block's bounds and the stamp and gives the array as a
+  read-only view of the block. The request is answered only after the CDP
+  copied it into a batch; with the reply (``release``) the reader writes to
+  the block's ``consumed`` word the last message before the oldest one still
+  unanswered (a refused message is done with at once).
 - The writer reuses a region only once ``consumed`` has reached the message
   that used it, so nothing is read after its region is reused. When the ring
   has no free region the array crosses inline, as over any other stream: a
@@ -58,13 +59,21 @@ MIN_SHARED_BYTES = 16 * 1024
 FIRST_BLOCK_BYTES = 1 << 20
 MOST_BLOCK_BYTES = 256 << 20
 """A block never grows past this; what does not fit crosses inline."""
-_CONSUMED = struct.Struct("<Q")  # at offset 0: the last message number the reader has decoded
+_CONSUMED = struct.Struct("<Q")  # at offset 0: the last message number the reader is done with
 _BLOCK_NUMBER = struct.Struct("<Q")  # at offset 8
 _STAMP = struct.Struct("<Q")  # at the start of each region: the number of the message that wrote it
 _DATA_START = 64
 _ALIGN = 64
 _REFERENCE = struct.Struct("<QQQ")  # block number, region offset, message number
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def in_shared_block(array: np.ndarray) -> bool:
+    """Whether ``array`` views a shared block (a decoded request's array, valid until its reply)."""
+    base = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
 def _aligned(size: int) -> int:
@@ -79,7 +88,10 @@ class _Block:
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
     def close(self) -> None:
-        self.map.close()
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # arrays still view it (a request not yet answered): it is unmapped when the last of them goes
         os.close(self.fd)
 
 
@@ -201,6 +213,11 @@ class SharedArraysReader:
         self.max_bytes = max_bytes
         self._blocks: dict[int, _Block] = {}
         self._read_bytes = 0
+        self._decoding: int | None = None
+        """The message number of the shared arrays of the message being decoded (None while it has none)."""
+        self._in_use: dict[int, int] = {}
+        """By the seq of a decoded request: the message number of its shared arrays, which are views of the block
+        until the request is answered (``release``)."""
         self._last_message = 0
 
     def attach(self, fd: int) -> None:
@@ -237,11 +254,14 @@ class SharedArraysReader:
             self._blocks.pop(number).close()
 
     def begin(self) -> None:
-        """A message is about to be decoded."""
+        """A message is about to be decoded (``codec.decode``; ``protocol.unpack`` then calls ``finish``)."""
         self._read_bytes = 0
+        self._decoding = None
 
     def array(self, reference: bytes, dtype: np.dtype, shape: tuple[int, ...], nbytes: int) -> np.ndarray:
-        """A copy of the array of ``dtype``, ``shape`` and ``nbytes`` that ``reference`` names."""
+        """The array of ``dtype``, ``shape`` and ``nbytes`` that ``reference`` names: a read-only view of the block,
+        valid until ``release`` of its message's seq (the CDP copies every request into a batch of its own before it
+        answers it)."""
         if len(reference) != _REFERENCE.size:
             raise DecodeError(f"a shared array's reference has {len(reference)} bytes, not {_REFERENCE.size}")
         block_number, start, message = _REFERENCE.unpack(reference)
@@ -255,16 +275,30 @@ class SharedArraysReader:
             raise DecodeError(f"a message's shared arrays hold more than the limit of {self.max_bytes} bytes")
         if _STAMP.unpack_from(block.map, start)[0] != message:
             raise DecodeError(f"a shared array's region does not hold message {message}'s array")
-        copied = np.frombuffer(block.map, dtype, nbytes // dtype.itemsize, start + _STAMP.size).reshape(shape).copy()
-        if _STAMP.unpack_from(block.map, start)[0] != message:
-            raise DecodeError(f"a shared array's region was rewritten while message {message} was read")
+        view = np.frombuffer(block.map, dtype, nbytes // dtype.itemsize, start + _STAMP.size).reshape(shape)
+        view.flags.writeable = False
+        self._decoding = message
         self._last_message = max(self._last_message, message)
-        return copied
+        return view
 
-    def finish(self) -> None:
-        """The message is decoded (or refused): its regions may be reused."""
+    def finish(self, seq: int | None) -> None:
+        """The message is decoded, ``seq`` its sequence number: its shared arrays stay in use until ``release(seq)``;
+        or refused (None): its regions may be reused now."""
+        message, self._decoding = self._decoding, None
+        if message is not None and seq is not None:
+            self._in_use[seq] = message
+        self._write_consumed()
+
+    def release(self, seq: int) -> None:
+        """The request ``seq`` was answered: its shared arrays are no longer read, and their regions may be reused."""
+        if self._in_use.pop(seq, None) is not None:
+            self._write_consumed()
+
+    def _write_consumed(self) -> None:
+        # Every message before the oldest one still in use is done with (a stream's messages are numbered in order).
+        consumed = min(self._in_use.values()) - 1 if self._in_use else self._last_message
         for block in self._blocks.values():
-            _CONSUMED.pack_into(block.map, 0, self._last_message)
+            _CONSUMED.pack_into(block.map, 0, consumed)
 
     def close(self) -> None:
         for block in self._blocks.values():

@@ -35,7 +35,9 @@ def played(steps: int, starts: dict[int, set[int]]):
     rows.start_all({"obs": obs})
     payloads = []
     for t in range(steps):
-        payloads.append({"inputs": {"obs": obs.copy(), **rows.current()}, "states": {}})
+        # Kept past the step (an agent sends them at once): copies, since the rows' views move on in place.
+        views = {name: view.copy() for name, view in rows.current().items()}
+        payloads.append({"inputs": {"obs": obs.copy(), **views}, "states": {}})
         obs = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
         rows.advance({"obs": obs}, {"action": np.zeros(ENVS, np.int64)}, {"reward": np.zeros(ENVS, np.float32)})
         for env in starts.get(t + 1, ()):

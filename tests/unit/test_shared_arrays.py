@@ -16,7 +16,7 @@ from flare2.runtime.agents.socket_port import SocketPort
 from flare2.runtime.latency import LatencyHistogram
 from flare2.wire.codec import decode, encode
 from flare2.wire.protocol import PREDICT, Message, pack, unpack
-from flare2.wire.shared_arrays import MIN_SHARED_BYTES, SharedArraysReader, SharedArraysWriter
+from flare2.wire.shared_arrays import MIN_SHARED_BYTES, SharedArraysReader, SharedArraysWriter, in_shared_block
 from flare2.wire.streams import StreamClient, StreamServer
 
 LIMIT = 1 << 24
@@ -33,6 +33,14 @@ def handed_over(writer: SharedArraysWriter, reader: SharedArraysReader) -> None:
     if fd is not None:
         reader.attach(os.dup(fd))
         os.close(fd)
+
+
+def sent(payload: dict, seq: int, writer: SharedArraysWriter) -> list[bytes]:
+    return pack(Message(PREDICT, payload, "a", seq, "RL"), shared=writer)
+
+
+def received(message_frames: list[bytes], reader: SharedArraysReader) -> dict:
+    return unpack(message_frames, max_bytes=LIMIT, shared=reader).payload
 
 
 @pytest.fixture
@@ -52,22 +60,54 @@ def test_large_arrays_cross_as_references_and_small_ones_inline(pair):
     decoded = decode(data, shared=reader)
     np.testing.assert_array_equal(decoded["obs"], big)
     np.testing.assert_array_equal(decoded["flags"], small)
-    assert decoded["obs"].flags.writeable, "a copy of its own, not a view of the block"
+    assert in_shared_block(decoded["obs"]) and not decoded["obs"].flags.writeable, "a read-only view of the block"
+    assert not in_shared_block(decoded["flags"])
 
 
-def test_a_region_is_reused_only_after_the_reader_has_read_the_message_that_used_it(pair):
+def test_a_region_is_reused_only_once_the_request_that_used_it_was_answered(pair):
     writer, reader = pair
-    sent = [encode({"obs": frames(seed)}, shared=writer) for seed in range(40)]
+    messages = [sent({"obs": frames(seed)}, seed + 1, writer) for seed in range(40)]
     handed_over(writer, reader)
     # Nothing read yet: once the block is full, arrays cross inline and no region is written twice.
     assert writer.inline_arrays > 0
-    for seed, data in enumerate(sent):
-        np.testing.assert_array_equal(decode(data, shared=reader)["obs"], frames(seed))
+    for seed, message_frames in enumerate(messages):
+        np.testing.assert_array_equal(received(message_frames, reader)["obs"], frames(seed))
+        reader.release(seed + 1)
+    # Read but not answered: its region keeps its frames while the messages after it go elsewhere, or inline.
+    kept = received(sent({"obs": frames(1000)}, 41, writer), reader)["obs"]
+    inline_before = writer.inline_arrays
+    for seed in range(60):
+        np.testing.assert_array_equal(
+            received(sent({"obs": frames(seed)}, 42 + seed, writer), reader)["obs"], frames(seed)
+        )
+        reader.release(42 + seed)
+    np.testing.assert_array_equal(kept, frames(1000))
+    assert writer.inline_arrays > inline_before, "the unanswered request's region was not given out"
+    reader.release(41)
     inline_before = writer.inline_arrays
     for seed in range(100):
-        data = encode({"obs": frames(seed)}, shared=writer)
-        np.testing.assert_array_equal(decode(data, shared=reader)["obs"], frames(seed))
-    assert writer.inline_arrays == inline_before, "read messages free their regions"
+        np.testing.assert_array_equal(
+            received(sent({"obs": frames(seed)}, 200 + seed, writer), reader)["obs"], frames(seed)
+        )
+        reader.release(200 + seed)
+    assert writer.inline_arrays == inline_before, "answered requests free their regions"
+
+
+def test_a_refused_message_frees_its_region_at_once(pair):
+    writer, reader = pair
+    message_frames = sent({"obs": frames(0)}, 1, writer)
+    handed_over(writer, reader)
+    with pytest.raises(DecodeError, match="payload must be a map"):
+        unpack([message_frames[0], encode([frames(0)], shared=writer)], max_bytes=LIMIT, shared=reader)
+    np.testing.assert_array_equal(received(message_frames, reader)["obs"], frames(0))
+    reader.release(1)
+    inline_before = writer.inline_arrays
+    for seed in range(100):
+        np.testing.assert_array_equal(
+            received(sent({"obs": frames(seed)}, 2 + seed, writer), reader)["obs"], frames(seed)
+        )
+        reader.release(2 + seed)
+    assert writer.inline_arrays == inline_before
 
 
 def test_a_region_rewritten_or_named_wrongly_is_refused_not_read(pair):
@@ -134,12 +174,12 @@ def pump(server: StreamServer, until, timeout_s: float = 10.0) -> None:
 
 
 def test_a_stream_client_sends_its_block_with_the_first_message_and_the_server_reads_through_it(tmp_path):
-    received: list[Message] = []
+    arrived: list[Message] = []
     connections = []
 
     def receive(connection, message_frames, now):
         connections.append(connection)
-        received.append(unpack(message_frames, max_bytes=LIMIT, shared=connection.shared_arrays))
+        arrived.append(unpack(message_frames, max_bytes=LIMIT, shared=connection.shared_arrays))
 
     server = StreamServer(str(tmp_path / "s"), max_bytes=LIMIT, receive=receive)
     client = StreamClient(server.endpoint, max_bytes=LIMIT, shared_arrays=True)
@@ -147,20 +187,23 @@ def test_a_stream_client_sends_its_block_with_the_first_message_and_the_server_r
         for seq in range(1, 31):
             assert client.shared_arrays is not None
             client.send(pack(Message(PREDICT, {"obs": frames(seq)}, "a", seq, "RL"), shared=client.shared_arrays))
-            pump(server, lambda: len(received) == seq)
-            np.testing.assert_array_equal(received[-1].payload["obs"], frames(seq))
+            pump(server, lambda: len(arrived) == seq)
+            np.testing.assert_array_equal(arrived[-1].payload["obs"], frames(seq))
+            connections[-1].shared_arrays.release(seq)  # what the reply does
         assert client.shared_arrays.inline_arrays == 0
         # A bigger message grows the block: the new one's fd goes with it.
         big = np.ones((8, *FRAMES), np.uint8)
         client.send(pack(Message(PREDICT, {"obs": big}, "a", 31, "RL"), shared=client.shared_arrays))
-        pump(server, lambda: len(received) == 31)
-        np.testing.assert_array_equal(received[-1].payload["obs"], big)
+        pump(server, lambda: len(arrived) == 31)
+        np.testing.assert_array_equal(arrived[-1].payload["obs"], big)
         assert client.shared_arrays.inline_arrays == 0
     finally:
         client.close()
-    # The agent gone, its connection closes and the compute side unmaps the block: nothing of it is left.
+    # The agent gone, its connection closes and the compute side lets the block go (unmapped once the arrays that
+    # still view it are gone too).
     pump(server, lambda: connections[0].closed)
     assert not connections[0].shared_arrays._blocks
+    np.testing.assert_array_equal(arrived[-1].payload["obs"], big)
     server.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
@@ -9,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from doubles import ATARI_SPECS
 from tool_modules import TOOLS, load_tool
+
+from flare2.core.learn_requests import check_learn, unpack
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> Path:
@@ -171,3 +176,29 @@ def test_bench_frames_times_every_way_a_local_agent_can_send_its_frames():
     header, _, row = result.stdout.strip().splitlines()
     assert "shared memory − tiny µs" in header
     assert row.startswith("| 2 | 0.06 MB |") and len(row.split("|")) == len(header.split("|"))
+
+
+def test_bench_learner_packs_requests_as_agents_do_and_times_learn_calls_on_them(capsys):
+    bench = load_tool("bench_learner")
+    request = bench.learn_request(ATARI_SPECS, np.random.default_rng(0), 3, 5, 2, 4)
+    assert check_learn(ATARI_SPECS, request) == (3, 5)
+    spelled_out = unpack(ATARI_SPECS, request)
+    assert spelled_out["inputs"]["obs_frames"].shape == (3, 5, 4, 84, 84)
+    assert (spelled_out["policy_version"] == 4).all()
+    args = argparse.Namespace(
+        env="CartPole-v1",
+        device="cpu",
+        torch_threads=1,
+        requests=2,
+        lag=1,
+        episode_steps=20,
+        warmup=0,
+        calls=1,
+        profile=True,
+        profile_calls=1,
+        profile_rows=3,
+        extra=["--envs-per-agent", "4", "--sample-interval", "16"],
+    )
+    result = bench.measure(args, "ppo")
+    assert result["batch_steps"] == 2 * 4 * 16 and result["update_only_steps_per_s"] > 0
+    assert "where 1 learn calls spent their time" in capsys.readouterr().out

@@ -104,10 +104,9 @@ class SocketFront:
 
     def _send(self, reply_to: bytes | StreamConnection, learn: bool, message: Message) -> None:
         if isinstance(reply_to, StreamConnection):
-            if reply_to.shared_arrays is not None:
-                # Answered: the request's arrays were copied into the batch, and the agent may reuse their regions
-                # (told before the reply, so that its next request finds them free).
-                reply_to.shared_arrays.release(message.seq)
+            # Answered: the request's shared arrays were copied into the batch, and the agent may reuse their regions
+            # (told before the reply, so that its next request finds them free).
+            reply_to.shared_arrays.release(message.seq)
             reply_to.send(pack(message))
         else:
             router_send(self.learn_socket if learn else self.predict_socket, reply_to, message)

@@ -68,9 +68,8 @@ class ViewsSender:
             return payload
         continued = np.ones(len(next(iter(views.values()))), bool)
         for name, view in self.views.items():
-            rows = len(continued)
-            moved_on = (views[name][:, :-1] == previous[name][:, 1:]).reshape(rows, -1).all(axis=1)
-            ends_with_observation = (views[name][:, -1] == inputs[view.key]).reshape(rows, -1).all(axis=1)
+            moved_on = _rows_equal(views[name][:, :-1], previous[name][:, 1:])
+            ends_with_observation = _rows_equal(views[name][:, -1], np.asarray(inputs[view.key]))
             continued &= moved_on & ends_with_observation
         if not continued.any():
             return payload
@@ -124,9 +123,11 @@ class ViewsReceiver:
                     f"inputs[{name!r}] must hold the views of the rows that do not continue, {spec.dtype} "
                     f"{list(expected)}, got {_describe(fresh)}"
                 )
+            # Every row moved on by one frame, then the restarted rows overwritten: one pass over the stacks (a
+            # boolean index on the continued rows would copy them twice).
             views = np.empty_like(previous[name])
-            views[continued, :-1] = previous[name][continued, 1:]
-            views[continued, -1] = observation[continued]
+            views[:, :-1] = previous[name][:, 1:]
+            views[:, -1] = observation
             views[restarted] = fresh
             rebuilt[name] = views
         self._hold(agent_id, rebuilt)
@@ -157,6 +158,19 @@ class ViewsReceiver:
         self._last[agent_id] = views
         while len(self._last) > MOST_AGENTS_HELD:
             self._last.popitem(last=False)
+
+
+def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether each row of ``a`` holds the same bytes as ``b``'s (same shape and dtype), compared 8 bytes at a time
+    where the rows allow it: a frame stack is compared in an eighth of the steps."""
+    rows = len(a)
+    a, b = a.reshape(rows, -1), b.reshape(rows, -1)
+    if a.dtype == b.dtype and a.shape[1] * a.itemsize % 8 == 0:
+        try:
+            a, b = a.view(np.uint64), b.view(np.uint64)
+        except ValueError:  # a row's bytes are not laid out one after another, or not on 8-byte boundaries
+            pass
+    return (a == b).all(axis=1)
 
 
 def _fits(value: Any, shape: tuple[int, ...], dtype: str) -> TypeGuard[np.ndarray]:

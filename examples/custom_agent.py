@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = RunConfig(
         cts=(CTConfig(name="walker", build=build_algorithm),),
-        agents=AgentConfig(path=AGENT_PATH, num_agents=args.num_agents, envs_per_agent=1),  # one env each
+        agents=AgentConfig(path=AGENT_PATH, num_agents=args.num_agents),  # an Agent: one env each
         log_dir=args.log_dir,
         max_episodes=args.max_episodes,
         stop_return=0.85,

@@ -100,7 +100,8 @@ class AgentPlan:
 
     agent_path: str
     agent_kwargs: dict[str, Any]
-    envs_per_agent: int
+    envs_per_agent: int | None
+    """None: each process plays its agent class's ``default_envs``, as the run's own agents do."""
     seed: int
     first_slot: int
     """Seeds are drawn as for the run's slots from this one on, which the manager gave this attach alone."""
@@ -113,7 +114,9 @@ def plan_agents(config: AttachConfig, recipe: Any) -> AgentPlan:
         path, kwargs = recipe["agent"], recipe["agent_kwargs"]
         envs, seed, first_slot = recipe["envs_per_agent"], recipe["seed"], recipe["first_slot"]
         valid = isinstance(path, str) and isinstance(kwargs, dict)
-        valid = valid and all(type(value) is int for value in (envs, seed, first_slot))
+        valid = (
+            valid and all(type(value) is int for value in (seed, first_slot)) and (envs is None or type(envs) is int)
+        )
     except (TypeError, KeyError):
         valid = False
     if not valid:
@@ -140,7 +143,8 @@ def plan_agents(config: AttachConfig, recipe: Any) -> AgentPlan:
         first_slot,
     )
     if plan.envs_per_agent != envs:
-        logger.info("each agent here plays %d envs (the run's agents play %d)", plan.envs_per_agent, envs)
+        run_envs = "its agent class's default" if envs is None else envs
+        logger.info("each agent here plays %s envs (the run's agents play %s)", plan.envs_per_agent, run_envs)
     if plan.seed != seed:
         logger.info("the agents here draw their seeds from --seed %d (the run's seed is %d)", plan.seed, seed)
     return plan
@@ -197,12 +201,12 @@ def attach(config: AttachConfig) -> int:
         logger.error("%s", exc)
         return exit_codes.CONFIG_ERROR
     logger.info(
-        "manager at %s serves CTs %s; starting %d agent(s) of %s with %d env(s) each",
+        "manager at %s serves CTs %s; starting %d agent(s) of %s with %s env(s) each",
         config.endpoint,
         sorted(info.get("cts", {})),
         config.num_agents,
         plan.agent_path,
-        plan.envs_per_agent,
+        "its class's default number of" if plan.envs_per_agent is None else plan.envs_per_agent,
     )
     agents = _AttachedAgents(config, plan, info.get("run_id"))
 

@@ -29,7 +29,7 @@ import gymnasium as gym
 
 from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, resolve_engine
 from flare2.core.env_making import make_gym_env, register_env_package
-from flare2.core.envs import DEFAULT_CT
+from flare2.core.envs import DEFAULT_CT, GymAgent
 from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import CTConfig, RunConfig
@@ -226,7 +226,11 @@ def resolve(
     derived = {name: "--" + source.replace("_", "-") for name, source in record.derived.items()}
     add_config_options(parser, record.config_class, derived=derived)
     add_config_options(parser, record.settings_class, title="how its agents send experience, and its network")
-    add_run_options(parser, log_dir=f"runs/{algo}_{env_id.rsplit(':', 1)[-1].replace('/', '_')}")
+    add_run_options(
+        parser,
+        log_dir=f"runs/{algo}_{env_id.rsplit(':', 1)[-1].replace('/', '_')}",
+        envs_per_agent=GymAgent.default_envs,  # the agent flare2 train plays
+    )
     add_transform_options(parser)
     starting = record.preset(env_id)
     for group in PRESET_GROUPS:
@@ -266,7 +270,7 @@ def resolve(
             "--serial runs both in this one process: give --no-double-buffer, or --no-serial (the env's preset may "
             "set either)"
         )
-    if getattr(settings, "double_buffer", False) and run.agents.envs_per_agent < 2:
+    if getattr(settings, "double_buffer", False) and (run.agents.envs_per_agent or GymAgent.default_envs) < 2:
         parser.error(
             "--double-buffer plays each agent's envs in two halves, and each agent plays one env: give "
             "--envs-per-agent 2 or more, or --no-double-buffer"

@@ -45,7 +45,7 @@ VectorAgent; read its ``run()`` before writing your own.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -103,7 +103,10 @@ class AgentBase:
     agent_id: str = ""
     seed: int = 0
     num_envs: int = 1
-    """Environments this process plays (set by the runtime from ``--envs-per-agent``; 1 for an Agent)."""
+    """Environments this process plays (set by the runtime: ``--envs-per-agent``, else ``default_envs``)."""
+    default_envs: ClassVar[int] = 1
+    """Environments a process of this class plays when the run does not say (``AgentConfig.envs_per_agent`` None):
+    1 for an Agent, 8 for a VectorAgent; a subclass may set its own."""
     eval_every: int = 0
     """The run's ``eval_every``: an evaluation episode after every this many training episodes (0: none)."""
     evaluating: bool = False
@@ -208,6 +211,7 @@ class Agent(AgentBase):
     """
 
     env: Any
+    default_envs = 1
 
     def run_episode(self) -> None:
         """Play one episode on ``self.env``, calling ``predict`` and ``store`` at each step."""
@@ -304,6 +308,9 @@ class VectorAgent(AgentBase):
 
     Give each env its own seed with ``env_seed(index)``.
     """
+
+    default_envs = 8
+    """One process of 8 envs beside the compute process keeps both cores of a 2-core machine busy."""
 
     envs: list[Any]
     """The ``num_envs`` training environments (none where ``make_vector_envs`` gave vector envs)."""

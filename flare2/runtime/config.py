@@ -108,17 +108,18 @@ class AgentConfig:
     """Keyword arguments of the class; plain JSON data so the same recipe works on any machine."""
     num_agents: int = 1
     """How many agent processes this machine runs."""
-    envs_per_agent: int = 8
+    envs_per_agent: int | None = None
     """Environments each agent process plays: a VectorAgent such as GymAgent plays several, sending one request
-    for all of them per step; a one-env Agent needs 1 (and more ``num_agents`` instead). The default, one process of
-    8 envs, keeps two processes busy on two cores: the agent and the compute process."""
+    for all of them per step; a one-env Agent plays 1 (and more ``num_agents`` instead). None: what the agent class
+    says (``default_envs``: 8 for a VectorAgent, one process of which keeps both cores of a 2-core machine busy
+    beside the compute process; 1 for an Agent)."""
 
     def __post_init__(self) -> None:
         if ":" not in self.path:
             raise ConfigError(f"agent path must look like package.module:Class, got {self.path!r}")
         if self.num_agents < 0:
             raise ConfigError(f"num_agents must be >= 0, got {self.num_agents}")
-        if self.envs_per_agent < 1:
+        if self.envs_per_agent is not None and self.envs_per_agent < 1:
             raise ConfigError(
                 f"envs_per_agent must be >= 1, got {self.envs_per_agent}: each agent process plays at least one env "
                 "(--envs-per-agent 1 or more)"

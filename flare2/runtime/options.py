@@ -68,7 +68,8 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
     # (group, flag, config class, field, argparse settings): each run option once; its default is the field's.
     ("run", "--num-agents", _AGENTS, "num_agents", dict(type=number_option(int, least=0), help="agent processes on this machine")),
     ("run", "--envs-per-agent", _AGENTS, "envs_per_agent", dict(
-        type=number_option(int, least=1), help="environments each agent process plays, asked for in one request per step")),
+        type=number_option(int, least=1), help="environments each agent process plays, asked for in one request per step "
+        "(default: the agent class's default_envs, 8 for a VectorAgent, 1 for an Agent)")),
     ("run", "--serial", _RUN, "serial", dict(
         action=argparse.BooleanOptionalAction, help="run everything in this one process (one agent with all the envs): "
         "for debuggers, and the fastest schedule where the agents wait for learn() anyway (presets that do set it; "

@@ -67,7 +67,8 @@ class AgentLaunch:
     control_endpoint: str
     agent_path: str
     agent_kwargs: dict[str, Any]
-    envs_per_agent: int
+    envs_per_agent: int | None
+    """None: each process plays its agent class's ``default_envs``."""
     seed: int
     curve: CurveClient | None = None
     """The key pair the agents talk CURVE with (None on loopback without keys)."""
@@ -96,8 +97,7 @@ class AgentLaunch:
             json.dumps(self.agent_kwargs),
             "--seed",
             str(agent_seed(self.seed, self.first_slot + slot, incarnation)),
-            "--envs-per-agent",
-            str(self.envs_per_agent),
+            *(() if self.envs_per_agent is None else ("--envs-per-agent", str(self.envs_per_agent))),
             "--parent-pid",
             str(os.getpid()),
             *self.extra,

@@ -25,12 +25,16 @@ def run_example(name: str, *args: str, log_dir) -> subprocess.CompletedProcess:
     return result
 
 
-def test_the_tour_example_runs_and_writes_its_progress(tmp_path):
-    result = run_example("custom_agent.py", "--num-agents", "2", "--max-episodes", "60", log_dir=tmp_path)
+def test_the_tour_example_learns_with_four_one_env_agents_and_no_layout_given(tmp_path):
+    # AgentConfig(path=..., num_agents=4): the layout is the Agent class's own, one env a process.
+    result = run_example("custom_agent.py", log_dir=tmp_path)
     assert "imports torch" not in result.stderr
-    lines = (tmp_path / "progress.csv").read_text().splitlines()
-    assert lines[0].startswith("wall_time,env_steps,episodes,return_mean")
-    assert int(lines[-1].split(",")[2]) >= 60
+    with open(tmp_path / "progress.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert float(rows[-1]["return_mean"]) >= 0.85, "stopped at its --stop-return, not at its episode budget"
+    assert int(rows[-1]["episodes"]) < 3000
+    playing = [(int(float(row["agents"])), int(float(row["envs"]))) for row in rows]
+    assert (4, 4) in playing, f"four processes of one env each, got (agents, envs) {playing}"
 
 
 def test_the_main_example_documents_every_option():

@@ -13,7 +13,9 @@ from flare2.core.helpers import stack_steps
 from flare2.core.learn_requests import check_learn, pack
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
-from flare2.runtime.agents.agent_process import StopRequested, check_envs_per_agent, make_envs
+from flare2.runtime.agents.agent_process import StopRequested, check_envs_per_agent, make_agent, make_envs
+from flare2.runtime.config import AgentConfig
+from flare2.runtime.supervisor import AgentLaunch
 
 SPECS = CTSpecs(
     inputs={"obs": Spec((1,), "float32")},
@@ -152,3 +154,31 @@ def test_a_one_env_agent_asked_for_several_envs_names_the_option_and_the_fix():
     with pytest.raises(ConfigError, match="--envs-per-agent must be >= 1"):
         check_envs_per_agent(GymAgent(), 0)
     check_envs_per_agent(OneEnvAgent(), 1)
+
+
+class OneEnvCorridor(Agent):
+    """A user's one-env Agent, as the FLARE way writes it (run_episode)."""
+
+
+class EightEnvsByDefault(GymAgent):
+    pass
+
+
+class FourEnvsByDefault(GymAgent):
+    default_envs = 4
+
+
+def test_a_run_that_gives_no_layout_plays_what_the_agent_class_says():
+    assert AgentConfig(path="x:Y", num_agents=4).envs_per_agent is None
+    path = f"{__file__}:"
+    assert make_agent(path + "OneEnvCorridor", {}, None).num_envs == 1
+    assert make_agent(path + "EightEnvsByDefault", {}, None).num_envs == 8
+    assert make_agent(path + "FourEnvsByDefault", {}, None).num_envs == 4
+    assert make_agent(path + "FourEnvsByDefault", {}, 2).num_envs == 2
+    with pytest.raises(ConfigError, match="--envs-per-agent 3: OneEnvCorridor plays one env per process"):
+        make_agent(path + "OneEnvCorridor", {}, 3)
+    # The agent process is told a count only where the run gave one.
+    launch = AgentLaunch("tcp://127.0.0.1:1", "m:A", {}, None, 0)
+    assert "--envs-per-agent" not in launch.command("a0", 0, 0)
+    given = AgentLaunch("tcp://127.0.0.1:1", "m:A", {}, 3, 0).command("a0", 0, 0)
+    assert given[given.index("--envs-per-agent") + 1] == "3"

@@ -59,8 +59,8 @@ class AgentSettings:
     agent_path: str
     agent_kwargs: dict[str, Any]
     seed: int
-    envs_per_agent: int = 1
-    """Environments this process plays (a VectorAgent; 1 for an Agent)."""
+    envs_per_agent: int | None = None
+    """Environments this process plays; None: the agent class's ``default_envs``."""
     parent_pid: int = 0
     """PID of the process that started this one (manager or ``flare2 attach``), to die with; 0 for none."""
     hello_timeout_s: float = 10.0
@@ -241,8 +241,9 @@ def _report(requester: Requester, payload: dict[str, str]) -> None:
     requester.socket.setsockopt(zmq.LINGER, 2000)
 
 
-def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int) -> AgentBase:
-    """The Agent or VectorAgent named by ``path`` with ``kwargs``, checked to host ``envs_per_agent`` envs."""
+def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int | None) -> AgentBase:
+    """The Agent or VectorAgent named by ``path`` with ``kwargs``, checked to host ``envs_per_agent`` envs (None: its
+    class's ``default_envs``), which its ``num_envs`` says."""
     agent_class = import_object(path)
     if not (isinstance(agent_class, type) and issubclass(agent_class, (Agent, VectorAgent))):
         raise ConfigError(f"{path!r} is not a subclass of flare2's Agent (one env) or VectorAgent (several)")
@@ -250,7 +251,9 @@ def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int) -> AgentB
         agent = agent_class(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"cannot create {path} with kwargs {kwargs}: {exc}") from None
-    check_envs_per_agent(agent, envs_per_agent)
+    envs = type(agent).default_envs if envs_per_agent is None else envs_per_agent
+    check_envs_per_agent(agent, envs)
+    agent.num_envs = envs
     return agent
 
 
@@ -293,7 +296,6 @@ def _join(requester: Requester, settings: AgentSettings) -> _Welcome | int:
                 "keep Agent classes in modules that do not import torch",
                 settings.agent_path,
             )
-        agent.num_envs = settings.envs_per_agent
         helpers: dict[str, AgentHelper] = agent.helpers()
         welcome = requester.request(
             HELLO,
@@ -304,7 +306,7 @@ def _join(requester: Requester, settings: AgentSettings) -> _Welcome | int:
                 "cts": sorted(helpers),
                 "remote": settings.remote,
                 "rejoin": settings.rejoining,
-                "envs": settings.envs_per_agent,
+                "envs": agent.num_envs,
             },
             timeout_s=settings.hello_timeout_s,
             what="hello to the manager",
@@ -424,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", required=True, help="package.module:Class or file.py:Class")
     parser.add_argument("--agent-kwargs", default="{}", help="JSON object of keyword arguments")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--envs-per-agent", type=int, default=1, help="environments this process plays")
+    parser.add_argument(
+        "--envs-per-agent", type=int, default=None, help="environments this process plays (default: its class's)"
+    )
     parser.add_argument("--parent-pid", type=int, default=0)
     parser.add_argument("--hello-timeout", type=float, default=10.0, help="seconds to wait for the manager's welcome")
     parser.add_argument("--remote", action="store_true", help="started by flare2 attach on another machine")

@@ -205,7 +205,7 @@ class SerialSchedule:
         config = self.config.agents
         agent = make_agent(config.path, config.kwargs, config.envs_per_agent)
         if isinstance(agent, VectorAgent):
-            agent.num_envs = config.num_agents * config.envs_per_agent or 1
+            agent.num_envs = config.num_agents * agent.num_envs or 1
             agent.requests_overlap = False
         elif config.num_agents > 1:
             logger.warning(

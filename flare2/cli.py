@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 from flare2 import __version__
 from flare2.errors import ConfigError
@@ -103,24 +104,8 @@ def _keys(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flare2", description="flare2: a reinforcement-learning runtime.")
-    parser.add_argument("--version", action="version", version=f"flare2 {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    # Its options depend on --algo, so it parses its own command line (below).
-    commands.add_parser(
-        "train", help="train a Gymnasium env with a zoo algorithm: flare2 train --env ID --algo NAME", add_help=False
-    )
-    commands.add_parser("eval", help="play episodes with a run of flare2 train: flare2 eval RUN_DIR", add_help=False)
-    commands.add_parser(
-        "plot", help="return against env steps of runs: flare2 plot RUN_DIR ... -o curve.png", add_help=False
-    )
-    commands.add_parser(
-        "tune",
-        help="search an algorithm's settings for an env with Optuna: flare2 tune --env ID --algo NAME",
-        add_help=False,
-    )
-
+def _add_attach(commands: Any) -> argparse.ArgumentParser:
+    """``flare2 attach``: agents here that join a run on another machine."""
     attach = commands.add_parser("attach", help="start agents here that join a run on another machine")
     attach.add_argument("endpoint", help="the manager's control endpoint, tcp://HOST:PORT (its log prints it)")
     attach.add_argument(
@@ -158,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     attach.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
     attach.set_defaults(run=_attach, parser=attach)
 
+    return attach
+
+
+def _add_learn(commands: Any) -> argparse.ArgumentParser:
+    """``flare2 learn``: learners here that join a run's learners."""
     learn = commands.add_parser(
         "learn",
         help="start learners here that join the learners of a run on another machine (its --remote-learners)",
@@ -181,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     learn.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")
     learn.set_defaults(run=_learn, parser=learn)
 
+    return learn
+
+
+def _add_slurm(commands: Any, attach: argparse.ArgumentParser, learn: argparse.ArgumentParser) -> None:
+    """``flare2 slurm``: attach or learn on the nodes of a Slurm cluster."""
     slurm = commands.add_parser(
         "slurm",
         help="run flare2 attach (or learn) on the nodes of a Slurm cluster: flare2 slurm --nodes K tcp://HOST:PORT "
@@ -214,10 +209,36 @@ def main(argv: list[str] | None = None) -> int:
     )
     slurm.set_defaults(run=lambda args, parser: _slurm(args, parser, {"attach": attach, "learn": learn}), parser=slurm)
 
+
+def _add_keys(commands: Any) -> None:
+    """``flare2 keys``: CurveZMQ key pairs."""
     keys = commands.add_parser("keys", help="make CurveZMQ key pairs for a run that other machines join")
     keys.add_argument("directory", help="where the keys go")
     keys.add_argument("--name", default="client", help="name of the client pair to add (and allow)")
     keys.set_defaults(run=_keys, parser=keys)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="flare2", description="flare2: a reinforcement-learning runtime.")
+    parser.add_argument("--version", action="version", version=f"flare2 {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    # Its options depend on --algo, so it parses its own command line (below).
+    commands.add_parser(
+        "train", help="train a Gymnasium env with a zoo algorithm: flare2 train --env ID --algo NAME", add_help=False
+    )
+    commands.add_parser("eval", help="play episodes with a run of flare2 train: flare2 eval RUN_DIR", add_help=False)
+    commands.add_parser(
+        "plot", help="return against env steps of runs: flare2 plot RUN_DIR ... -o curve.png", add_help=False
+    )
+    commands.add_parser(
+        "tune",
+        help="search an algorithm's settings for an env with Optuna: flare2 tune --env ID --algo NAME",
+        add_help=False,
+    )
+
+    attach, learn = _add_attach(commands), _add_learn(commands)
+    _add_slurm(commands, attach, learn)
+    _add_keys(commands)
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:

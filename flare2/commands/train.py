@@ -170,26 +170,7 @@ def resolve(
     chosen, _ = chooser.parse_known_args(argv)
     usage = parser_class(prog="flare2 train", parents=[chooser])
     try:
-        file_preset = _read_preset(chosen.preset) if chosen.preset else {}
-        algo = chosen.algo or file_preset.get("algo")
-        env_id = chosen.env or file_preset.get("env")
-        if algo is None or env_id is None:
-            if "-h" not in argv and "--help" not in argv:
-                usage.error("give --env ENV_ID and --algo ALGO (or a --preset that names them); --help lists the rest")
-            algo = algo or "ppo"  # --help alone shows the options of one algorithm, as an example
-        try:
-            record = lookup(algo)
-        except ConfigError as exc:
-            source = "argument --algo" if chosen.algo else f"preset {chosen.preset}: algo"
-            raise ConfigError(f"{source}: {exc}") from None
-        # --help without --env: the options with the algorithm's first preset env, one it takes.
-        env_id = env_id or next(iter(record.presets))
-        check_env_id(env_id)
-        env = make_gym_env(env_id)
-        check_spaces(record, env_id, env.observation_space, env.action_space)
-        env.close()
-        if file_preset:
-            check_preset(file_preset, chosen.preset, _known_options(record))
+        algo, env_id, record, file_preset = _chosen(argv, chosen, usage)
         given = _grouped(record, overrides or {})
     except ConfigError as exc:
         usage.error(str(exc))
@@ -200,29 +181,7 @@ def resolve(
         description=f"Train {env_id} with {algo}. Defaults: the algorithm's, then the package's preset for the env, "
         "then --preset; every one can be given here. `flare2 train --algo ALGO --help` lists ALGO's.",
     )
-    parser.add_argument(
-        "--max-episode-steps",
-        type=number_option(int, least=1),
-        default=None,
-        metavar="STEPS",
-        help="truncate episodes after STEPS steps (the env's own time limit otherwise)",
-    )
-    parser.add_argument(
-        "--env-preprocessing",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="play games that have a published preprocessing with it (Atari's, as SB3's AtariWrapper and CleanRL: "
-        "no-op starts, 4 frames per step max-pooled, FIRE to start, 84x84 grayscale, a lost life ends the episode "
-        "for learning; the returns reported are whole games' scores); --no-env-preprocessing plays the raw env",
-    )
-    parser.add_argument(
-        "--env-engine",
-        choices=ENGINES,
-        default=DEFAULT_ENGINE,
-        help="what steps each agent's envs: python (Gymnasium envs one after another), gymnasium (in Gymnasium's "
-        "SyncVectorEnv), ale (ALE's C++ vector env, native threads: Atari games with the preprocessing), auto (ale "
-        f"for Atari games where ale-py has it, else python); default: {DEFAULT_ENGINE}",
-    )
+    _add_env_options(parser)
     derived = {name: "--" + source.replace("_", "-") for name, source in record.derived.items()}
     add_config_options(parser, record.config_class, derived=derived)
     add_config_options(parser, record.settings_class, title="how its agents send experience, and its network")
@@ -263,19 +222,80 @@ def resolve(
         **settings.helper_kwargs(args.num_agents),
     }
     run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=kwargs)
-    # The stock agent plays all its envs at once where halves could not overlap; asked for by name, that is an error.
-    if getattr(settings, "double_buffer", False) and run.serial:
+    if getattr(settings, "double_buffer", False):
+        _check_halves(parser, run)
+    return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
+
+
+def _add_env_options(parser: argparse.ArgumentParser) -> None:
+    """How the env is made and played: its episode limit, its preprocessing, its engine."""
+    parser.add_argument(
+        "--max-episode-steps",
+        type=number_option(int, least=1),
+        default=None,
+        metavar="STEPS",
+        help="truncate episodes after STEPS steps (the env's own time limit otherwise)",
+    )
+    parser.add_argument(
+        "--env-preprocessing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="play games that have a published preprocessing with it (Atari's, as SB3's AtariWrapper and CleanRL: "
+        "no-op starts, 4 frames per step max-pooled, FIRE to start, 84x84 grayscale, a lost life ends the episode "
+        "for learning; the returns reported are whole games' scores); --no-env-preprocessing plays the raw env",
+    )
+    parser.add_argument(
+        "--env-engine",
+        choices=ENGINES,
+        default=DEFAULT_ENGINE,
+        help="what steps each agent's envs: python (Gymnasium envs one after another), gymnasium (in Gymnasium's "
+        "SyncVectorEnv), ale (ALE's C++ vector env, native threads: Atari games with the preprocessing), auto (ale "
+        f"for Atari games where ale-py has it, else python); default: {DEFAULT_ENGINE}",
+    )
+
+
+def _chosen(
+    argv: list[str], chosen: argparse.Namespace, usage: argparse.ArgumentParser
+) -> tuple[str, str, AlgorithmRecord, dict[str, Any]]:
+    """The algorithm, the env, the algorithm's record and the --preset file's contents that ``argv`` names, checked
+    against each other (a ConfigError names what does not fit)."""
+    file_preset = _read_preset(chosen.preset) if chosen.preset else {}
+    algo = chosen.algo or file_preset.get("algo")
+    env_id = chosen.env or file_preset.get("env")
+    if algo is None or env_id is None:
+        if "-h" not in argv and "--help" not in argv:
+            usage.error("give --env ENV_ID and --algo ALGO (or a --preset that names them); --help lists the rest")
+        algo = algo or "ppo"  # --help alone shows the options of one algorithm, as an example
+    try:
+        record = lookup(algo)
+    except ConfigError as exc:
+        source = "argument --algo" if chosen.algo else f"preset {chosen.preset}: algo"
+        raise ConfigError(f"{source}: {exc}") from None
+    # --help without --env: the options with the algorithm's first preset env, one it takes.
+    env_id = env_id or next(iter(record.presets))
+    check_env_id(env_id)
+    env = make_gym_env(env_id)
+    check_spaces(record, env_id, env.observation_space, env.action_space)
+    env.close()
+    if file_preset:
+        check_preset(file_preset, chosen.preset, _known_options(record))
+    return algo, env_id, record, file_preset
+
+
+def _check_halves(parser: argparse.ArgumentParser, run: RunConfig) -> None:
+    """The stock agent plays all its envs at once where halves could not alternate; asked for by name (--double-buffer,
+    or the preset's), that is a usage error."""
+    if run.serial:
         parser.error(
             "--double-buffer steps half of an agent's envs while the compute process answers the other half, and "
             "--serial runs both in this one process: give --no-double-buffer, or --no-serial (the env's preset may "
             "set either)"
         )
-    if getattr(settings, "double_buffer", False) and (run.agents.envs_per_agent or GymAgent.default_envs) < 2:
+    if (run.agents.envs_per_agent or GymAgent.default_envs) < 2:
         parser.error(
             "--double-buffer plays each agent's envs in two halves, and each agent plays one env: give "
             "--envs-per-agent 2 or more, or --no-double-buffer"
         )
-    return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
 
 
 def _grouped(record: AlgorithmRecord, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

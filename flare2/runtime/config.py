@@ -234,6 +234,14 @@ class RunConfig:
         return self.tensorboard or self.wandb_project is not None
 
     def __post_init__(self) -> None:
+        self._check_cts_and_budget()
+        self._check_logging()
+        self._check_supervision()
+        self._check_network()
+        self._check_learners()
+
+    def _check_cts_and_budget(self) -> None:
+        """The CTs, the budget and the stopping rules."""
         if not self.cts:
             raise ConfigError("a run needs at least one CTConfig")
         names = [ct.name for ct in self.cts]
@@ -253,6 +261,9 @@ class RunConfig:
             raise ConfigError("stop_eval_return needs evaluation episodes: set eval_every (--eval-every N) as well")
         if self.progress_interval_s <= 0:
             raise ConfigError(f"progress_interval_s must be > 0, got {self.progress_interval_s}")
+
+    def _check_logging(self) -> None:
+        """TensorBoard and W&B, whose packages must be installed when asked for."""
         if self.wandb_project is not None and not self.wandb_project.strip():
             raise ConfigError("--wandb needs a W&B project name, got an empty one")
         if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
@@ -265,6 +276,9 @@ class RunConfig:
                 f"{'--tensorboard' if self.tensorboard else '--wandb'} writes with the tensorboard package, which is not "
                 'installed: python -m pip install -e ".[tensorboard]" (or pip install tensorboard)'
             )
+
+    def _check_supervision(self) -> None:
+        """Restarts, threads, busy waits, timeouts and checkpoints."""
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.predict_threads is not None and self.predict_threads < 1:
@@ -283,6 +297,9 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
+
+    def _check_network(self) -> None:
+        """Where the run listens and who may reach it."""
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
         if not is_loopback(self.bind) and self.keys_dir is None and not self.insecure:
@@ -290,6 +307,19 @@ class RunConfig:
                 f"binding {self.bind} lets other machines reach the run: make keys with `flare2 keys DIR` and pass "
                 "--keys DIR (agents attach with the same keys), or pass --insecure to run without authentication"
             )
+        if self.serial and not is_loopback(self.bind):
+            raise ConfigError(
+                f"--serial runs the whole run in this process, so nothing listens on --bind {self.bind}: "
+                "drop --bind, or give --no-serial (the env's preset may run serially) to let agents on other machines "
+                "attach"
+            )
+        if self.bind in ("0.0.0.0", "::", "*") and not self.advertise:
+            raise ConfigError(
+                f"--bind {self.bind} listens on every address: pass --advertise ADDRESS that agents can reach"
+            )
+
+    def _check_learners(self) -> None:
+        """Where learn() runs and how many learners there are."""
         if self.learner not in LEARNERS:
             raise ConfigError(f"learner must be one of {', '.join(LEARNERS)}, got {self.learner!r}")
         if self.learners < 1:
@@ -315,14 +345,4 @@ class RunConfig:
             raise ConfigError(
                 f"--serial runs learn() in this process, between predictions: drop --learner {self.learner}, or "
                 "give --no-serial (the env's preset may run serially)"
-            )
-        if self.serial and not is_loopback(self.bind):
-            raise ConfigError(
-                f"--serial runs the whole run in this process, so nothing listens on --bind {self.bind}: "
-                "drop --bind, or give --no-serial (the env's preset may run serially) to let agents on other machines "
-                "attach"
-            )
-        if self.bind in ("0.0.0.0", "::", "*") and not self.advertise:
-            raise ConfigError(
-                f"--bind {self.bind} listens on every address: pass --advertise ADDRESS that agents can reach"
             )

@@ -15,7 +15,7 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
@@ -58,6 +58,9 @@ from flare2.wire.protocol import (
 )
 from flare2.wire.security import CurveClient, CurveServer, start_authenticator
 from flare2.wire.sockets import connect_dealer, context, poll_timeout_ms
+
+if TYPE_CHECKING:
+    from flare2.core.computation_task import ComputationTask
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +166,39 @@ def choose_learner(name: str, cts: list[Any]) -> str:
     return name
 
 
+def _start_learner(ctx: zmq.Context, cts: list[ComputationTask], settings: ComputeSettings) -> tuple[Learner, str]:
+    """Where learn() runs (``choose_learner``), started: inline, a thread or learner processes; and its kind."""
+    kind = choose_learner("process" if settings.learners > 1 else settings.learner, cts)
+    learner: Learner = InlineLearner()
+    if kind == "thread":
+        for ct in cts:
+            ct.act_beside_learning()
+        learner = LearnerThread(ctx)
+    elif kind == "process":
+        # Imported here: the manager imports this module and must not load torch.
+        from flare2.runtime.compute.learner_main import LearnerSettings
+        from flare2.runtime.compute.learner_process import LearnerProcess, check_learners
+
+        check_learners(settings.learners, str(cts[0].device), cts, remote=settings.remote_learners)
+        learner = LearnerProcess(
+            cts,
+            LearnerSettings(
+                # The device the compute process chose: the learner's CTs learn where they act.
+                cts=settings.cts,
+                device=str(cts[0].device),
+                seed=settings.seed,
+                torch_threads=settings.torch_threads,
+                resume_dir=settings.resume_dir,
+                parent_pid=os.getpid(),
+                learners=settings.learners,
+                remote_learners=settings.remote_learners,
+                rendezvous=settings.learner_rendezvous,
+                rendezvous_timeout_s=settings.startup_timeout_s,
+            ),
+        )
+    return learner, kind
+
+
 def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> None:
     cts = build_cts(settings.cts, device=settings.device, seed=settings.seed, torch_threads=settings.torch_threads)
     predicting = predict_threads(settings.predict_threads, settings.torch_threads, settings.local_agents)
@@ -184,33 +220,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     local_prefix=os.path.join(settings.socket_dir, f"ct{index}"),
                 )
             )
-        kind = choose_learner("process" if settings.learners > 1 else settings.learner, cts)
-        if kind == "thread":
-            for ct in cts:
-                ct.act_beside_learning()
-            learner = LearnerThread(ctx)
-        elif kind == "process":
-            # Imported here: the manager imports this module and must not load torch.
-            from flare2.runtime.compute.learner_main import LearnerSettings
-            from flare2.runtime.compute.learner_process import LearnerProcess, check_learners
-
-            check_learners(settings.learners, str(cts[0].device), cts, remote=settings.remote_learners)
-            learner = LearnerProcess(
-                cts,
-                LearnerSettings(
-                    # The device the compute process chose: the learner's CTs learn where they act.
-                    cts=settings.cts,
-                    device=str(cts[0].device),
-                    seed=settings.seed,
-                    torch_threads=settings.torch_threads,
-                    resume_dir=settings.resume_dir,
-                    parent_pid=os.getpid(),
-                    learners=settings.learners,
-                    remote_learners=settings.remote_learners,
-                    rendezvous=settings.learner_rendezvous,
-                    rendezvous_timeout_s=settings.startup_timeout_s,
-                ),
-            )
+        learner, kind = _start_learner(ctx, cts, settings)
         learner_processes = settings.learners if kind == "process" else 0
         busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + learner_processes)
         hello = {

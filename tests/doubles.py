@@ -11,7 +11,7 @@ import torch
 from flare2.core.learn_requests import check_learn, pack, unpack
 from flare2.core.model import Model
 from flare2.core.specs import CTSpecs, Spec, View
-from flare2.runtime.agents.agent_process import StopRequested
+from flare2.runtime.agents.playing import StopRequested
 
 
 class Scale(Model):

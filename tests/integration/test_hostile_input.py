@@ -21,7 +21,7 @@ from runs import CARTPOLE, RunProcess, read_csv
 
 from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import HELLO, LEARN, PREDICT, PROTOCOL_VERSION, STATS, Message, pack
-from flare2.wire.streams import stream_chunks
+from flare2.wire.stream_bytes import stream_chunks
 
 MESSAGES = 10_000
 STREAM_MESSAGES = 3_000

@@ -8,8 +8,8 @@ import pytest
 from flare2.core.agent import Agent, EvaluationSchedule
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import SpecError
-from flare2.runtime.agents.agent_process import StopRequested, play
 from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats
+from flare2.runtime.agents.playing import StopRequested, play
 
 
 class _OneStepEnv:

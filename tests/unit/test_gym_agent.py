@@ -10,7 +10,7 @@ from doubles import AnsweringPort, KeepingHelper
 from flare2.core.envs import GymAgent
 from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import CTSpecs, Spec
-from flare2.runtime.agents.agent_process import StopRequested, make_envs
+from flare2.runtime.agents.playing import StopRequested, make_envs
 from flare2.wire.ragged import Ragged
 
 SPECS = CTSpecs(

@@ -18,7 +18,7 @@ from flare2.core.env_making import LEARNING_EPISODE_ENDS, is_atari, make_gym_env
 from flare2.core.envs import GymAgent
 from flare2.core.spaces import input_specs
 from flare2.errors import ConfigError
-from flare2.runtime.agents.agent_process import StopRequested, make_envs
+from flare2.runtime.agents.playing import StopRequested, make_envs
 from flare2.zoo.encoders import ImageEncoder, image_layout
 from flare2.zoo.models import ActorCritic, QNetwork
 from flare2.zoo.registry import lookup

@@ -17,7 +17,8 @@ from flare2.errors import ConfigError, ReplyTimeoutError
 from flare2.runtime.config import AUTO_BUSY_WAIT_US, busy_wait_us
 from flare2.wire.protocol import HELLO, PREDICT, Message, pack, unpack
 from flare2.wire.sockets import Requester
-from flare2.wire.streams import OversizeError, StreamClient, StreamDecoder, StreamServer, stream_chunks
+from flare2.wire.stream_bytes import OversizeError, StreamDecoder, stream_chunks
+from flare2.wire.streams import StreamClient, StreamServer
 
 LIMIT = 64 * 1024
 

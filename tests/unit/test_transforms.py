@@ -14,7 +14,7 @@ from flare2.core.envs import GymAgent
 from flare2.core.specs import CTSpecs, Spec
 from flare2.core.transforms import NormalizeObservations, NormalizeRewards, RunningMoments, Transforms
 from flare2.errors import ConfigError, FlareError
-from flare2.runtime.agents.agent_process import StopRequested, make_envs
+from flare2.runtime.agents.playing import StopRequested, make_envs
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import STATISTICS, Message

@@ -13,7 +13,7 @@ from flare2.core.helpers import stack_steps
 from flare2.core.learn_requests import check_learn, pack
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
-from flare2.runtime.agents.agent_process import StopRequested, check_envs_per_agent, make_agent, make_envs
+from flare2.runtime.agents.playing import StopRequested, check_envs_per_agent, make_agent, make_envs
 from flare2.runtime.config import AgentConfig
 from flare2.runtime.supervisor import AgentLaunch
 

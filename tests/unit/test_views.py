@@ -15,7 +15,7 @@ from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.model import Model
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.errors import ConfigError, SpecError
-from flare2.runtime.agents.agent_process import StopRequested, make_envs
+from flare2.runtime.agents.playing import StopRequested, make_envs
 
 EPISODE = 3
 

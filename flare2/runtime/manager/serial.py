@@ -31,12 +31,7 @@ from flare2.core.agent import AgentBase, VectorAgent
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError, RunFailed, UserCodeError
 from flare2.runtime import exit_codes
-from flare2.runtime.agents.agent_process import (
-    StopRequested,
-    make_agent,
-    make_envs,
-    play,
-)
+from flare2.runtime.agents.playing import StopRequested, make_agent, make_envs, play
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.cts import build_cts, resume
 from flare2.runtime.compute.learners import (

@@ -43,6 +43,14 @@ def received(message_frames: list[bytes], reader: SharedArraysReader) -> dict:
     return unpack(message_frames, max_bytes=LIMIT, shared=reader).payload
 
 
+def answered(writer: SharedArraysWriter, reader: SharedArraysReader, *, first_seq: int, count: int) -> None:
+    """``count`` requests sent, read, checked and answered one after another (seqs from ``first_seq``)."""
+    for seed in range(count):
+        seq = first_seq + seed
+        np.testing.assert_array_equal(received(sent({"obs": frames(seed)}, seq, writer), reader)["obs"], frames(seed))
+        reader.release(seq)
+
+
 @pytest.fixture
 def pair():
     writer, reader = SharedArraysWriter(), SharedArraysReader(LIMIT)
@@ -76,20 +84,12 @@ def test_a_region_is_reused_only_once_the_request_that_used_it_was_answered(pair
     # Read but not answered: its region keeps its frames while the messages after it go elsewhere, or inline.
     kept = received(sent({"obs": frames(1000)}, 41, writer), reader)["obs"]
     inline_before = writer.inline_arrays
-    for seed in range(60):
-        np.testing.assert_array_equal(
-            received(sent({"obs": frames(seed)}, 42 + seed, writer), reader)["obs"], frames(seed)
-        )
-        reader.release(42 + seed)
+    answered(writer, reader, first_seq=42, count=60)
     np.testing.assert_array_equal(kept, frames(1000))
     assert writer.inline_arrays > inline_before, "the unanswered request's region was not given out"
     reader.release(41)
     inline_before = writer.inline_arrays
-    for seed in range(100):
-        np.testing.assert_array_equal(
-            received(sent({"obs": frames(seed)}, 200 + seed, writer), reader)["obs"], frames(seed)
-        )
-        reader.release(200 + seed)
+    answered(writer, reader, first_seq=200, count=100)
     assert writer.inline_arrays == inline_before, "answered requests free their regions"
 
 
@@ -102,11 +102,7 @@ def test_a_refused_message_frees_its_region_at_once(pair):
     np.testing.assert_array_equal(received(message_frames, reader)["obs"], frames(0))
     reader.release(1)
     inline_before = writer.inline_arrays
-    for seed in range(100):
-        np.testing.assert_array_equal(
-            received(sent({"obs": frames(seed)}, 2 + seed, writer), reader)["obs"], frames(seed)
-        )
-        reader.release(2 + seed)
+    answered(writer, reader, first_seq=2, count=100)
     assert writer.inline_arrays == inline_before
 
 

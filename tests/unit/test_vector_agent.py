@@ -168,6 +168,10 @@ class FourEnvsByDefault(GymAgent):
     default_envs = 4
 
 
+class NoEnvsByDefault(GymAgent):
+    default_envs = 0
+
+
 def test_a_run_that_gives_no_layout_plays_what_the_agent_class_says():
     assert AgentConfig(path="x:Y", num_agents=4).envs_per_agent is None
     path = f"{__file__}:"
@@ -177,6 +181,8 @@ def test_a_run_that_gives_no_layout_plays_what_the_agent_class_says():
     assert make_agent(path + "FourEnvsByDefault", {}, 2).num_envs == 2
     with pytest.raises(ConfigError, match="--envs-per-agent 3: OneEnvCorridor plays one env per process"):
         make_agent(path + "OneEnvCorridor", {}, 3)
+    with pytest.raises(ConfigError, match=r"NoEnvsByDefault.default_envs must be an int >= 1.*got 0"):
+        make_agent(path + "NoEnvsByDefault", {}, None)
     # The agent process is told a count only where the run gave one.
     launch = AgentLaunch("tcp://127.0.0.1:1", "m:A", {}, None, 0)
     assert "--envs-per-agent" not in launch.command("a0", 0, 0)

@@ -39,6 +39,11 @@ def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int | None) ->
     except TypeError as exc:
         raise ConfigError(f"cannot create {path} with kwargs {kwargs}: {exc}") from None
     envs = type(agent).default_envs if envs_per_agent is None else envs_per_agent
+    if envs_per_agent is None and (type(envs) is not int or envs < 1):
+        raise ConfigError(
+            f"{type(agent).__name__}.default_envs must be an int >= 1 (the envs a process of it plays when the run "
+            f"gives no --envs-per-agent), got {envs!r}"
+        )
     check_envs_per_agent(agent, envs)
     agent.num_envs = envs
     return agent

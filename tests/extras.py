@@ -21,6 +21,12 @@ def needs_env(env_id: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(extra is not None, reason=_reason(env_id, extra or ""))
 
 
+def needs_modules(extra: str, *modules: str) -> pytest.MarkDecorator:
+    """Skip where one of ``modules`` cannot be imported, naming ``extra``, which installs them."""
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    return pytest.mark.skipif(bool(missing), reason=_reason(", ".join(missing), extra))
+
+
 def skip_without(extra: str, *modules: str) -> None:
     """Skip the calling test (or module) unless every one of ``modules`` can be imported."""
     missing = [module for module in modules if importlib.util.find_spec(module) is None]

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import gymnasium as gym
 
 from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, resolve_engine
-from flare2.core.env_making import make_gym_env, register_env_package
+from flare2.core.env_making import env_spaces, is_pettingzoo_env, register_env_package
 from flare2.core.envs import DEFAULT_CT, GymAgent
 from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
@@ -212,16 +212,22 @@ def resolve(
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
     build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
     ct = CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))
-    kwargs = {
-        "env_id": env_id,
-        "env_kwargs": env_kwargs,
-        "preprocessing": args.env_preprocessing,
-        **_engine_kwargs(parser, args, env_id),
-        "ct": DEFAULT_CT,
-        "transforms": transforms_from_args(args),
-        **settings.helper_kwargs(args.num_agents),
-    }
-    run = run_config_from_args(parser, args, cts=[ct], agent_path="flare2.core.envs:GymAgent", agent_kwargs=kwargs)
+    if is_pettingzoo_env(env_id):
+        agent_path, kwargs = _pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
+    else:
+        agent_path, kwargs = (
+            "flare2.core.envs:GymAgent",
+            {
+                "env_id": env_id,
+                "env_kwargs": env_kwargs,
+                "preprocessing": args.env_preprocessing,
+                **_engine_kwargs(parser, args, env_id),
+                "ct": DEFAULT_CT,
+                "transforms": transforms_from_args(args),
+                **settings.helper_kwargs(args.num_agents),
+            },
+        )
+    run = run_config_from_args(parser, args, cts=[ct], agent_path=agent_path, agent_kwargs=kwargs)
     if getattr(settings, "double_buffer", False):
         _check_halves(parser, run)
     return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
@@ -254,6 +260,40 @@ def _add_env_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _pettingzoo_agent(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, algo: str, env_id: str, helper_kwargs: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The stock multi-agent agent's path and keyword arguments; a usage error for what it does not do."""
+    refused = [
+        option
+        for option, given in (
+            ("--max-episode-steps", args.max_episode_steps is not None),
+            (f"--env-engine {args.env_engine}", args.env_engine not in ("python", "auto")),
+            ("--double-buffer", helper_kwargs.get("double_buffer", False)),
+            ("--complete-episodes", helper_kwargs.get("complete_episodes", False)),
+            ("--eval-every", bool(args.eval_every)),
+        )
+        if given
+    ]
+    if refused:
+        parser.error(
+            f"{', '.join(refused)}: flare2 plays the PettingZoo env {env_id!r} with its own episode length, in Python, "
+            "each agent's steps in fragments of --sample-interval, without evaluation episodes: leave them out"
+        )
+    if "replay" in helper_kwargs:
+        parser.error(
+            f"--algo {algo}: the agents of a PettingZoo env learn with an on-policy algorithm (a2c, ppo, appo); "
+            "a replay buffer does not take their rows yet"
+        )
+    kwargs = {
+        "env_id": env_id,
+        "ct": DEFAULT_CT,
+        "transforms": transforms_from_args(args),
+        "sample_interval": helper_kwargs["sample_interval"],
+    }
+    return "flare2.core.pettingzoo_agent:PettingZooAgent", kwargs
+
+
 def _chosen(
     argv: list[str], chosen: argparse.Namespace, usage: argparse.ArgumentParser
 ) -> tuple[str, str, AlgorithmRecord, dict[str, Any]]:
@@ -274,7 +314,7 @@ def _chosen(
     # --help without --env: the options with the algorithm's first preset env, one it takes.
     env_id = env_id or next(iter(record.presets))
     check_env_id(env_id)
-    env = make_gym_env(env_id)
+    env = env_spaces(env_id)
     check_spaces(record, env_id, env.observation_space, env.action_space)
     env.close()
     if file_preset:
@@ -334,8 +374,8 @@ def _engine_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace, en
 
 def check_env_id(env_id: str) -> None:
     """A ConfigError naming an env id Gymnasium does not know, with the registered ids closest to it."""
-    if ":" in env_id:
-        return  # gymnasium.make imports the module first: the agent's own message names what is wrong
+    if ":" in env_id or is_pettingzoo_env(env_id):
+        return  # the module is imported first: making the env names what is wrong
     register_env_package(env_id)
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)

@@ -37,7 +37,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flare2.core.spaces import ACTION_KEY, ObservationRows, env_actions
+from flare2.core.spaces import ACTION_KEY, ObservationRows, env_actions, regrouped_rows
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
 from flare2.core.views import ViewRows
@@ -112,6 +112,22 @@ class Acting:
             self.views.advance(next_inputs, actions, {"reward": rewards})
         self.obs, self.states = next_rows, next_states
         return next_inputs
+
+    def regroup(self, kept: np.ndarray, observations: Sequence[Any]) -> None:
+        """The rows change (agents of multi-agent envs leave and join): rows ``kept`` go on as they were, in that
+        order, and one row per observation in ``observations`` follows, starting an episode from it."""
+        added = len(observations)
+        self.count = len(kept) + added
+        self.obs = self.obs.regrouped(kept, added)
+        self.states = {key: regrouped_rows(value, kept, added) for key, value in self.states.items()}
+        self.reward_states = [
+            regrouped_rows(state, kept, added) if isinstance(state, np.ndarray) else state
+            for state in self.reward_states
+        ]
+        if self.views:
+            self.views.regroup(kept, added)
+        if added:
+            self.restart(np.arange(len(kept), self.count), observations)
 
     def restart(self, ended: np.ndarray, observations: Sequence[Any]) -> None:
         """Envs ``ended`` start their next episode from ``observations`` (one each, as ``reset()`` gave them).

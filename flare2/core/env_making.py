@@ -1,5 +1,5 @@
-"""Making Gymnasium envs: ids of packages that register them on import, and the published preprocessing of the games
-that have one (Atari). Imports no torch: agent processes import this module.
+"""Making envs: Gymnasium ids of packages that register them on import, the published preprocessing of the games that
+have one (Atari), and PettingZoo's multi-agent envs by module. Imports no torch: agent processes import this module.
 
 **Env packages.** ale-py registers ``ALE/...`` ids and MinAtar ``MinAtar/...``
 ids only once imported: ``make_gym_env`` imports the package of an id's
@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -227,3 +229,81 @@ def atari_game(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> gym.
         scale_obs=False,
     )
     return AtariLives(env)
+
+
+PETTINGZOO_EXTRA = "pettingzoo"
+"""flare2's extra that installs PettingZoo and the envs the tests play (MPE's ``mpe2``)."""
+_EXTRA_MODULES = ("pettingzoo", "mpe2")
+_MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def is_pettingzoo_env(env_id: str) -> bool:
+    """Whether ``env_id`` names a PettingZoo env by its module (a dotted path of Python names, ``mpe2.simple_spread_v3``)
+    rather than a Gymnasium id (``CartPole-v1``, ``ALE/Breakout-v5``, ``module:Id``)."""
+    return _MODULE_PATH.fullmatch(env_id) is not None
+
+
+def make_parallel_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Any:
+    """A game of PettingZoo env ``env_id`` (its module's ``parallel_env(**env_kwargs)``); a ConfigError naming the
+    package or extra to install, or what the module lacks."""
+    top = env_id.split(".", 1)[0]
+    if importlib.util.find_spec(top) is None:
+        fix = (
+            f'pip install "flare2[{PETTINGZOO_EXTRA}]"'
+            if top in _EXTRA_MODULES
+            else f"install the package that provides {top!r}"
+        )
+        raise ConfigError(f"--env {env_id!r} names a PettingZoo env module, and {top!r} is not installed: {fix}")
+    try:
+        module = importlib.import_module(env_id)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"--env {env_id!r}: no such module ({exc}): check the env's module path") from None
+    make = getattr(module, "parallel_env", None)
+    if make is None:
+        raise ConfigError(
+            f"--env {env_id!r} has no parallel_env(): flare2 plays PettingZoo envs through their parallel API "
+            "(a turn-based env offers only env())"
+        )
+    try:
+        return make(**dict(env_kwargs or {}))
+    except TypeError as exc:
+        raise ConfigError(f"cannot make {env_id!r} with {dict(env_kwargs or {})}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class AgentSpaces:
+    """The spaces the agents of one CT share: what an algorithm's ``build(env, ...)`` reads of an env."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+
+    def close(self) -> None:
+        """Nothing to close: for callers that close what ``flare2.core.env_making.env_spaces`` gave."""
+
+
+def shared_spaces(env: Any, env_id: str) -> AgentSpaces:
+    """The observation and action space every possible agent of ``env`` shares; a ConfigError naming the agents
+    whose spaces differ."""
+    agents = list(env.possible_agents)
+    first = agents[0]
+    spaces = AgentSpaces(env.observation_space(first), env.action_space(first))
+    for agent in agents[1:]:
+        if (env.observation_space(agent), env.action_space(agent)) != (spaces.observation_space, spaces.action_space):
+            raise ConfigError(
+                f"the agents of {env_id!r} share one CT, and their spaces differ: {first!r} has "
+                f"{spaces.observation_space} and {spaces.action_space}, {agent!r} has {env.observation_space(agent)} "
+                f"and {env.action_space(agent)}"
+            )
+    return spaces
+
+
+def env_spaces(env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, preprocessing: bool = True) -> Any:
+    """What an algorithm is built for (``observation_space`` and ``action_space``, and ``close()``): a Gymnasium env
+    as the agents play it, or the spaces the agents of a PettingZoo env share."""
+    if not is_pettingzoo_env(env_id):
+        return make_gym_env(env_id, env_kwargs, preprocessing=preprocessing)
+    env = make_parallel_env(env_id, env_kwargs)
+    try:
+        return shared_spaces(env, env_id)
+    finally:
+        env.close()

@@ -93,6 +93,18 @@ class ObservationRows:
             rows._fixed[key][...] = array
         return rows
 
+    def regrouped(self, kept: np.ndarray, added: int) -> ObservationRows:
+        """New rows: copies of rows ``kept`` (their indices, in their new order), then ``added`` rows of zeros."""
+        rows = object.__new__(ObservationRows)
+        rows.__dict__.update(self.__dict__)
+        rows._fixed = {key: regrouped_rows(array, kept, added) for key, array in self._fixed.items()}
+        rows._ragged = {
+            key: [items[index] for index in kept]
+            + [np.zeros((0, *self.specs[key].item_shape), self.specs[key].dtype)] * added
+            for key, items in self._ragged.items()
+        }
+        return rows
+
     @property
     def only_array(self) -> np.ndarray | None:
         """The one array of an env that gives a single fixed-shape observation, for the hot path to fill; else None."""
@@ -124,6 +136,12 @@ class ObservationRows:
             spec = self.specs[key]
             arrays[key] = Ragged.from_items(items, spec.item_shape, spec.dtype)
         return arrays
+
+
+def regrouped_rows(array: np.ndarray, kept: np.ndarray, added: int) -> np.ndarray:
+    """Rows ``kept`` of ``array`` (copies, in that order), then ``added`` rows of zeros: a pipeline's rows after
+    some envs' agents left and others joined (``Acting.regroup``)."""
+    return np.concatenate([array[kept], np.zeros((added, *array.shape[1:]), array.dtype)])
 
 
 def env_actions(

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from flare2.core.spaces import regrouped_rows
 from flare2.core.specs import CTSpecs
 from flare2.wire.ragged import Ragged
 
@@ -63,6 +64,10 @@ class ViewRows:
             view.flags.writeable = False
             views[name] = view
         return views
+
+    def regroup(self, kept: np.ndarray, added: int) -> None:
+        """Keep rows ``kept`` (in that order), then ``added`` new rows, which ``start`` starts."""
+        self._frames = {name: regrouped_rows(frames, kept, added) for name, frames in self._frames.items()}
 
     def advance(
         self,

@@ -25,7 +25,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from flare2.core.env_making import is_atari, is_minatar, make_gym_env, registered_id
+from flare2.core.env_making import env_spaces, is_atari, is_minatar, registered_id
 from flare2.errors import ConfigError
 
 # Observation spaces a record may take. DICT is a Dict of observations of the record's other kinds (an image and
@@ -281,7 +281,7 @@ class AlgorithmRecord:
         self, env_id: str, env_kwargs: dict[str, Any], config: Any, settings: Any, *, preprocessing: bool = True
     ) -> Any:
         """A picklable function of no arguments that builds the Algorithm (a CT's ``build``) for the env as the
-        agents play it (``preprocessing``: ``flare2.core.env_making.make_gym_env``)."""
+        agents play it (``preprocessing``: ``flare2.core.env_making.env_spaces``)."""
         return _Build(self.name, self.build, env_id, env_kwargs, config, settings, preprocessing)
 
 
@@ -310,7 +310,7 @@ class _Build:
                 f"cannot import the build function {self.path!r} of the algorithm ({exc}): check the "
                 "record's build path and that its package is installed"
             ) from None
-        env = make_gym_env(self.env_id, self.env_kwargs, preprocessing=self.preprocessing)
+        env = env_spaces(self.env_id, self.env_kwargs, preprocessing=self.preprocessing)
         return function(env, self.config, self.settings)
 
     def recipe(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from extras import skip_without
+from extras import needs_modules, skip_without
 from runs import read_csv
 
 from flare2.commands.train import resolve
@@ -32,6 +32,13 @@ from flare2.commands.tune import Study
             "recurrent-ppo",
             "flare2.zoo.envs:flare2/CartPoleNoVelocity-v1",
             ["--serial", "--max-steps", "600", "--epochs", "1"],
+        ),
+        # A PettingZoo env: the 3 agents of each of 2 games are rows of one CT's requests.
+        pytest.param(
+            "appo",
+            "mpe2.simple_spread_v3",
+            ["--envs-per-agent", "2", "--max-steps", "600"],
+            marks=needs_modules("pettingzoo", "pettingzoo", "mpe2"),
         ),
     ],
 )

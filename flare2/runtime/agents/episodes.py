@@ -68,6 +68,44 @@ class EpisodeRecorder:
         return result
 
 
+class AgentsEpisodeRecorder(EpisodeRecorder):
+    """Wraps a multi-agent env (PettingZoo's parallel API: ``step`` takes and gives dicts by agent) to count, as
+    ``EpisodeRecorder`` does for one env, each agent's steps and the return and length of each agent's episode: an
+    agent's episode ends where the env says it terminated or was truncated, whether or not its game goes on."""
+
+    def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
+        super().__init__(env, stats, evaluating=evaluating)
+        self._returns: dict[Any, float] = {}
+        self._lengths: dict[Any, int] = {}
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._returns, self._lengths = {}, {}
+        return self.env.reset(*args, **kwargs)
+
+    def step(self, actions: Any) -> Any:
+        result = self.env.step(actions)
+        _, rewards, terminations, truncations, _ = result
+        stats = self.stats
+        if self.evaluating:
+            stats.eval_steps += len(actions)
+        else:
+            stats.steps += len(actions)
+        finished = stats.eval_finished if self.evaluating else stats.finished
+        for agent in actions:
+            self._returns[agent] = self._returns.get(agent, 0.0) + float(rewards.get(agent, 0.0))
+            self._lengths[agent] = self._lengths.get(agent, 0) + 1
+            if terminations.get(agent, False) or truncations.get(agent, False):
+                finished.append((self._returns.pop(agent), self._lengths.pop(agent)))
+        return result
+
+
+def recorder(env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> EpisodeRecorder:
+    """The recorder of an env an agent made: one of each agent of a multi-agent env (one that names its
+    ``possible_agents``, as PettingZoo's do), else of the env's one episode at a time."""
+    kind = AgentsEpisodeRecorder if hasattr(env, "possible_agents") else EpisodeRecorder
+    return kind(env, stats, evaluating=evaluating)
+
+
 class VectorEpisodeRecorder:
     """Wraps a vector env (an env engine's, ``flare2.core.env_engines``) to count the steps of all its envs and the
     return and length of each finished episode into ``stats``, as ``EpisodeRecorder`` does for one env."""

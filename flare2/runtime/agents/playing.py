@@ -12,7 +12,7 @@ from flare2.core.helpers import AgentHelper
 from flare2.core.learn_requests import least_bytes
 from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError
-from flare2.runtime.agents.episodes import EpisodeRecorder, EpisodeStats, VectorEpisodeRecorder
+from flare2.runtime.agents.episodes import EpisodeStats, VectorEpisodeRecorder, recorder
 from flare2.runtime.processes import import_object
 
 
@@ -84,10 +84,10 @@ def make_envs(agent: AgentBase, eval_every: int) -> EpisodeStats:
     if isinstance(agent, VectorAgent):
         vector_envs = agent.make_vector_envs()
         agent.vector_envs = [VectorEpisodeRecorder(vector_env, stats) for vector_env in vector_envs]
-        agent.envs = [] if vector_envs else [EpisodeRecorder(agent.make_env(), stats) for _ in range(agent.num_envs)]
-        agent.eval_env = EpisodeRecorder(agent.make_env(), stats, evaluating=True) if eval_every else None
+        agent.envs = [] if vector_envs else [recorder(agent.make_env(), stats) for _ in range(agent.num_envs)]
+        agent.eval_env = recorder(agent.make_env(), stats, evaluating=True) if eval_every else None
     elif isinstance(agent, Agent):
-        agent.env = EpisodeRecorder(agent.make_env(), stats)
+        agent.env = recorder(agent.make_env(), stats)
     return stats
 
 

@@ -1,0 +1,206 @@
+"""PettingZooAgent: each live agent of each game one row, agents that leave and join, each agent's episodes its own,
+and each agent's place learned from in fragments of its own consecutive steps."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from doubles import AnsweringPort, received
+from extras import skip_without
+
+from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_parallel_env, shared_spaces
+from flare2.core.fragments import ROW_IDS, FragmentsHelper
+from flare2.core.helpers import OnlineHelper
+from flare2.core.pettingzoo_agent import PettingZooAgent
+from flare2.core.specs import CTSpecs, Spec, View
+from flare2.errors import ConfigError
+from flare2.runtime.agents.playing import StopRequested, make_envs
+
+SPECS = CTSpecs(
+    inputs={"obs": Spec((3,), "float32")},
+    actions={"action": Spec((), "int64")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+)
+GAME_STEPS = 4
+LEAVES_AFTER = 2
+
+
+class Patrol:
+    """A PettingZoo-style parallel game of 4 steps: ``scout_0``, ``scout_1`` and ``scout_2`` each see
+    ``[game, their index, t]`` and earn their index + 1 a step; ``scout_2`` is caught (terminated) after 2 steps while
+    the others play on until the game is truncated. Records the actions each agent was given."""
+
+    possible_agents = ["scout_0", "scout_1", "scout_2"]
+    games = 0
+
+    def __init__(self) -> None:
+        self.game = Patrol.games
+        Patrol.games += 1
+        self.agents: list[str] = []
+        self.t = 0
+        self.actions: list[dict[str, int]] = []
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Box(-100.0, 100.0, (3,), np.float64)
+
+    def action_space(self, agent: str) -> gym.Space:
+        return gym.spaces.Discrete(2)
+
+    def _observations(self) -> dict[str, np.ndarray]:
+        return {agent: np.array([self.game, self.possible_agents.index(agent), self.t]) for agent in self.agents}
+
+    def reset(self, seed=None, options=None):
+        self.agents, self.t = list(self.possible_agents), 0
+        return self._observations(), {agent: {} for agent in self.agents}
+
+    def step(self, actions):
+        assert set(actions) == set(self.agents), "every live agent acts, and only those"
+        self.actions.append(dict(actions))
+        self.t += 1
+        observations = self._observations()
+        rewards = {agent: float(self.possible_agents.index(agent) + 1) for agent in self.agents}
+        terminations = {agent: agent == "scout_2" and self.t == LEAVES_AFTER for agent in self.agents}
+        truncations = {agent: self.t == GAME_STEPS for agent in self.agents}
+        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
+        return observations, rewards, terminations, truncations, {agent: {} for agent in observations}
+
+    def close(self) -> None:
+        pass
+
+
+def first_action(inputs):
+    return {"action": np.ones(len(inputs["obs"]), np.int64)}
+
+
+def played(games: int, steps: int, sample_interval: int = 3):
+    Patrol.games = 0
+    agent = PettingZooAgent("tests.patrol", sample_interval=sample_interval)
+    agent.num_envs = games
+    agent.make_env = Patrol
+    stats = make_envs(agent, 0)
+    port = AnsweringPort(steps, first_action)
+    learned: list[dict] = []
+    port.learn = learned.append
+    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers=agent.helpers())
+    with pytest.raises(StopRequested):
+        agent.run()
+    return agent, port, stats, learned
+
+
+def test_each_live_agent_is_one_row_and_agents_that_leave_leave_the_requests():
+    agent, port, stats, _ = played(games=2, steps=9)
+    rows = [len(payload["inputs"]["obs"]) for payload in port.sent]
+    # Two games of 3 scouts; scout_2 of each is caught after 2 steps; after 4 steps both games restart.
+    assert rows[:9] == [6, 6, 4, 4, 6, 6, 4, 4, 6]
+    live = [{tuple(row[:2]) for row in payload["inputs"]["obs"].tolist()} for payload in port.sent[:4]]
+    assert live[0] == live[1] == {(g, i) for g in (0, 1) for i in range(3)}
+    assert live[2] == live[3] == {(g, i) for g in (0, 1) for i in range(2)}
+    for env in agent.envs:
+        assert [sorted(actions) for actions in env.actions[:4]] == [["scout_0", "scout_1", "scout_2"]] * 2 + [
+            ["scout_0", "scout_1"]
+        ] * 2
+    # Each agent's episode is its own: scout_i earns i + 1 a step; scout_2's ends after 2 steps.
+    finished = sorted(stats.finished)
+    assert finished == sorted([(4.0, 4), (8.0, 4), (6.0, 2)] * 4)
+    assert stats.steps == 2 * (3 + 3 + 2 + 2) * 2 + 6  # two whole games in each of 2 envs, then one step
+
+
+def test_each_place_is_learned_from_in_fragments_of_its_own_consecutive_steps():
+    _, _, _, learned = played(games=2, steps=16, sample_interval=3)
+    assert learned, "the helper sent a learn request"
+    seen = 0
+    for payload in learned:
+        batch = received(SPECS, payload)
+        obs, next_obs = batch["inputs"]["obs"], batch["next_inputs"]["obs"]
+        for sequence, following in zip(obs, next_obs):
+            # One place (game, agent) throughout, its steps one after another (t counts on, 0 after a restart).
+            assert len({tuple(row[:2]) for row in sequence.tolist()}) == 1
+            times = sequence[:, 2].tolist()
+            assert all(b == a + 1 or b == 0 for a, b in zip(times, times[1:]))
+            np.testing.assert_array_equal(following[:, 2], sequence[:, 2] + 1)
+            seen += 1
+        # A caught scout's episode ends as a termination, a game's end as a truncation.
+        caught = batch["inputs"]["obs"][..., 1] == 2
+        assert (batch["terminated"] == (caught & (batch["next_inputs"]["obs"][..., 2] == LEAVES_AFTER))).all()
+        assert (batch["truncated"] == (batch["next_inputs"]["obs"][..., 2] == GAME_STEPS)).all()
+    assert seen >= 6
+
+
+def test_fragments_of_rows_that_all_play_every_step_are_online_helpers_request():
+    rng = np.random.default_rng(0)
+    fragments, online = FragmentsHelper(4), OnlineHelper(4)
+    sent: dict[str, list] = {"fragments": [], "online": []}
+    for name, helper in (("fragments", fragments), ("online", online)):
+        port = AnsweringPort(0, first_action)
+        port.learn = sent[name].append
+        helper.attach("RL", SPECS, port, num_envs=3)
+    for t in range(8):
+        step = {
+            "inputs": {"obs": rng.normal(size=(3, 3)).astype(np.float32)},
+            "next_inputs": {"obs": rng.normal(size=(3, 3)).astype(np.float32)},
+            "actions": {"action": rng.integers(0, 2, 3)},
+            "rewards": {"reward": rng.normal(size=3).astype(np.float32)},
+            "states": {},
+            "extras": {},
+            "terminated": np.array([t == 5, False, False]),
+            "truncated": np.zeros(3, bool),
+            "policy_version": np.full(3, t, np.int64),
+        }
+        online.store(dict(step))
+        fragments.store({**step, ROW_IDS: np.array([7, 8, 9])})
+    assert len(sent["fragments"]) == len(sent["online"]) == 2
+    for mine, theirs in zip(sent["fragments"], sent["online"]):
+        a, b = received(SPECS, mine), received(SPECS, theirs)
+        for key in ("terminated", "truncated", "policy_version"):
+            np.testing.assert_array_equal(a[key], b[key])
+        np.testing.assert_array_equal(a["inputs"]["obs"], b["inputs"]["obs"])
+        np.testing.assert_array_equal(a["next_inputs"]["obs"], b["next_inputs"]["obs"])
+
+
+def test_fragments_refuse_views_and_steps_without_row_ids():
+    with_views = CTSpecs(
+        inputs={"obs": Spec((3,), "float32"), "obs_frames": Spec((2, 3), "float32")},
+        actions={"action": Spec((), "int64")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+        views={"obs_frames": View.last_observations(2)},
+    )
+    with pytest.raises(ConfigError, match="views.*--frames 1"):
+        FragmentsHelper().attach("RL", with_views, None, num_envs=1)
+    helper = FragmentsHelper()
+    helper.attach("RL", SPECS, None, num_envs=1)
+    with pytest.raises(ConfigError, match="row_ids"):
+        helper.store({"terminated": np.zeros(1, bool)})
+
+
+def test_pettingzoo_env_ids_are_module_paths():
+    assert is_pettingzoo_env("mpe2.simple_spread_v3")
+    assert is_pettingzoo_env("pettingzoo.classic.connect_four_v3")
+    for gym_id in ("CartPole-v1", "ALE/Breakout-v5", "gymnasium.envs:CartPole-v1", "MinAtar/Breakout-v1"):
+        assert not is_pettingzoo_env(gym_id)
+
+
+def test_a_missing_env_package_names_what_to_install():
+    with pytest.raises(ConfigError, match=r"'nosuchpackage_xyz' is not installed: install the package"):
+        make_parallel_env("nosuchpackage_xyz.simple_v1")
+    with pytest.raises(ConfigError, match="no such module"):
+        make_parallel_env("flare2.no_such_env_v1")
+    with pytest.raises(ConfigError, match=r"has no parallel_env\(\)"):
+        make_parallel_env("flare2.errors")
+
+
+def test_agents_of_different_spaces_cannot_share_one_ct():
+    class Mixed(Patrol):
+        def action_space(self, agent):
+            return gym.spaces.Discrete(3 if agent == "scout_1" else 2)
+
+    with pytest.raises(ConfigError, match="'scout_1' has .*Discrete\\(3\\)"):
+        shared_spaces(Mixed(), "mixed")
+
+
+def test_the_spaces_an_algorithm_is_built_for_are_those_the_agents_share():
+    skip_without("pettingzoo", "mpe2")
+    spaces = env_spaces("mpe2.simple_spread_v3")
+    assert spaces.observation_space.shape == (18,) and spaces.action_space == gym.spaces.Discrete(5)

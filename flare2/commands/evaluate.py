@@ -25,8 +25,9 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
-from flare2.core.env_making import make_gym_env
+from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_gym_env, make_parallel_env
 from flare2.core.envs import DEFAULT_CT, GymAgent
+from flare2.core.pettingzoo_agent import PettingZooAgent, policy_map, team_of
 from flare2.core.transforms import RunningMoments, Transforms, statistics_shape
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.checkpoints import resume_checkpoint_path
@@ -53,14 +54,16 @@ class TrainedPolicy:
     ``reward`` is the env's reward of the step that led to ``obs``; only a model that sees previous rewards uses it.
     """
 
-    def __init__(self, run: dict[str, Any], ct: Any) -> None:
-        self.algo, self.env_id, self.ct = run["algo"], run["env"], ct
+    def __init__(self, run: dict[str, Any], ct: Any, agents: tuple[str, ...] = ()) -> None:
+        self.algo, self.env_id, self.ct, self.agents = run["algo"], run["env"], ct, agents
         self.env_kwargs = _env_kwargs(run)
         self.preprocessing = _preprocessing(run)
         """Whether the env is played with its published preprocessing (Atari's), as the run played it."""
         self.transforms = transform_options(run["run"])
         """The run's data transforms, as GymAgent's ``transforms`` option."""
-        env = self.make_env()
+        self.policy_map = run["run"].get("policy_map") or "shared"
+        """Which CT acts for each agent of a PettingZoo env (``flare2 train --policy-map``)."""
+        env = env_spaces(self.env_id, self.env_kwargs, preprocessing=self.preprocessing, agents=agents or None)
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
         transforms = Transforms.from_options(self.transforms)
@@ -75,9 +78,12 @@ class TrainedPolicy:
         )
         self._reply: tuple[dict[str, Any], dict[str, Any]] | None = None
 
-    def make_env(self, **kwargs: Any) -> gym.Env:
+    def make_env(self, **kwargs: Any) -> Any:
         """The run's env (with its time limit and preprocessing); ``kwargs`` go to ``gymnasium.make``
-        (``render_mode="rgb_array"``)."""
+        (``render_mode="rgb_array"``). A PettingZoo env's game (its ``parallel_env``): the policy acts for each of
+        its agents, one observation at a time."""
+        if is_pettingzoo_env(self.env_id):
+            return make_parallel_env(self.env_id, {**self.env_kwargs, **kwargs})
         return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs}, preprocessing=self.preprocessing)
 
     def predict(
@@ -145,9 +151,31 @@ class PolicyPort:
         }
 
 
-def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
-    """The policy of a ``flare2 train`` run: its log dir, or the checkpoint file in it."""
+def load_policy(path: str | Path, *, device: str = "cpu", ct: str = DEFAULT_CT) -> TrainedPolicy:
+    """The policy of a ``flare2 train`` run: its log dir, or the checkpoint file in it; ``ct``: which of the run's
+    CTs (a PettingZoo run with ``--policy-map`` has one per team or agent: ``load_policies`` gives them all)."""
     path = Path(path)
+    run_dir, run = _read_run(path)
+    agents = _agents_by_ct(run).get(ct, ())
+    checkpoint = path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, ct)
+    return _load(run_dir / TRAIN_FILE, run, ct, tuple(agents), checkpoint, device)
+
+
+def load_policies(path: str | Path, *, device: str = "cpu") -> dict[str, TrainedPolicy]:
+    """Every CT's policy of a ``flare2 train`` run (its log dir), by CT name; given a checkpoint file, its CT's."""
+    path = Path(path)
+    if path.suffix == ".pt":
+        return {path.stem: load_policy(path, device=device, ct=path.stem)}
+    run_dir, run = _read_run(path)
+    cts = _agents_by_ct(run) or {DEFAULT_CT: []}
+    return {
+        ct: _load(run_dir / TRAIN_FILE, run, ct, tuple(agents), resume_checkpoint_path(run_dir, ct), device)
+        for ct, agents in cts.items()
+    }
+
+
+def _read_run(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The run dir of ``path`` (a log dir, or a checkpoint in it) and its ``train.json``, checked."""
     run_dir = path.parent.parent if path.suffix == ".pt" else path
     train_file = run_dir / TRAIN_FILE
     if not train_file.is_file():
@@ -162,6 +190,25 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
             raise KeyError(f"no {sorted(missing)}")
     except (ValueError, KeyError, TypeError) as exc:
         raise _not_as_written(train_file, exc) from None
+    return run_dir, run
+
+
+def _agents_by_ct(run: dict[str, Any]) -> dict[str, list[str]]:
+    """Each CT's agents in a PettingZoo run, by its policy map; empty for a Gymnasium env's run."""
+    if not is_pettingzoo_env(run["env"]):
+        return {}
+    env = make_parallel_env(run["env"], _env_kwargs(run))
+    agents = list(env.possible_agents)
+    env.close()
+    cts: dict[str, list[str]] = {}
+    for agent, ct in policy_map(agents, run["run"].get("policy_map") or "shared").items():
+        cts.setdefault(ct, []).append(agent)
+    return cts
+
+
+def _load(
+    train_file: Path, run: dict[str, Any], name: str, agents: tuple[str, ...], checkpoint: Path, device: str
+) -> TrainedPolicy:
     recipe = {
         "algo": run["algo"],
         "env": run["env"],
@@ -169,6 +216,7 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
         "algorithm": run["algorithm"],
         "agent": run["agent"],
         "preprocessing": _preprocessing(run),
+        "agents": list(agents),
     }
     try:
         lookup(run["algo"])
@@ -181,9 +229,9 @@ def load_policy(path: str | Path, *, device: str = "cpu") -> TrainedPolicy:
 
     from flare2.core.computation_task import ComputationTask
 
-    ct = ComputationTask(DEFAULT_CT, build(), device=device)
-    ct.load(path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, DEFAULT_CT))
-    return TrainedPolicy(run, ct)
+    ct = ComputationTask(name, build(), device=device)
+    ct.load(checkpoint)
+    return TrainedPolicy(run, ct, agents)
 
 
 def _not_as_written(train_file: Path, exc: Exception) -> ConfigError:
@@ -253,23 +301,117 @@ def play(
         policy.env_id, env_kwargs=policy.env_kwargs, transforms=policy.transforms, preprocessing=policy.preprocessing
     )
     agent.envs, agent.evaluating = [env], True
-    ct = policy.ct
     try:
-        agent.connect(
-            agent_id="eval",
-            seed=seed,
-            specs={ct.name: ct.specs},
-            ports={ct.name: PolicyPort(ct, greedy=greedy)},
-            helpers=agent.helpers(),
-        )
-        agent.run()
-    except _Played:
-        pass
+        _play_until_done(agent, {policy.ct.name: policy}, seed, greedy)
     finally:
         env.close()
     if video is not None and env.frames:
         _write_video(video, env.frames, env.metadata.get("render_fps", 30))
     return env.results
+
+
+class _Games:
+    """A PettingZoo game for ``flare2 eval``, as ``_Episodes`` is for one env: game i starts from ``seed + i``, each
+    agent's return and length in each game are kept, and the reset after the last game ends the play."""
+
+    def __init__(self, env: Any, games: int, *, seed: int, frames: bool, env_id: str) -> None:
+        self.env, self.games, self.seed, self.env_id = env, games, seed, env_id
+        self.possible_agents = env.possible_agents
+        self.results: list[dict[str, tuple[float, int]]] = []
+        self.frames: list[np.ndarray] | None = [] if frames else None
+        self._game: dict[str, tuple[float, int]] = {}
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self.env.agents)
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return self.env.observation_space(agent)
+
+    def action_space(self, agent: str) -> gym.Space:
+        return self.env.action_space(agent)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        if len(self.results) == self.games:
+            raise _Played()
+        self._game = {}
+        result = self.env.reset(seed=self.seed + len(self.results), options=options)
+        self._keep_frame()
+        return result
+
+    def step(self, actions: dict[str, Any]) -> Any:
+        result = self.env.step(actions)
+        for agent in actions:
+            earned, steps = self._game.get(agent, (0.0, 0))
+            self._game[agent] = (earned + float(result[1].get(agent, 0.0)), steps + 1)
+        self._keep_frame()
+        if not self.env.agents:
+            self.results.append(self._game)
+        return result
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _keep_frame(self) -> None:
+        if self.frames is not None and not self.results:
+            self.frames.append(_frame(self.env, self.env_id))
+
+
+def play_games(
+    policies: dict[str, TrainedPolicy], games: int, *, seed: int, greedy: bool, video: Path | None
+) -> list[dict[str, tuple[float, int]]]:
+    """Each agent's return and length in each of ``games`` games of a PettingZoo run, every agent played by its CT's
+    policy (the run's own agent, a PettingZooAgent playing one game, ``evaluating``); with ``video``, the first game
+    is saved there."""
+    policy = next(iter(policies.values()))
+    env = _Games(
+        policy.make_env(**({"render_mode": "rgb_array"} if video else {})),
+        games,
+        seed=seed,
+        frames=video is not None,
+        env_id=policy.env_id,
+    )
+    agent = PettingZooAgent(
+        policy.env_id, env_kwargs=policy.env_kwargs, policy_map=policy.policy_map, transforms=policy.transforms
+    )
+    agent.envs, agent.evaluating = [env], True
+    _play_until_done(agent, policies, seed, greedy)
+    env.close()
+    if video is not None and env.frames:
+        _write_video(video, env.frames, env.env.metadata.get("render_fps", 30))
+    return env.results
+
+
+def _play_until_done(agent: Any, policies: dict[str, TrainedPolicy], seed: int, greedy: bool) -> None:
+    """Play ``agent`` (evaluating) over the policies of its CTs until its env says the episodes are played."""
+    try:
+        agent.connect(
+            agent_id="eval",
+            seed=seed,
+            specs={name: policy.ct.specs for name, policy in policies.items()},
+            ports={name: PolicyPort(policy.ct, greedy=greedy) for name, policy in policies.items()},
+            helpers=agent.helpers(),
+        )
+        agent.run()
+    except _Played:
+        pass
+
+
+def _team_lines(results: list[dict[str, tuple[float, int]]]) -> list[str]:
+    """Per team (agents named ``team_N``): the mean and spread over games of the team's return, the sum of its
+    agents' returns in a game, and of its agents' mean return."""
+    lines = []
+    for team in sorted({team_of(agent) for game in results for agent in game}):
+        totals, means = [], []
+        for game in results:
+            returns = [earned for agent, (earned, _) in game.items() if team_of(agent) == team]
+            totals.append(sum(returns))
+            means.append(statistics.mean(returns))
+        lines.append(
+            f"team {team!r}: return {statistics.mean(totals):.2f} ± {statistics.pstdev(totals):.2f} (the sum over "
+            f"its agents), {statistics.mean(means):.2f} ± {statistics.pstdev(means):.2f} an agent"
+        )
+    return lines
 
 
 def _frame(env: gym.Env, env_id: str) -> np.ndarray:
@@ -310,7 +452,7 @@ def main(argv: list[str]) -> int:
         description="Play episodes with a run of flare2 train and "
         "print the mean and spread of their returns and lengths.",
     )
-    parser.add_argument("run", help="the run's log dir, or its checkpoints/RL.pt")
+    parser.add_argument("run", help="the run's log dir, or one of its checkpoints (checkpoints/RL.pt)")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to play (default: %(default)s)")
     actions = parser.add_mutually_exclusive_group()
     actions.add_argument(
@@ -332,13 +474,19 @@ def main(argv: list[str]) -> int:
     if args.video is not None and args.video.suffix not in (".mp4", ".gif"):
         parser.error(f"--video {args.video}: give a file name ending in .mp4 or .gif")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    kind = "greedy" if args.greedy else "stochastic"
     try:
-        policy = load_policy(args.run, device=args.device)
+        policies = load_policies(args.run, device=args.device)
+        policy = next(iter(policies.values()))
+        if is_pettingzoo_env(policy.env_id):
+            games = play_games(policies, args.episodes, seed=args.seed, greedy=args.greedy, video=args.video)
+            print(f"{policy.algo} on {policy.env_id}, {len(games)} {kind} game{'s' * (len(games) > 1)}:")
+            print("\n".join(_team_lines(games)))
+            return 0
         results = play(policy, args.episodes, seed=args.seed, greedy=args.greedy, video=args.video)
     except ConfigError as exc:
         parser.error(str(exc))
     returns, lengths = [r for r, _ in results], [n for _, n in results]
-    kind = "greedy" if args.greedy else "stochastic"
     print(
         f"{policy.algo} on {policy.env_id}, {len(results)} {kind} episode{'s' * (len(results) > 1)}: "
         f"return {statistics.mean(returns):.1f} ± {statistics.pstdev(returns):.1f}, "

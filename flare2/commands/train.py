@@ -28,8 +28,15 @@ from typing import Any, NoReturn
 import gymnasium as gym
 
 from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, resolve_engine
-from flare2.core.env_making import env_spaces, is_pettingzoo_env, register_env_package
+from flare2.core.env_making import (
+    is_pettingzoo_env,
+    make_gym_env,
+    make_parallel_env,
+    register_env_package,
+    shared_spaces,
+)
 from flare2.core.envs import DEFAULT_CT, GymAgent
+from flare2.core.pettingzoo_agent import POLICY_MAPS, policy_map
 from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import CTConfig, RunConfig
@@ -55,7 +62,7 @@ _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_di
 _RUN_OPTIONS = (
     tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY)
     + _TRANSFORM_OPTIONS
-    + ("max_episode_steps", "env_preprocessing", "env_engine")
+    + ("max_episode_steps", "env_preprocessing", "env_engine", "policy_map")
 )
 
 
@@ -210,11 +217,21 @@ def resolve(
         parser, args, record.config_class, **{name: sources[source] for name, source in record.derived.items()}
     )
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
-    build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
-    ct = CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))
     if is_pettingzoo_env(env_id):
         agent_path, kwargs = _pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
+        cts = [
+            CTConfig(
+                name=ct,
+                build=record.builder(env_id, {}, config, settings, agents=tuple(agents)),
+                batching=batching_from_args(args),
+            )
+            for ct, agents in _policies(parser, record, env_id, args.policy_map).items()
+        ]
     else:
+        if args.policy_map is not None:
+            parser.error(f"--policy-map maps the agents of a PettingZoo env to CTs, and {env_id!r} is a Gymnasium env")
+        build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
+        cts = [CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))]
         agent_path, kwargs = (
             "flare2.core.envs:GymAgent",
             {
@@ -227,7 +244,7 @@ def resolve(
                 **settings.helper_kwargs(args.num_agents),
             },
         )
-    run = run_config_from_args(parser, args, cts=[ct], agent_path=agent_path, agent_kwargs=kwargs)
+    run = run_config_from_args(parser, args, cts=cts, agent_path=agent_path, agent_kwargs=kwargs)
     if getattr(settings, "double_buffer", False):
         _check_halves(parser, run)
     return TrainPlan(algo, env_id, config, settings, {name: getattr(args, name) for name in _RUN_OPTIONS}, run)
@@ -249,6 +266,14 @@ def _add_env_options(parser: argparse.ArgumentParser) -> None:
         help="play games that have a published preprocessing with it (Atari's, as SB3's AtariWrapper and CleanRL: "
         "no-op starts, 4 frames per step max-pooled, FIRE to start, 84x84 grayscale, a lost life ends the episode "
         "for learning; the returns reported are whole games' scores); --no-env-preprocessing plays the raw env",
+    )
+    parser.add_argument(
+        "--policy-map",
+        default=None,
+        metavar="MAP",
+        help="which CT acts for each agent of a PettingZoo env: "
+        f"{', '.join(POLICY_MAPS)} (a CT per team: agents named TEAM_N), or pairs NAME=CT,... (NAME: an agent or a "
+        "team); each CT has its own learner and checkpoint; default: shared (one CT, parameter sharing)",
     )
     parser.add_argument(
         "--env-engine",
@@ -287,11 +312,33 @@ def _pettingzoo_agent(
         )
     kwargs = {
         "env_id": env_id,
-        "ct": DEFAULT_CT,
+        "policy_map": args.policy_map or "shared",
         "transforms": transforms_from_args(args),
         "sample_interval": helper_kwargs["sample_interval"],
     }
     return "flare2.core.pettingzoo_agent:PettingZooAgent", kwargs
+
+
+def _policies(
+    parser: argparse.ArgumentParser, record: AlgorithmRecord, env_id: str, spec: str | None
+) -> dict[str, list[str]]:
+    """Each CT of a PettingZoo env's run and its agents, by ``--policy-map``; a usage error for a map that does not
+    cover the agents, or a CT whose agents' spaces differ or do not fit the algorithm."""
+    env = make_parallel_env(env_id)
+    try:
+        agents = list(env.possible_agents)
+        cts: dict[str, list[str]] = {}
+        for agent, ct in policy_map(agents, spec or "shared").items():
+            cts.setdefault(ct, []).append(agent)
+        for ct, its_agents in cts.items():
+            spaces = shared_spaces(env, env_id, its_agents)
+            where = f"{env_id} (CT {ct!r}: {', '.join(its_agents)})"
+            check_spaces(record, where, spaces.observation_space, spaces.action_space)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    finally:
+        env.close()
+    return cts
 
 
 def _chosen(
@@ -314,9 +361,10 @@ def _chosen(
     # --help without --env: the options with the algorithm's first preset env, one it takes.
     env_id = env_id or next(iter(record.presets))
     check_env_id(env_id)
-    env = env_spaces(env_id)
-    check_spaces(record, env_id, env.observation_space, env.action_space)
-    env.close()
+    if not is_pettingzoo_env(env_id):  # a PettingZoo env's agents are checked per CT, once they are mapped
+        env = make_gym_env(env_id)
+        check_spaces(record, env_id, env.observation_space, env.action_space)
+        env.close()
     if file_preset:
         check_preset(file_preset, chosen.preset, _known_options(record))
     return algo, env_id, record, file_preset

@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,29 +281,35 @@ class AgentSpaces:
         """Nothing to close: for callers that close what ``flare2.core.env_making.env_spaces`` gave."""
 
 
-def shared_spaces(env: Any, env_id: str) -> AgentSpaces:
-    """The observation and action space every possible agent of ``env`` shares; a ConfigError naming the agents
-    whose spaces differ."""
-    agents = list(env.possible_agents)
+def shared_spaces(env: Any, env_id: str, agents: Sequence[str] | None = None) -> AgentSpaces:
+    """The observation and action space that ``agents`` of ``env`` (every possible agent when None) share, as one CT
+    takes them; a ConfigError naming the agents whose spaces differ."""
+    agents = list(env.possible_agents if agents is None else agents)
     first = agents[0]
     spaces = AgentSpaces(env.observation_space(first), env.action_space(first))
     for agent in agents[1:]:
         if (env.observation_space(agent), env.action_space(agent)) != (spaces.observation_space, spaces.action_space):
             raise ConfigError(
-                f"the agents of {env_id!r} share one CT, and their spaces differ: {first!r} has "
+                f"agents {agents} of {env_id!r} share one CT, and their spaces differ: {first!r} has "
                 f"{spaces.observation_space} and {spaces.action_space}, {agent!r} has {env.observation_space(agent)} "
-                f"and {env.action_space(agent)}"
+                f"and {env.action_space(agent)}: give each kind of agent a CT of its own (--policy-map team or agent)"
             )
     return spaces
 
 
-def env_spaces(env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, preprocessing: bool = True) -> Any:
+def env_spaces(
+    env_id: str,
+    env_kwargs: Mapping[str, Any] | None = None,
+    *,
+    preprocessing: bool = True,
+    agents: Sequence[str] | None = None,
+) -> Any:
     """What an algorithm is built for (``observation_space`` and ``action_space``, and ``close()``): a Gymnasium env
-    as the agents play it, or the spaces the agents of a PettingZoo env share."""
+    as the agents play it, or the spaces that ``agents`` of a PettingZoo env (all of them when None) share."""
     if not is_pettingzoo_env(env_id):
         return make_gym_env(env_id, env_kwargs, preprocessing=preprocessing)
     env = make_parallel_env(env_id, env_kwargs)
     try:
-        return shared_spaces(env, env_id)
+        return shared_spaces(env, env_id, agents)
     finally:
         env.close()

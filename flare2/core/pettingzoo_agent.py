@@ -21,7 +21,8 @@ agent's episode is reported, and env steps count each agent's steps).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +39,56 @@ from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
 from flare2.errors import ConfigError
 
+_NUMBERED = re.compile(r"_\d+$")
+
+POLICY_MAPS = ("shared", "team", "agent")
+"""The stock policy maps: every agent on CT ``RL`` (parameter sharing), one CT per team, one CT per agent."""
+
+
+def team_of(agent: str) -> str:
+    """The team of a PettingZoo agent: its name without the number PettingZoo gives each of a kind (``adversary_0``
+    and ``adversary_1`` are team ``adversary``)."""
+    return _NUMBERED.sub("", str(agent))
+
+
+def policy_map(agents: Sequence[str], spec: str, shared_ct: str = DEFAULT_CT) -> dict[str, str]:
+    """Each agent's CT by ``spec``: ``shared`` (all on ``shared_ct``), ``team`` (a CT per team, named by it), ``agent``
+    (a CT per agent, named by it), or pairs ``NAME=CT,...`` where NAME is an agent or a team (an agent's own pair wins
+    over its team's); a ConfigError names an agent that no pair covers."""
+    if spec == "shared":
+        return {agent: shared_ct for agent in agents}
+    if spec == "team":
+        return {agent: team_of(agent) for agent in agents}
+    if spec == "agent":
+        return {agent: str(agent) for agent in agents}
+    pairs: dict[str, str] = {}
+    for pair in spec.split(","):
+        name, equals, ct = (part.strip() for part in pair.partition("="))
+        if not (equals and name and ct):
+            raise ConfigError(
+                f"--policy-map {spec!r}: give {', '.join(POLICY_MAPS)}, or pairs NAME=CT separated by commas (NAME: "
+                f"an agent or a team of {list(agents)}), not {pair!r}"
+            )
+        pairs[name] = ct
+    unknown = sorted(set(pairs) - set(agents) - {team_of(agent) for agent in agents})
+    if unknown:
+        raise ConfigError(f"--policy-map names {unknown}, which are neither agents nor teams of {list(agents)}")
+    uncovered = [agent for agent in agents if agent not in pairs and team_of(agent) not in pairs]
+    if uncovered:
+        raise ConfigError(
+            f"--policy-map {spec!r} gives no CT to agents {uncovered}: add a pair for each (AGENT=CT) or for their "
+            f"team ({team_of(uncovered[0])}=CT)"
+        )
+    return {agent: pairs.get(agent, pairs.get(team_of(agent), "")) for agent in agents}
+
 
 class PettingZooAgent(VectorAgent):
-    """Plays ``num_envs`` games of a PettingZoo parallel env with one CT shared by all agents (module docstring):
-    input ``obs`` (or one per key of a Dict observation space), action ``action``, reward ``reward``.
+    """Plays ``num_envs`` games of a PettingZoo parallel env (module docstring), each agent with the CT its policy map
+    gives it (``policy_map``: ``shared``, ``team``, ``agent`` or pairs, see ``policy_map``); a subclass may override
+    ``policy_of`` instead. Each CT's agents share its input ``obs`` (or one per key of a Dict observation space),
+    action ``action`` and reward ``reward``.
 
-    ``transforms`` as GymAgent's; each game gets its own seed (``env_seed``) at its first reset.
+    ``transforms`` as GymAgent's, one pipeline per CT; each game gets its own seed (``env_seed``) at its first reset.
     """
 
     def __init__(
@@ -51,146 +96,211 @@ class PettingZooAgent(VectorAgent):
         env_id: str = "mpe2.simple_spread_v3",
         *,
         env_kwargs: dict[str, Any] | None = None,
-        ct: str = DEFAULT_CT,
+        policy_map: str = "shared",
         sample_interval: int = 5,
         transforms: list[Any] | None = None,
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
-        self.ct = ct
+        self.policy_map = policy_map
         self.sample_interval = sample_interval
         self.transforms = transforms or []
+        self._possible_agents: list[str] | None = None
 
     def make_env(self) -> Any:
         return make_parallel_env(self.env_id, self.env_kwargs)
 
+    @property
+    def possible_agents(self) -> list[str]:
+        """Every agent a game of the env may have (one game is made to learn them before the envs are)."""
+        if self._possible_agents is None:
+            envs = getattr(self, "envs", None)  # the runtime makes them after it asks for the helpers
+            if envs:
+                self._possible_agents = list(envs[0].possible_agents)
+            else:
+                env = self.make_env()
+                self._possible_agents = list(env.possible_agents)
+                env.close()
+        return self._possible_agents
+
+    def policy_of(self, agent: str) -> str:
+        """The CT that acts for ``agent`` and learns from it (RLlib's ``policy_mapping_fn``)."""
+        return policy_map(self.possible_agents, self.policy_map)[agent]
+
+    def policies(self) -> dict[str, list[str]]:
+        """Each CT's agents, in the env's order."""
+        cts: dict[str, list[str]] = {}
+        for agent in self.possible_agents:
+            cts.setdefault(self.policy_of(agent), []).append(agent)
+        return cts
+
     def helpers(self) -> dict[str, AgentHelper]:
-        return {self.ct: FragmentsHelper(self.sample_interval)}
+        return {ct: FragmentsHelper(self.sample_interval) for ct in self.policies()}
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
-        spaces = shared_spaces(self.envs[0], self.env_id)
-        ct_specs = specs[self.ct]
-        env_inputs, env_actions = input_specs(spaces.observation_space), action_specs(spaces.action_space)
-        fits = set(ct_specs.acting_inputs) == set(env_inputs) and set(env_actions) <= set(ct_specs.actions)
-        if not fits or set(ct_specs.rewards) != {"reward"}:
-            raise ConfigError(
-                f"PettingZooAgent sends each agent's inputs {sorted(env_inputs)} and reward 'reward' of env "
-                f"{self.env_id!r} and reads the actions {sorted(env_actions)}, but CT {self.ct!r} declares inputs "
-                f"{sorted(ct_specs.acting_inputs)}, actions {sorted(ct_specs.actions)}, rewards "
-                f"{sorted(ct_specs.rewards)}: use a model with those spec names or write your own agent"
-            )
+        for ct, agents in self.policies().items():
+            spaces = shared_spaces(self.envs[0], self.env_id, agents)
+            ct_specs = specs[ct]
+            env_inputs, env_actions = input_specs(spaces.observation_space), action_specs(spaces.action_space)
+            fits = set(ct_specs.acting_inputs) == set(env_inputs) and set(env_actions) <= set(ct_specs.actions)
+            if not fits or set(ct_specs.rewards) != {"reward"}:
+                raise ConfigError(
+                    f"PettingZooAgent sends the inputs {sorted(env_inputs)} and reward 'reward' of agents {agents} of "
+                    f"env {self.env_id!r} and reads the actions {sorted(env_actions)}, but CT {ct!r} declares inputs "
+                    f"{sorted(ct_specs.acting_inputs)}, actions {sorted(ct_specs.actions)}, rewards "
+                    f"{sorted(ct_specs.rewards)}: use a model with those spec names or write your own agent"
+                )
         if self.eval_env is not None:
             raise ConfigError("PettingZooAgent plays no evaluation episodes during training: run without --eval-every")
 
     def run(self) -> None:
-        spaces = shared_spaces(self.envs[0], self.env_id)
-        transforms = self.bind_transforms(self.ct, Transforms.from_options(self.transforms))
-        acting = Acting(
-            specs=self.specs(self.ct),
+        policies = self.policies()
+        games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of)
+        acting = {ct: self._acting(ct, agents) for ct, agents in policies.items()}
+        for ct, pipeline in acting.items():
+            pipeline.regroup(np.zeros(0, np.int64), games.observations(games.rows[ct]))
+        while True:
+            # Every CT asked at once: each answers while the others do.
+            asked = {}
+            for ct, pipeline in acting.items():
+                if pipeline.count:
+                    inputs, request, states = pipeline.request()
+                    asked[ct] = (inputs, states, self.send_predict(ct, request, states))
+            replies = {ct: pending.result() for ct, (_, _, pending) in asked.items()}
+            rows = dict(games.rows)
+            steps = games.step({ct: acting[ct].env_actions(actions) for ct, (actions, _) in replies.items()})
+            for ct in asked:
+                self._stepped(ct, acting[ct], rows[ct], steps[ct], asked[ct], replies[ct], games)
+            for ct, (kept, joined) in games.regroup({ct: step.ended for ct, step in steps.items()}).items():
+                if len(kept) != len(rows[ct]) or joined:
+                    acting[ct].regroup(np.asarray(kept, np.int64), games.observations(joined))
+
+    def _acting(self, ct: str, agents: list[str]) -> Acting:
+        spaces = shared_spaces(self.envs[0], self.env_id, agents)
+        return Acting(
+            specs=self.specs(ct),
             observation_space=spaces.observation_space,
             action_space=spaces.action_space,
-            transforms=transforms,
+            transforms=self.bind_transforms(ct, Transforms.from_options(self.transforms)),
             count=0,
         )
-        games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))])
-        acting.regroup(np.zeros(0, np.int64), games.observations(games.rows))
-        while True:
-            inputs, request, states = acting.request()
-            actions, next_states = self.predict(self.ct, request, states)
-            rows = games.rows
-            step = games.step(rows, acting.env_actions(actions))
-            next_rows = acting.next_rows()
-            for index, observation in enumerate(step.observations):
-                next_rows.set(index, observation)
-            rewards = step.rewards.astype(acting.reward_dtype, copy=False)
-            next_inputs = acting.stepped(next_rows, rewards, actions, next_states)
-            self._store_rows(
-                self.ct,
-                {
-                    "inputs": inputs,
-                    "actions": actions,
-                    "rewards": {"reward": rewards},
-                    "next_inputs": next_inputs,
-                    "terminated": step.terminated,
-                    "truncated": step.truncated,
-                    "states": states,
-                    "extras": None,
-                    "policy_version": None,
-                    ROW_IDS: games.row_ids(rows),
-                },
-                len(rows),
-            )
-            kept, joined = games.regroup(rows, step.terminated | step.truncated)
-            if len(kept) != len(rows) or joined:
-                acting.regroup(np.asarray(kept, np.int64), games.observations(joined))
+
+    def _stepped(
+        self,
+        ct: str,
+        acting: Acting,
+        rows: list[tuple[int, str]],
+        step: _Step,
+        asked: tuple[dict[str, Any], dict[str, Any], Any],
+        reply: tuple[dict[str, Any], dict[str, Any]],
+        games: _Games,
+    ) -> None:
+        """CT ``ct``'s rows stepped: their next observations into its pipeline, the step to its helper."""
+        inputs, states, pending = asked
+        actions, next_states = reply
+        next_rows = acting.next_rows()
+        for index, observation in enumerate(step.observations):
+            next_rows.set(index, observation)
+        rewards = step.rewards.astype(acting.reward_dtype, copy=False)
+        next_inputs = acting.stepped(next_rows, rewards, actions, next_states)
+        self._store_rows(
+            ct,
+            {
+                "inputs": inputs,
+                "actions": actions,
+                "rewards": {"reward": rewards},
+                "next_inputs": next_inputs,
+                "terminated": step.terminated,
+                "truncated": step.truncated,
+                "states": states,
+                "extras": None,
+                "policy_version": np.full(len(rows), pending.version, np.int64),
+                ROW_IDS: games.row_ids(rows),
+            },
+            len(rows),
+        )
 
 
 @dataclass
 class _Step:
-    """One step of every live agent, in rows."""
+    """One step of the live agents of one CT, in rows."""
 
     observations: list[Any]
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
 
+    @property
+    def ended(self) -> np.ndarray:
+        return self.terminated | self.truncated
+
 
 class _Games:
-    """The games of a PettingZooAgent: which agent of which game each row is, their steps and restarts."""
+    """The games of a PettingZooAgent: which agent of which game each row of each CT is, their steps and restarts."""
 
-    def __init__(self, envs: list[Any], seeds: list[int]) -> None:
+    def __init__(self, envs: list[Any], seeds: list[int], policy_of: Callable[[str], str]) -> None:
         self.envs = envs
         self.places = {agent: index for index, agent in enumerate(envs[0].possible_agents)}
-        self._last: dict[tuple[int, Any], Any] = {}
+        self.policy_of = {agent: policy_of(agent) for agent in self.places}
+        self._last: dict[tuple[int, str], Any] = {}
         for game, (env, seed) in enumerate(zip(envs, seeds)):
             self._reset(game, seed)
-        self.rows: list[tuple[int, Any]] = [(game, agent) for game, env in enumerate(envs) for agent in env.agents]
+        self.rows: dict[str, list[tuple[int, str]]] = {ct: [] for ct in self.policy_of.values()}
+        for game, env in enumerate(envs):
+            for agent in env.agents:
+                self.rows[self.policy_of[agent]].append((game, agent))
 
     def _reset(self, game: int, seed: int | None = None) -> None:
         observations, _ = self.envs[game].reset(seed=seed)
         for agent in self.envs[game].agents:
             self._last[(game, agent)] = observations[agent]
 
-    def observations(self, rows: list[tuple[int, Any]]) -> list[Any]:
+    def observations(self, rows: list[tuple[int, str]]) -> list[Any]:
         """The latest observation of each of ``rows``."""
         return [self._last[row] for row in rows]
 
-    def row_ids(self, rows: list[tuple[int, Any]]) -> np.ndarray:
+    def row_ids(self, rows: list[tuple[int, str]]) -> np.ndarray:
         """Each row's place: its game and its index among the game's ``possible_agents``."""
         width = len(self.places)
         return np.array([game * width + self.places[agent] for game, agent in rows], np.int64)
 
-    def step(self, rows: list[tuple[int, Any]], actions: Any) -> _Step:
-        """Step every game with its rows' actions (every live agent has a row)."""
-        by_game: dict[int, dict[Any, Any]] = {}
-        for (game, agent), action in zip(rows, actions):
-            by_game.setdefault(game, {})[agent] = action
+    def step(self, actions: Mapping[str, Sequence[Any] | np.ndarray]) -> dict[str, _Step]:
+        """Step every game with the actions of each CT's rows (every live agent has a row)."""
+        by_game: dict[int, dict[str, Any]] = {}
+        for ct, ct_actions in actions.items():
+            for (game, agent), action in zip(self.rows[ct], ct_actions):
+                by_game.setdefault(game, {})[agent] = action
         results = {game: self.envs[game].step(game_actions) for game, game_actions in by_game.items()}
-        count = len(rows)
-        step = _Step([None] * count, np.zeros(count), np.zeros(count, bool), np.zeros(count, bool))
-        for index, (game, agent) in enumerate(rows):
-            observations, rewards, terminations, truncations, _ = results[game]
-            step.observations[index] = self._last[(game, agent)] = observations[agent]
-            step.rewards[index] = rewards[agent]
-            step.terminated[index] = terminations[agent]
-            step.truncated[index] = truncations[agent]
-        return step
+        steps = {}
+        for ct, rows in self.rows.items():
+            count = len(rows)
+            step = steps[ct] = _Step([None] * count, np.zeros(count), np.zeros(count, bool), np.zeros(count, bool))
+            for index, (game, agent) in enumerate(rows):
+                observations, rewards, terminations, truncations, _ = results[game]
+                step.observations[index] = self._last[(game, agent)] = observations[agent]
+                step.rewards[index] = rewards[agent]
+                step.terminated[index] = terminations[agent]
+                step.truncated[index] = truncations[agent]
+        return steps
 
-    def regroup(self, rows: list[tuple[int, Any]], ended: np.ndarray) -> tuple[list[int], list[tuple[int, Any]]]:
-        """After a step: the rows that play on (their indices among ``rows``), and those that join (the agents of
-        games that ended and restarted, and agents that appeared); ``self.rows`` becomes the two, in that order."""
+    def regroup(self, ended: dict[str, np.ndarray]) -> dict[str, tuple[list[int], list[tuple[int, str]]]]:
+        """After a step, per CT: the rows that play on (their indices among its rows), and those that join (the
+        agents of games that ended and restarted, and agents that appeared); each CT's rows become the two, in that
+        order."""
         for game, env in enumerate(self.envs):
             if not env.agents:
                 self._reset(game)
-        index_of = {row: index for index, row in enumerate(rows)}
-        kept: list[int] = []
-        joined: list[tuple[int, Any]] = []
+        index_of = {ct: {row: index for index, row in enumerate(rows)} for ct, rows in self.rows.items()}
+        regrouped: dict[str, tuple[list[int], list[tuple[int, str]]]] = {ct: ([], []) for ct in self.rows}
         for game, env in enumerate(self.envs):
             for agent in env.agents:
-                index = index_of.get((game, agent))
-                if index is not None and not ended[index]:
+                ct = self.policy_of[agent]
+                kept, joined = regrouped[ct]
+                index = index_of[ct].get((game, agent))
+                if index is not None and not ended[ct][index]:
                     kept.append(index)
                 else:
                     joined.append((game, agent))
-        self.rows = [rows[index] for index in kept] + joined
-        return kept, joined
+        for ct, (kept, joined) in regrouped.items():
+            self.rows[ct] = [self.rows[ct][index] for index in kept] + joined
+        return regrouped

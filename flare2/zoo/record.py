@@ -278,11 +278,19 @@ class AlgorithmRecord:
         }
 
     def builder(
-        self, env_id: str, env_kwargs: dict[str, Any], config: Any, settings: Any, *, preprocessing: bool = True
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any],
+        config: Any,
+        settings: Any,
+        *,
+        preprocessing: bool = True,
+        agents: tuple[str, ...] = (),
     ) -> Any:
         """A picklable function of no arguments that builds the Algorithm (a CT's ``build``) for the env as the
-        agents play it (``preprocessing``: ``flare2.core.env_making.env_spaces``)."""
-        return _Build(self.name, self.build, env_id, env_kwargs, config, settings, preprocessing)
+        agents play it (``preprocessing``, ``agents`` of a multi-agent env, all when empty:
+        ``flare2.core.env_making.env_spaces``)."""
+        return _Build(self.name, self.build, env_id, env_kwargs, config, settings, preprocessing, tuple(agents))
 
 
 @dataclass(frozen=True)
@@ -297,6 +305,8 @@ class _Build:
     config: Any
     settings: Any
     preprocessing: bool
+    agents: tuple[str, ...] = ()
+    """The agents of a multi-agent env whose spaces it is built for; all of them when empty."""
 
     def __call__(self) -> Any:
 
@@ -310,7 +320,7 @@ class _Build:
                 f"cannot import the build function {self.path!r} of the algorithm ({exc}): check the "
                 "record's build path and that its package is installed"
             ) from None
-        env = env_spaces(self.env_id, self.env_kwargs, preprocessing=self.preprocessing)
+        env = env_spaces(self.env_id, self.env_kwargs, preprocessing=self.preprocessing, agents=self.agents or None)
         return function(env, self.config, self.settings)
 
     def recipe(self) -> dict[str, Any]:
@@ -323,6 +333,7 @@ class _Build:
             "algorithm": dataclasses.asdict(self.config),
             "agent": dataclasses.asdict(self.settings),
             "preprocessing": self.preprocessing,
+            "agents": list(self.agents),
         }
 
 

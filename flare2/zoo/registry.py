@@ -91,11 +91,14 @@ def rebuild(recipe: Any) -> Any:
         config = record.config_class(**_tuples(recipe["algorithm"]))
         settings = record.settings_class(**_tuples(recipe["agent"]))
         env_id, env_kwargs, preprocessing = recipe["env"], recipe["env_kwargs"], recipe["preprocessing"]
+        agents = recipe.get("agents", [])
         if not isinstance(env_id, str) or not isinstance(env_kwargs, dict) or not isinstance(preprocessing, bool):
             raise TypeError("env, env_kwargs or preprocessing of the wrong type")
+        if not isinstance(agents, list) or not all(isinstance(agent, str) for agent in agents):
+            raise TypeError("agents must be a list of agent names")
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"not a build recipe of flare2 train ({exc!r})") from None
-    return record.builder(env_id, env_kwargs, config, settings, preprocessing=preprocessing)
+    return record.builder(env_id, env_kwargs, config, settings, preprocessing=preprocessing, agents=tuple(agents))
 
 
 def _tuples(values: dict[str, Any]) -> dict[str, Any]:

@@ -209,6 +209,38 @@ def test_a_loaded_policy_acts_with_the_runs_statistics_and_views(trained):
     np.testing.assert_allclose(frames[-1], expected, rtol=1e-5, atol=1e-5)
 
 
+@needs_modules("pettingzoo", "pettingzoo", "mpe2")
+def test_a_pettingzoo_env_trains_a_ct_per_team_and_eval_reports_each_team(tmp_path):
+    result = flare2(
+        "train",
+        "--env",
+        "mpe2.simple_adversary_v3",
+        "--algo",
+        "ppo",
+        "--policy-map",
+        "team",
+        "--serial",
+        "--max-steps",
+        "600",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--log-dir",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert sorted(path.name for path in (tmp_path / "checkpoints").glob("*.pt")) == ["adversary.pt", "agent.pt"]
+    played = flare2("eval", str(tmp_path), "--episodes", "2", "--video", str(tmp_path / "game.gif"))
+    assert played.returncode == 0, played.stderr[-4000:]
+    lines = played.stdout.splitlines()
+    assert lines[0] == "ppo on mpe2.simple_adversary_v3, 2 greedy games:"
+    assert [line.split(":")[0] for line in lines[1:]] == ["team 'adversary'", "team 'agent'"]
+    assert (tmp_path / "game.gif").read_bytes()[:6] == b"GIF89a"
+    shared = flare2("train", "--env", "mpe2.simple_adversary_v3", "--algo", "ppo", "--log-dir", str(tmp_path / "x"))
+    assert shared.returncode == 2 and "give each kind of agent a CT of its own" in shared.stderr
+
+
 def test_eval_of_a_directory_that_is_no_flare2_train_run_says_so(tmp_path):
     result = flare2("eval", str(tmp_path))
     assert (

@@ -12,7 +12,7 @@ from extras import skip_without
 from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_parallel_env, shared_spaces
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
 from flare2.core.helpers import OnlineHelper
-from flare2.core.pettingzoo_agent import PettingZooAgent
+from flare2.core.pettingzoo_agent import PettingZooAgent, policy_map
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.errors import ConfigError
 from flare2.runtime.agents.playing import StopRequested, make_envs
@@ -30,7 +30,8 @@ LEAVES_AFTER = 2
 class Patrol:
     """A PettingZoo-style parallel game of 4 steps: ``scout_0``, ``scout_1`` and ``scout_2`` each see
     ``[game, their index, t]`` and earn their index + 1 a step; ``scout_2`` is caught (terminated) after 2 steps while
-    the others play on until the game is truncated. Records the actions each agent was given."""
+    the others play on until the game is truncated (the third agent is caught, whatever its name). Records the actions
+    each agent was given."""
 
     possible_agents = ["scout_0", "scout_1", "scout_2"]
     games = 0
@@ -61,7 +62,7 @@ class Patrol:
         self.t += 1
         observations = self._observations()
         rewards = {agent: float(self.possible_agents.index(agent) + 1) for agent in self.agents}
-        terminations = {agent: agent == "scout_2" and self.t == LEAVES_AFTER for agent in self.agents}
+        terminations = {agent: agent == self.possible_agents[2] and self.t == LEAVES_AFTER for agent in self.agents}
         truncations = {agent: self.t == GAME_STEPS for agent in self.agents}
         self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
         return observations, rewards, terminations, truncations, {agent: {} for agent in observations}
@@ -204,3 +205,83 @@ def test_the_spaces_an_algorithm_is_built_for_are_those_the_agents_share():
     skip_without("pettingzoo", "mpe2")
     spaces = env_spaces("mpe2.simple_spread_v3")
     assert spaces.observation_space.shape == (18,) and spaces.action_space == gym.spaces.Discrete(5)
+
+
+def test_policy_maps_give_each_agent_its_ct():
+    agents = ["adversary_0", "agent_0", "agent_1"]
+    assert policy_map(agents, "shared") == dict.fromkeys(agents, "RL")
+    assert policy_map(agents, "team") == {"adversary_0": "adversary", "agent_0": "agent", "agent_1": "agent"}
+    assert policy_map(agents, "agent") == {agent: agent for agent in agents}
+    # An agent's own pair wins over its team's.
+    assert policy_map(agents, "agent=good, agent_1=solo, adversary=bad") == {
+        "adversary_0": "bad",
+        "agent_0": "good",
+        "agent_1": "solo",
+    }
+
+
+def test_a_policy_map_that_misses_an_agent_or_names_a_stranger_says_which():
+    agents = ["adversary_0", "agent_0", "agent_1"]
+    with pytest.raises(ConfigError, match=r"no CT to agents \['adversary_0'\].*adversary=CT"):
+        policy_map(agents, "agent=good")
+    with pytest.raises(ConfigError, match=r"\['runner'\], which are neither agents nor teams"):
+        policy_map(agents, "agent=good,adversary=bad,runner=x")
+    with pytest.raises(ConfigError, match="pairs NAME=CT"):
+        policy_map(agents, "everyone")
+
+
+class Duel(Patrol):
+    """Patrol with two teams: ``scout_0`` and ``scout_1``, and ``guard_0``, who sees one number more."""
+
+    possible_agents = ["scout_0", "scout_1", "guard_0"]
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(-100.0, 100.0, (4 if agent == "guard_0" else 3,), np.float64)
+
+    def _observations(self):
+        return {
+            agent: np.array([self.game, self.possible_agents.index(agent), self.t] + [0.0] * (agent == "guard_0"))
+            for agent in self.agents
+        }
+
+
+def test_each_team_is_asked_on_its_own_ct_with_its_own_rows():
+    guard_specs = CTSpecs(
+        inputs={"obs": Spec((4,), "float32")},
+        actions={"action": Spec((), "int64")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+    )
+    agent = PettingZooAgent("tests.duel", policy_map="team")
+    agent.num_envs = 2
+    agent.make_env = Duel
+    assert sorted(agent.helpers()) == ["guard", "scout"]
+    make_envs(agent, 0)
+    ports = {"scout": AnsweringPort(3, first_action), "guard": AnsweringPort(3, first_action)}
+    for port in ports.values():
+        port.learn = lambda payload: None
+    agent.connect(
+        agent_id="a0",
+        seed=0,
+        specs={"scout": SPECS, "guard": guard_specs},
+        ports=ports,
+        helpers=agent.helpers(),
+    )
+    with pytest.raises(StopRequested):
+        agent.run()
+    # Two games: 4 scouts on their CT, 2 guards on theirs; each guard's row is [game, 2, t, 0].
+    scouts = ports["scout"].sent[0]["inputs"]["obs"]
+    guards = ports["guard"].sent[0]["inputs"]["obs"]
+    assert sorted(scouts[:, 1].tolist()) == [0, 0, 1, 1] and len(set(scouts[:, 0].tolist())) == 2
+    assert guards.shape == (2, 4) and guards[:, 1].tolist() == [2, 2]
+    # The guards leave after 2 steps (Patrol's third agent is caught): the scouts play on without them.
+    assert [len(sent["inputs"]["obs"]) for sent in ports["guard"].sent] == [2, 2]
+
+
+def test_a_ct_the_run_does_not_serve_is_named():
+    agent = PettingZooAgent("tests.duel", policy_map="agent")
+    agent.num_envs = 1
+    agent.make_env = Duel
+    make_envs(agent, 0)
+    with pytest.raises(ConfigError, match=r"asks for CT\(s\) \['guard_0', 'scout_0', 'scout_1'\]"):
+        agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={}, helpers=agent.helpers())

@@ -30,7 +30,8 @@ _POINTS = 200
 
 
 def read_curves(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``return_mean`` and ``eval_return_mean`` of a run against env steps.
+    """``return_mean`` and ``eval_return_mean`` of a run against env steps; for a multi-agent env's run, those of
+    each team's agents (``return_mean:TEAM``).
 
     From episodes.csv, one point per finished episode: the mean return of the
     last 100 training (or 20 evaluation) episodes, as progress.csv reports it,
@@ -41,7 +42,7 @@ def read_curves(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if not (run_dir / "progress.csv").is_file():
         raise ConfigError(f"{run_dir} has no progress.csv: give the log dir of a run (its --log-dir)")
     curves = _episode_curves(run_dir / "episodes.csv") or _progress_curves(run_dir / "progress.csv")
-    if "return_mean" not in curves:
+    if not any(column.startswith("return_mean") for column in curves):
         raise ConfigError(
             f"{run_dir / 'progress.csv'} has no return yet: the run ended before its first finished "
             "episodes were reported"
@@ -69,23 +70,33 @@ def _episode_curves(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     if not path.is_file():
         return {}
     try:
-        episodes = [(float(row["env_steps"]), float(row["return"]), row["eval"] == "1") for row in _rows(path)]
+        episodes = [
+            (float(row["env_steps"]), float(row["return"]), row["eval"] == "1", row.get("team") or "")
+            for row in _rows(path)
+        ]
     except (KeyError, TypeError, ValueError):
         return {}  # not as flare2 writes it: progress.csv instead
     curves = {}
-    for column, evaluation, window in (
-        ("return_mean", False, RETURN_WINDOW),
-        ("eval_return_mean", True, EVAL_RETURN_WINDOW),
-    ):
-        chosen = [(steps, value) for steps, value, is_eval in episodes if is_eval == evaluation]
-        if chosen:
-            steps = _spread(np.array([steps for steps, _ in chosen]))
-            returns = np.array([value for _, value in chosen])
-            totals = np.concatenate([[0.0], np.cumsum(returns)])
-            counts = np.minimum(np.arange(1, len(returns) + 1), window)
-            ends = np.arange(1, len(returns) + 1)
-            curves[column] = (steps, (totals[ends] - totals[ends - counts]) / counts)
+    # The agents of a multi-agent env: a curve per team, of the returns of its agents.
+    for team in sorted({team for *_, team in episodes}):
+        for column, evaluation, window in (
+            ("return_mean", False, RETURN_WINDOW),
+            ("eval_return_mean", True, EVAL_RETURN_WINDOW),
+        ):
+            chosen = [(steps, value) for steps, value, is_eval, of in episodes if is_eval == evaluation and of == team]
+            if chosen:
+                curves[f"{column}:{team}" if team else column] = _running_mean(chosen, window)
     return curves
+
+
+def _running_mean(chosen: list[tuple[float, float]], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of the last ``window`` returns at each episode, against its env steps."""
+    steps = _spread(np.array([steps for steps, _ in chosen]))
+    returns = np.array([value for _, value in chosen])
+    totals = np.concatenate([[0.0], np.cumsum(returns)])
+    counts = np.minimum(np.arange(1, len(returns) + 1), window)
+    ends = np.arange(1, len(returns) + 1)
+    return steps, (totals[ends] - totals[ends - counts]) / counts
 
 
 def _spread(row_steps: np.ndarray) -> np.ndarray:
@@ -141,12 +152,13 @@ def plot(run_dirs: list[Path], output: Path, *, title: str | None = None) -> lis
     figure, axes = plt.subplots(figsize=(8, 5))
     lines = []
     for key, runs in groups.items():
-        for column, style in (("return_mean", "-"), ("eval_return_mean", "--")):
+        for column in sorted({column for run in runs for column in run}, key=lambda c: (c.startswith("eval"), c)):
             curves = [run[column] for run in runs if column in run]
-            if not curves:
-                continue
+            kind, _, team = column.partition(":")
+            evaluation = kind == "eval_return_mean"
+            style = "--" if evaluation else "-"
             steps, mean, low, high = _band(curves)
-            name = labels[key] + (" (evaluation)" if column == "eval_return_mean" else "")
+            name = labels[key] + (f", team {team}" if team else "") + (" (evaluation)" if evaluation else "")
             seeds = f"{len(curves)} seeds" if len(curves) > 1 else "1 run"
             (line,) = axes.plot(steps, mean, style, label=f"{name}, {seeds}")
             if len(curves) > 1:

@@ -83,7 +83,7 @@ def test_ale_reports_a_lost_life_for_learning_and_the_end_of_a_game_with_its_las
     # Breakout has 5 lives: each game that ended lost 4 lives on the way that did not end it.
     assert len(ended) >= 2 and lives_lost >= 4 * len(ended)
     # The counted episodes are whole games, with their raw scores.
-    assert stats.finished == [(float(r), int(n)) for r, n in ended]
+    assert stats.finished == [(float(r), int(n), "") for r, n in ended]
 
 
 def test_auto_takes_ale_for_atari_games_with_their_preprocessing_and_python_for_the_rest():

@@ -97,6 +97,20 @@ def test_late_stats_of_a_dropped_remote_agent_count_and_a_rejoin_is_counted(tmp_
     assert run.totals.dropped_messages == 1
 
 
+def test_stats_count_each_episodes_team_and_a_malformed_team_drops_the_message(tmp_path, control, monkeypatch):
+    run = manager(tmp_path)
+    sent_by_the_desk(monkeypatch)
+    run.desk.on_message(control, b"r-t-0.0.aa", remote_hello("r-t-0.0.aa"))
+    episodes = [[-3.0, 25, "adversary"], [4.0, 25, "agent"], [5.0, 9]]
+    stats = Message(STATS, {"role": "agent", "steps": 59, "episodes": episodes}, "r-t-0.0.aa", 5)
+    run.desk.on_message(control, b"r-t-0.0.aa", stats)
+    assert [team for *_, team in run.totals.take_finished()] == ["adversary", "agent", ""]
+    for team in ("x" * 65, 7):
+        bad = Message(STATS, {"role": "agent", "steps": 1, "episodes": [[1.0, 1, team]]}, "r-t-0.0.aa", 6)
+        run.desk.on_message(control, b"r-t-0.0.aa", bad)
+    assert run.totals.env_steps == 59 and run.totals.take_finished() == []
+
+
 def test_a_remote_agent_dropped_while_the_compute_process_is_still_starting_leaves_the_manager_running(
     tmp_path, control
 ):

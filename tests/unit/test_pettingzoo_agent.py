@@ -104,7 +104,7 @@ def test_each_live_agent_is_one_row_and_agents_that_leave_leave_the_requests():
         ] * 2
     # Each agent's episode is its own: scout_i earns i + 1 a step; scout_2's ends after 2 steps.
     finished = sorted(stats.finished)
-    assert finished == sorted([(4.0, 4), (8.0, 4), (6.0, 2)] * 4)
+    assert finished == sorted([(4.0, 4, "scout"), (8.0, 4, "scout"), (6.0, 2, "scout")] * 4)
     assert stats.steps == 2 * (3 + 3 + 2 + 2) * 2 + 6  # two whole games in each of 2 envs, then one step
 
 

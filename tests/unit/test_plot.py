@@ -75,3 +75,26 @@ def test_a_run_with_episodes_is_drawn_one_point_per_episode_between_its_progress
     assert steps.tolist() == [50, 100, 200, 300, 400]
     assert means.tolist() == [10, 15, 20, 25, 30]  # the mean of every episode so far (fewer than 100)
     assert [values.tolist() for values in curves["eval_return_mean"]] == [[400], [7]]
+
+
+def test_a_multi_agent_run_is_drawn_a_curve_per_team(tmp_path, capsys):
+    run = write_run(tmp_path / "duel", [(100, 0.0, "nan"), (200, 0.0, "nan")])
+    (run / "episodes.csv").write_text(
+        "wall_time,env_steps,return,length,eval,team\n"
+        + "".join(
+            f"0,{steps},{ret},25,0,{team}\n"
+            for steps, ret, team in [
+                (100, -4, "adversary"),
+                (100, 2, "agent"),
+                (100, 4, "agent"),
+                (200, -2, "adversary"),
+            ]
+        )
+    )
+    curves = read_curves(run)
+    assert sorted(curves) == ["return_mean:adversary", "return_mean:agent"]
+    assert curves["return_mean:adversary"][1].tolist() == [-4, -3]
+    assert curves["return_mean:agent"][1].tolist() == [2, 3]
+    assert main([str(run), "-o", str(tmp_path / "teams.png")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed[:2]] == ["duel, team adversary", "duel, team agent"]

@@ -27,40 +27,40 @@ def read(path) -> list[dict[str, str]]:
 
 def test_the_return_mean_is_over_the_last_hundred_training_episodes_and_evaluations_stay_apart():
     totals = RunTotals()
-    totals.add_agent_stats(300, [(float(i), 10) for i in range(RETURN_WINDOW + 20)])
-    totals.add_eval_stats(50, [(1000.0, 50)])
-    totals.add_agent_stats(20, [(0.0, 5)], remote=True)
+    totals.add_agent_stats(300, [(float(i), 10, "") for i in range(RETURN_WINDOW + 20)])
+    totals.add_eval_stats(50, [(1000.0, 50, "")])
+    totals.add_agent_stats(20, [(0.0, 5, "")], remote=True)
 
     assert totals.env_steps == 320 and totals.episodes == RETURN_WINDOW + 21
     assert totals.remote_env_steps == 20 and totals.remote_episodes == 1
     assert totals.eval_env_steps == 50 and totals.eval_episodes == 1 and totals.eval_return_mean == 1000.0
     last_hundred = [float(i) for i in range(21, RETURN_WINDOW + 20)] + [0.0]
     assert totals.return_mean == pytest.approx(sum(last_hundred) / RETURN_WINDOW)
-    assert [evaluation for *_, evaluation in totals.take_finished()].count(True) == 1
+    assert [evaluation for *_, evaluation, _ in totals.take_finished()].count(True) == 1
     assert totals.take_finished() == []
 
 
 def test_each_budget_ends_the_run_and_a_target_return_waits_for_a_full_window():
     totals = RunTotals()
     assert not totals.budget_reached(budget(max_steps=100))
-    totals.add_agent_stats(100, [(500.0, 100)])
+    totals.add_agent_stats(100, [(500.0, 100, "")])
     assert totals.budget_reached(budget(max_steps=100))
     assert not totals.budget_reached(budget(max_steps=101))
     assert totals.budget_reached(budget(max_episodes=1))
     # One great episode is not a mean over the window.
     assert not totals.budget_reached(budget(max_steps=10**9, stop_return=475))
-    totals.add_agent_stats(0, [(500.0, 100)] * (RETURN_WINDOW - 1))
+    totals.add_agent_stats(0, [(500.0, 100, "")] * (RETURN_WINDOW - 1))
     assert totals.budget_reached(budget(max_steps=10**9, stop_return=475))
 
-    totals.add_eval_stats(10, [(600.0, 10)] * (EVAL_RETURN_WINDOW - 1))
+    totals.add_eval_stats(10, [(600.0, 10, "")] * (EVAL_RETURN_WINDOW - 1))
     assert not totals.budget_reached(budget(max_steps=10**9, stop_eval_return=500))
-    totals.add_eval_stats(10, [(600.0, 10)])
+    totals.add_eval_stats(10, [(600.0, 10, "")])
     assert totals.budget_reached(budget(max_steps=10**9, stop_eval_return=500))
 
 
 def test_counters_survive_a_resume():
     totals = RunTotals()
-    totals.add_agent_stats(1234, [(10.0, 5), (20.0, 7)])
+    totals.add_agent_stats(1234, [(10.0, 5, ""), (20.0, 7, "")])
     totals.restarts = 2
     resumed = RunTotals()
     resumed.resume_from(totals.counters())
@@ -89,8 +89,8 @@ def test_latency_quantiles_come_from_buckets_about_a_fifth_wide_and_bad_counts_a
 def test_a_report_writes_a_progress_row_the_costs_the_episodes_and_the_batching_of_each_ct(tmp_path):
     log = ProgressLog(tmp_path)
     totals = RunTotals()
-    totals.add_agent_stats(400, [(20.0, 20), (30.0, 30)])
-    totals.add_eval_stats(15, [(15.0, 15)])
+    totals.add_agent_stats(400, [(20.0, 20, "agent"), (30.0, 30, "agent")])
+    totals.add_eval_stats(15, [(15.0, 15, "")])
     totals.add_compute_stats(
         {
             "RL": {
@@ -147,10 +147,10 @@ def test_a_report_writes_a_progress_row_the_costs_the_episodes_and_the_batching_
     assert float(progress["predict_rtt_p50_ms"]) == pytest.approx(0.4, rel=0.2)
     assert row["env_steps"] == 400
     assert [(r["ct"], r["cost"], r["value"]) for r in read(tmp_path / "learn.csv")] == [("RL", "loss", "0.5")]
-    assert [(r["return"], r["length"], r["eval"]) for r in read(tmp_path / "episodes.csv")] == [
-        ("20.0", "20", "0"),
-        ("30.0", "30", "0"),
-        ("15.0", "15", "1"),
+    assert [(r["return"], r["length"], r["eval"], r["team"]) for r in read(tmp_path / "episodes.csv")] == [
+        ("20.0", "20", "0", "agent"),
+        ("30.0", "30", "0", "agent"),
+        ("15.0", "15", "1", ""),
     ]
     [ct_row] = read(tmp_path / "cts.csv")
     assert (
@@ -229,9 +229,9 @@ def test_the_progress_line_tells_the_share_of_the_step_budget_and_the_time_left(
 def test_the_summary_names_the_best_and_last_mean_return_and_where_the_files_are(tmp_path):
     log = ProgressLog(tmp_path)
     totals = RunTotals()
-    totals.add_agent_stats(100, [(50.0, 50)])
+    totals.add_agent_stats(100, [(50.0, 50, "")])
     log.report(totals, agents=1)
-    totals.add_agent_stats(100, [(10.0, 10)])
+    totals.add_agent_stats(100, [(10.0, 10, "")])
     log.report(totals, agents=1)
     log.close()
     assert totals.best_return_mean == 50.0
@@ -258,7 +258,7 @@ def test_tensorboard_gets_every_progress_and_learn_scalar_and_a_resume_continues
     totals = RunTotals()
     log = ProgressLog(tmp_path, tensorboard=True)
     for steps, episode_return, loss in ((100, 10.0, 0.9), (100, 20.0, 0.8), (100, 30.0, 0.7)):
-        totals.add_agent_stats(steps, [(episode_return, 10)])
+        totals.add_agent_stats(steps, [(episode_return, 10, "")])
         totals.add_compute_stats({"RL": {"learn_calls": 1, "costs": {"loss": loss}}})
         log.report(totals, agents=1)
     log.close()
@@ -268,7 +268,7 @@ def test_tensorboard_gets_every_progress_and_learn_scalar_and_a_resume_continues
     resumed.recent_returns.extend([10.0, 20.0])
     log = ProgressLog(tmp_path, start_steps=200, append=True, tensorboard=True)
     for steps, episode_return, loss in ((100, 40.0, 0.6), (100, 50.0, 0.5)):
-        resumed.add_agent_stats(steps, [(episode_return, 10)])
+        resumed.add_agent_stats(steps, [(episode_return, 10, "")])
         resumed.add_compute_stats({"RL": {"learn_calls": 1, "costs": {"loss": loss}}})
         log.report(resumed, agents=1)
     log.close()
@@ -291,7 +291,7 @@ def test_tensorboard_gets_every_progress_and_learn_scalar_and_a_resume_continues
     # A fresh run in the same directory replaces the old curve.
     log = ProgressLog(tmp_path, tensorboard=True)
     fresh = RunTotals()
-    fresh.add_agent_stats(100, [(99.0, 10)])
+    fresh.add_agent_stats(100, [(99.0, 10, "")])
     log.report(fresh, agents=1)
     log.close()
     assert _board_scalars(tmp_path)["progress/return_mean"] == [(100, 99.0)]

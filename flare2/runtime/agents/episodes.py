@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from flare2.core.pettingzoo_agent import team_of
+
 
 class EpisodeStats:
     """Steps and finished episodes of every env of this process since the last report.
@@ -22,15 +24,25 @@ class EpisodeStats:
     def __init__(self) -> None:
         self.steps = 0
         self.eval_steps = 0
-        self.finished: list[tuple[float, int]] = []
-        self.eval_finished: list[tuple[float, int]] = []
+        self.finished: list[tuple[float, int, str]] = []
+        self.eval_finished: list[tuple[float, int, str]] = []
+        """(return, length, team) of each finished episode: the team of a multi-agent env's agent
+        (``flare2.core.pettingzoo_agent.team_of``), "" for an env's one agent."""
 
     def take(self) -> dict[str, Any]:
-        stats = {"steps": self.steps, "episodes": [list(item) for item in self.finished]}
+        stats = {"steps": self.steps, "episodes": _on_the_wire(self.finished)}
         if self.eval_steps or self.eval_finished:
-            stats.update(eval_steps=self.eval_steps, eval_episodes=[list(item) for item in self.eval_finished])
+            stats.update(eval_steps=self.eval_steps, eval_episodes=_on_the_wire(self.eval_finished))
         self.steps, self.finished, self.eval_steps, self.eval_finished = 0, [], 0, []
         return stats
+
+
+def _on_the_wire(finished: list[tuple[float, int, str]]) -> list[list[Any]]:
+    """Episodes as a stats message carries them: [return, length], and the team where there is one."""
+    return [
+        [episode_return, length, team] if team else [episode_return, length]
+        for episode_return, length, team in finished
+    ]
 
 
 class EpisodeRecorder:
@@ -63,7 +75,7 @@ class EpisodeRecorder:
         self._return += float(result[1])
         self._length += 1
         if result[2] or result[3]:
-            (stats.eval_finished if self.evaluating else stats.finished).append((self._return, self._length))
+            (stats.eval_finished if self.evaluating else stats.finished).append((self._return, self._length, ""))
             self._return, self._length = 0.0, 0
         return result
 
@@ -95,7 +107,7 @@ class AgentsEpisodeRecorder(EpisodeRecorder):
             self._returns[agent] = self._returns.get(agent, 0.0) + float(rewards.get(agent, 0.0))
             self._lengths[agent] = self._lengths.get(agent, 0) + 1
             if terminations.get(agent, False) or truncations.get(agent, False):
-                finished.append((self._returns.pop(agent), self._lengths.pop(agent)))
+                finished.append((self._returns.pop(agent), self._lengths.pop(agent), team_of(agent)))
         return result
 
 
@@ -131,7 +143,7 @@ class VectorEpisodeRecorder:
         self._lengths += 1
         ended = np.flatnonzero(np.logical_or(result[2], result[3]))
         if ended.size:
-            self.stats.finished.extend((float(self._returns[index]), int(self._lengths[index])) for index in ended)
+            self.stats.finished.extend((float(self._returns[index]), int(self._lengths[index]), "") for index in ended)
             self._returns[ended] = 0
             self._lengths[ended] = 0
         return result

@@ -44,6 +44,8 @@ from flare2.wire.protocol import (
 from flare2.wire.sockets import free_port, router_send
 
 logger = logging.getLogger(__name__)
+MAX_TEAM_CHARS = 64
+"""The longest team name a stats message may give a finished episode (episodes.csv keeps it)."""
 
 AGENT_CONTROL_INTERVAL_S = 0.25
 """How often agents report to the manager (and notice a STOP or a dead manager)."""
@@ -331,12 +333,23 @@ def _learner_rendezvous(config: RunConfig) -> str:
     return f"tcp://{config.advertise or config.bind}:{free_port(listen)}"
 
 
-def _counted(payload: dict[str, Any], steps_key: str, episodes_key: str) -> tuple[int, list[tuple[float, int]]]:
-    """A stats message's step count and (return, length) episodes; TypeError/ValueError when malformed."""
+def _counted(payload: dict[str, Any], steps_key: str, episodes_key: str) -> tuple[int, list[tuple[float, int, str]]]:
+    """A stats message's step count and (return, length, team) episodes (an agent of an older flare2 sends no team);
+    TypeError/ValueError when malformed."""
     steps, episodes = payload.get(steps_key, 0), payload.get(episodes_key, [])
     if type(steps) is not int or steps < 0 or not isinstance(episodes, list):
         raise ValueError(f"{steps_key}/{episodes_key} have the wrong types")
-    return steps, [(float(ret), int(length)) for ret, length in episodes]
+    return steps, [_episode(item) for item in episodes]
+
+
+def _episode(item: Any) -> tuple[float, int, str]:
+    """One finished episode of a stats message: [return, length] or [return, length, team]."""
+    if not isinstance(item, list) or len(item) not in (2, 3):
+        raise ValueError("an episode is [return, length] or [return, length, team]")
+    team = item[2] if len(item) == 3 else ""
+    if not isinstance(team, str) or len(team) > MAX_TEAM_CHARS:
+        raise ValueError(f"an episode's team is a name of at most {MAX_TEAM_CHARS} characters")
+    return float(item[0]), int(item[1]), team
 
 
 def _with_host(endpoint: str, host: str) -> str:

@@ -184,7 +184,7 @@ class ProgressLog:
         if not append:
             self._progress.writerow(PROGRESS_COLUMNS)
             self._learn.writerow(("wall_time", "ct", "learn_steps", "cost", "value"))
-            self._episodes.writerow(("wall_time", "env_steps", "return", "length", "eval"))
+            self._episodes.writerow(("wall_time", "env_steps", "return", "length", "eval", "team"))
             self._cts.writerow(CT_COLUMNS)
         self._last_time = time.monotonic()
         self._last_steps = start_steps
@@ -245,8 +245,8 @@ class ProgressLog:
         if self._board is not None:
             self._write_board(self._board, row, totals)
         self._write_ct_rows(row["wall_time"], totals)
-        for episode_return, length, evaluation in totals.take_finished():
-            self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length, int(evaluation)))
+        for episode_return, length, evaluation, team in totals.take_finished():
+            self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length, int(evaluation), team))
         self._episodes_file.flush()
         eval_text = f" | eval {row['eval_return_mean']:.1f} ({totals.eval_episodes} ep)" if totals.eval_episodes else ""
         logger.info(

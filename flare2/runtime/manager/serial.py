@@ -242,8 +242,8 @@ class SerialSchedule:
 
     def _add_agent_stats(self, stats: dict[str, Any], round_trips: list[int]) -> None:
         totals = self.manager.totals
-        totals.add_agent_stats(stats["steps"], [(ret, length) for ret, length in stats["episodes"]])
-        evaluated = [(ret, length) for ret, length in stats.get("eval_episodes", [])]
+        totals.add_agent_stats(stats["steps"], [tuple(episode) for episode in stats["episodes"]])
+        evaluated = [tuple(episode) for episode in stats.get("eval_episodes", [])]
         totals.add_eval_stats(stats.get("eval_steps", 0), evaluated)
         totals.round_trips.merge(round_trips)
 

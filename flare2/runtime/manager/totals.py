@@ -47,7 +47,7 @@ class RunTotals:
     best_return_mean: float = float("nan")
     """The highest ``return_mean`` of any progress row so far."""
     _finished: list = field(default_factory=list)
-    """(return, length, evaluation) of the episodes finished since the last ``take_finished``."""
+    """(return, length, evaluation, team) of the episodes finished since the last ``take_finished``."""
 
     def resume_from(self, counters: dict[str, Any]) -> None:
         """Continue the counters of the run a checkpoint came from."""
@@ -88,23 +88,24 @@ class RunTotals:
         for report in reports.values():
             self.max_predict_wait_ms = max(self.max_predict_wait_ms, float(report.get("max_predict_wait_ms", 0.0)))
 
-    def add_agent_stats(self, steps: int, episodes: list[tuple[float, int]], *, remote: bool = False) -> None:
+    def add_agent_stats(self, steps: int, episodes: list[tuple[float, int, str]], *, remote: bool = False) -> None:
+        """Steps played and episodes finished, each (return, length, team: "" but for a multi-agent env's agent)."""
         self.env_steps += steps
         self.episodes += len(episodes)
         if remote:
             self.remote_env_steps += steps
             self.remote_episodes += len(episodes)
-        self.recent_returns.extend(episode_return for episode_return, _ in episodes)
-        self._finished.extend((episode_return, length, False) for episode_return, length in episodes)
+        self.recent_returns.extend(episode_return for episode_return, _, _ in episodes)
+        self._finished.extend((episode_return, length, False, team) for episode_return, length, team in episodes)
 
-    def add_eval_stats(self, steps: int, episodes: list[tuple[float, int]]) -> None:
+    def add_eval_stats(self, steps: int, episodes: list[tuple[float, int, str]]) -> None:
         self.eval_env_steps += steps
         self.eval_episodes += len(episodes)
-        self.recent_eval_returns.extend(episode_return for episode_return, _ in episodes)
-        self._finished.extend((episode_return, length, True) for episode_return, length in episodes)
+        self.recent_eval_returns.extend(episode_return for episode_return, _, _ in episodes)
+        self._finished.extend((episode_return, length, True, team) for episode_return, length, team in episodes)
 
-    def take_finished(self) -> list[tuple[float, int, bool]]:
-        """Episodes (return, length, evaluation) finished since the last call."""
+    def take_finished(self) -> list[tuple[float, int, bool, str]]:
+        """Episodes (return, length, evaluation, team) finished since the last call."""
         finished, self._finished = self._finished, []
         return finished
 

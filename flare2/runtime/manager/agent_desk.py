@@ -25,7 +25,7 @@ from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import RunConfig
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
-from flare2.runtime.manager.totals import RunTotals
+from flare2.runtime.manager.totals import RunTotals, episode_from_wire
 from flare2.runtime.processes import COMPUTE_IDENTITY
 from flare2.wire.protocol import (
     BYE,
@@ -44,8 +44,6 @@ from flare2.wire.protocol import (
 from flare2.wire.sockets import free_port, router_send
 
 logger = logging.getLogger(__name__)
-MAX_TEAM_CHARS = 64
-"""The longest team name a stats message may give a finished episode (episodes.csv keeps it)."""
 
 AGENT_CONTROL_INTERVAL_S = 0.25
 """How often agents report to the manager (and notice a STOP or a dead manager)."""
@@ -339,17 +337,7 @@ def _counted(payload: dict[str, Any], steps_key: str, episodes_key: str) -> tupl
     steps, episodes = payload.get(steps_key, 0), payload.get(episodes_key, [])
     if type(steps) is not int or steps < 0 or not isinstance(episodes, list):
         raise ValueError(f"{steps_key}/{episodes_key} have the wrong types")
-    return steps, [_episode(item) for item in episodes]
-
-
-def _episode(item: Any) -> tuple[float, int, str]:
-    """One finished episode of a stats message: [return, length] or [return, length, team]."""
-    if not isinstance(item, list) or len(item) not in (2, 3):
-        raise ValueError("an episode is [return, length] or [return, length, team]")
-    team = item[2] if len(item) == 3 else ""
-    if not isinstance(team, str) or len(team) > MAX_TEAM_CHARS:
-        raise ValueError(f"an episode's team is a name of at most {MAX_TEAM_CHARS} characters")
-    return float(item[0]), int(item[1]), team
+    return steps, [episode_from_wire(item) for item in episodes]
 
 
 def _with_host(endpoint: str, host: str) -> str:

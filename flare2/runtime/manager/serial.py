@@ -44,6 +44,7 @@ from flare2.runtime.latency import LatencyHistogram
 from flare2.runtime.manager.agent_desk import AGENT_CONTROL_INTERVAL_S
 from flare2.runtime.manager.progress import compute_report_interval_s
 from flare2.runtime.manager.schedule import Conductor
+from flare2.runtime.manager.totals import episode_from_wire
 from flare2.runtime.supervisor import agent_seed
 from flare2.wire.protocol import LEARN, PREDICT, STATISTICS, Message
 from flare2.wire.sockets import raise_for_error
@@ -242,8 +243,8 @@ class SerialSchedule:
 
     def _add_agent_stats(self, stats: dict[str, Any], round_trips: list[int]) -> None:
         totals = self.manager.totals
-        totals.add_agent_stats(stats["steps"], [tuple(episode) for episode in stats["episodes"]])
-        evaluated = [tuple(episode) for episode in stats.get("eval_episodes", [])]
+        totals.add_agent_stats(stats["steps"], [episode_from_wire(episode) for episode in stats["episodes"]])
+        evaluated = [episode_from_wire(episode) for episode in stats.get("eval_episodes", [])]
         totals.add_eval_stats(stats.get("eval_steps", 0), evaluated)
         totals.round_trips.merge(round_trips)
 

@@ -129,3 +129,17 @@ class RunTotals:
 
     def ct_total(self, key: str) -> float:
         return sum(report.get(key, 0) for report in self.ct_reports.values())
+
+
+MAX_TEAM_CHARS = 64
+"""The longest team name a stats message may give a finished episode (episodes.csv keeps it)."""
+
+
+def episode_from_wire(item: Any) -> tuple[float, int, str]:
+    """One finished episode of a stats message: [return, length] or [return, length, team]."""
+    if not isinstance(item, list) or len(item) not in (2, 3):
+        raise ValueError("an episode is [return, length] or [return, length, team]")
+    team = item[2] if len(item) == 3 else ""
+    if not isinstance(team, str) or len(team) > MAX_TEAM_CHARS:
+        raise ValueError(f"an episode's team is a name of at most {MAX_TEAM_CHARS} characters")
+    return float(item[0]), int(item[1]), team

@@ -331,6 +331,13 @@ class _Games:
     def action_space(self, agent: str) -> gym.Space:
         return self.env.action_space(agent)
 
+    @property
+    def state_space(self) -> gym.Space | None:
+        return getattr(self.env, "state_space", None)
+
+    def state(self) -> Any:
+        return self.env.state()
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         if len(self.results) == self.games:
             raise _Played()

@@ -217,6 +217,8 @@ def resolve(
         parser, args, record.config_class, **{name: sources[source] for name, source in record.derived.items()}
     )
     env_kwargs = {"max_episode_steps": args.max_episode_steps} if args.max_episode_steps else {}
+    if getattr(settings, "critic", "own") == "state" and not is_pettingzoo_env(env_id):
+        parser.error(f"--critic state: a centralised critic sees a multi-agent env's state(), and {env_id!r} is none")
     if is_pettingzoo_env(env_id):
         agent_path, kwargs = _pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
         cts = [

@@ -276,6 +276,8 @@ class AgentSpaces:
 
     observation_space: gym.Space
     action_space: gym.Space
+    state_space: gym.Space | None = None
+    """The space of the game's ``state()`` where the env has one (a centralised critic sees it)."""
 
     def close(self) -> None:
         """Nothing to close: for callers that close what ``flare2.core.env_making.env_spaces`` gave."""
@@ -286,7 +288,7 @@ def shared_spaces(env: Any, env_id: str, agents: Sequence[str] | None = None) ->
     takes them; a ConfigError naming the agents whose spaces differ."""
     agents = list(env.possible_agents if agents is None else agents)
     first = agents[0]
-    spaces = AgentSpaces(env.observation_space(first), env.action_space(first))
+    spaces = AgentSpaces(env.observation_space(first), env.action_space(first), getattr(env, "state_space", None))
     for agent in agents[1:]:
         if (env.observation_space(agent), env.action_space(agent)) != (spaces.observation_space, spaces.action_space):
             raise ConfigError(

@@ -26,18 +26,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
 from flare2.core.agent import VectorAgent
-from flare2.core.env_making import make_parallel_env, shared_spaces
+from flare2.core.env_making import AgentSpaces, make_parallel_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
 from flare2.core.helpers import AgentHelper
-from flare2.core.spaces import action_specs, input_specs
+from flare2.core.spaces import OBS_KEY, action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
 from flare2.errors import ConfigError
+
+GLOBAL_STATE = "global_state"
+"""The input that holds a row's game state (the env's ``state()``), sent with each agent's observation to a CT that
+declares it: a centralised critic's (``flare2.zoo.models.ActorCritic``'s ``critic_space``)."""
 
 _NUMBERED = re.compile(r"_\d+$")
 
@@ -141,7 +146,13 @@ class PettingZooAgent(VectorAgent):
         for ct, agents in self.policies().items():
             spaces = shared_spaces(self.envs[0], self.env_id, agents)
             ct_specs = specs[ct]
-            env_inputs, env_actions = input_specs(spaces.observation_space), action_specs(spaces.action_space)
+            if GLOBAL_STATE in ct_specs.acting_inputs and spaces.state_space is None:
+                raise ConfigError(
+                    f"CT {ct!r} asks for the game's {GLOBAL_STATE!r} (a centralised critic), and {self.env_id!r} "
+                    "has no state(): give it a critic of the agents' own observations (--critic own)"
+                )
+            seen = _seen_space(spaces, with_state=GLOBAL_STATE in ct_specs.acting_inputs)
+            env_inputs, env_actions = input_specs(seen), action_specs(spaces.action_space)
             fits = set(ct_specs.acting_inputs) == set(env_inputs) and set(env_actions) <= set(ct_specs.actions)
             if not fits or set(ct_specs.rewards) != {"reward"}:
                 raise ConfigError(
@@ -155,8 +166,9 @@ class PettingZooAgent(VectorAgent):
 
     def run(self) -> None:
         policies = self.policies()
-        games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of)
-        acting = {ct: self._acting(ct, agents) for ct, agents in policies.items()}
+        with_state = {ct for ct in policies if GLOBAL_STATE in self.specs(ct).acting_inputs}
+        games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of, with_state)
+        acting = {ct: self._acting(ct, agents, ct in with_state) for ct, agents in policies.items()}
         for ct, pipeline in acting.items():
             pipeline.regroup(np.zeros(0, np.int64), games.observations(games.rows[ct]))
         while True:
@@ -175,11 +187,11 @@ class PettingZooAgent(VectorAgent):
                 if len(kept) != len(rows[ct]) or joined:
                     acting[ct].regroup(np.asarray(kept, np.int64), games.observations(joined))
 
-    def _acting(self, ct: str, agents: list[str]) -> Acting:
+    def _acting(self, ct: str, agents: list[str], with_state: bool) -> Acting:
         spaces = shared_spaces(self.envs[0], self.env_id, agents)
         return Acting(
             specs=self.specs(ct),
-            observation_space=spaces.observation_space,
+            observation_space=_seen_space(spaces, with_state=with_state),
             action_space=spaces.action_space,
             transforms=self.bind_transforms(ct, Transforms.from_options(self.transforms)),
             count=0,
@@ -221,6 +233,23 @@ class PettingZooAgent(VectorAgent):
         )
 
 
+def _seen_space(spaces: AgentSpaces, *, with_state: bool) -> gym.Space:
+    """What a CT's rows hold of each agent: its observation, and the game's state for a centralised critic (beside the
+    keys of a Dict observation, or beside ``obs``)."""
+    if not with_state:
+        return spaces.observation_space
+    assert spaces.state_space is not None, "check_specs refuses a state the env does not have"
+    own = spaces.observation_space
+    parts = dict(own.spaces) if isinstance(own, gym.spaces.Dict) else {OBS_KEY: own}
+    return gym.spaces.Dict({**parts, GLOBAL_STATE: spaces.state_space})
+
+
+def _with_state(observation: Any, state: Any) -> dict[str, Any]:
+    """An agent's observation as ``_seen_space`` lays it out, with its game's state."""
+    parts = dict(observation) if isinstance(observation, Mapping) else {OBS_KEY: observation}
+    return {**parts, GLOBAL_STATE: state}
+
+
 @dataclass
 class _Step:
     """One step of the live agents of one CT, in rows."""
@@ -238,10 +267,14 @@ class _Step:
 class _Games:
     """The games of a PettingZooAgent: which agent of which game each row of each CT is, their steps and restarts."""
 
-    def __init__(self, envs: list[Any], seeds: list[int], policy_of: Callable[[str], str]) -> None:
+    def __init__(
+        self, envs: list[Any], seeds: list[int], policy_of: Callable[[str], str], with_state: set[str]
+    ) -> None:
         self.envs = envs
         self.places = {agent: index for index, agent in enumerate(envs[0].possible_agents)}
         self.policy_of = {agent: policy_of(agent) for agent in self.places}
+        # Each row's latest observation, as its CT sees it (with its game's state where the CT wants that).
+        self._wants_state = {agent for agent, ct in self.policy_of.items() if ct in with_state}
         self._last: dict[tuple[int, str], Any] = {}
         for game, (env, seed) in enumerate(zip(envs, seeds)):
             self._reset(game, seed)
@@ -252,8 +285,15 @@ class _Games:
 
     def _reset(self, game: int, seed: int | None = None) -> None:
         observations, _ = self.envs[game].reset(seed=seed)
-        for agent in self.envs[game].agents:
-            self._last[(game, agent)] = observations[agent]
+        self._keep(game, observations, self.envs[game].agents)
+
+    def _keep(self, game: int, observations: Mapping[str, Any], agents: Sequence[str]) -> None:
+        state = self.envs[game].state() if self._wants_state.intersection(agents) else None
+        for agent in agents:
+            observation = observations[agent]
+            self._last[(game, agent)] = (
+                observation if agent not in self._wants_state else _with_state(observation, state)
+            )
 
     def observations(self, rows: list[tuple[int, str]]) -> list[Any]:
         """The latest observation of each of ``rows``."""
@@ -271,13 +311,15 @@ class _Games:
             for (game, agent), action in zip(self.rows[ct], ct_actions):
                 by_game.setdefault(game, {})[agent] = action
         results = {game: self.envs[game].step(game_actions) for game, game_actions in by_game.items()}
+        for game, game_actions in by_game.items():
+            self._keep(game, results[game][0], list(game_actions))
         steps = {}
         for ct, rows in self.rows.items():
             count = len(rows)
             step = steps[ct] = _Step([None] * count, np.zeros(count), np.zeros(count, bool), np.zeros(count, bool))
             for index, (game, agent) in enumerate(rows):
-                observations, rewards, terminations, truncations, _ = results[game]
-                step.observations[index] = self._last[(game, agent)] = observations[agent]
+                _, rewards, terminations, truncations, _ = results[game]
+                step.observations[index] = self._last[(game, agent)]
                 step.rewards[index] = rewards[agent]
                 step.terminated[index] = terminations[agent]
                 step.truncated[index] = truncations[agent]

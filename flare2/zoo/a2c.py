@@ -67,4 +67,4 @@ class A2C(Algorithm):
 
 def build(env: gym.Env, config: A2CConfig, settings: ActorCriticSettings) -> A2C:
     """A2C with the zoo's MLP actor-critic for ``env``, as ``flare2 train --algo a2c`` builds it."""
-    return A2C(ActorCritic(env.observation_space, env.action_space, **settings.model_kwargs()), config)
+    return A2C(ActorCritic(env.observation_space, env.action_space, **settings.model_kwargs(env)), config)

@@ -63,4 +63,4 @@ class APPO(PPO):
 
 def build(env: gym.Env, config: APPOConfig, settings: ActorCriticSettings) -> APPO:
     """APPO for ``env`` as ``flare2 train --algo appo`` builds it."""
-    return APPO(PPOActorCritic(env.observation_space, env.action_space, **settings.model_kwargs()), config)
+    return APPO(PPOActorCritic(env.observation_space, env.action_space, **settings.model_kwargs(env)), config)

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from flare2.core.algorithm import Tensors
 from flare2.core.model import Model
+from flare2.core.pettingzoo_agent import GLOBAL_STATE
 from flare2.core.spaces import space_spec
 from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError
@@ -201,6 +202,12 @@ class ActorCritic(Model):
     trajectory view the agent assembles, ``obs_frames``) instead of the
     current one alone: enough to tell velocities from positions; an image
     encoder takes the frames as channels (Atari's stack of 4).
+
+    ``critic_space`` makes the critic centralised (MAPPO, Yu et al. 2022): the
+    value MLP sees the input ``global_state`` (a multi-agent env's ``state()``
+    of the game, which the agent sends beside each of its agents' observations)
+    in place of the observation, while the policy still sees the observation
+    alone, as it will when it acts without a critic.
     """
 
     def __init__(
@@ -213,6 +220,7 @@ class ActorCritic(Model):
         frames: int = 1,
         encoder: str = "auto",
         activation: str = "tanh",
+        critic_space: gym.Space | None = None,
     ) -> None:
         super().__init__()
         hidden_activation = activation_named(activation)
@@ -227,11 +235,14 @@ class ActorCritic(Model):
         else:
             policy_out = self._action_spec.fixed_shape[0]
         self.policy_net = mlp([obs_size, *hidden, policy_out], out_gain=0.01, activation=hidden_activation)
-        self.value_net = mlp([obs_size, *hidden, 1], out_gain=1.0, activation=hidden_activation)
+        self.critic_state = None if critic_space is None else ObservationFeatures({GLOBAL_STATE: critic_space}, "flat")
+        value_in = obs_size if self.critic_state is None else self.critic_state.size
+        self.value_net = mlp([value_in, *hidden, 1], out_gain=1.0, activation=hidden_activation)
         self.log_std = None if self.discrete else nn.Parameter(torch.full((policy_out,), float(initial_log_std)))
 
     def input_specs(self) -> dict[str, Spec]:
-        return {**self.observation.specs, **({"action_mask": self._mask_spec} if self._mask_spec else {})}
+        specs = {**self.observation.specs, **({"action_mask": self._mask_spec} if self._mask_spec else {})}
+        return specs if self.critic_state is None else {**specs, **self.critic_state.specs}
 
     def action_specs(self) -> dict[str, Spec]:
         return {"action": self._action_spec}
@@ -247,12 +258,17 @@ class ActorCritic(Model):
         return self._policy_of(self._features(inputs), inputs)
 
     def value(self, inputs: Tensors) -> torch.Tensor:
-        return self.value_net(self._features(inputs)).squeeze(-1)
+        seen = self._features(inputs) if self.critic_state is None else self.critic_state(inputs)
+        return self.value_net(seen).squeeze(-1)
 
     def policy_and_value(self, inputs: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
         """``policy(inputs)`` and ``value(inputs)`` from one pass of the encoder, which both heads share: for images
         the CNN is nearly all the work. A subclass with a ``policy`` or ``value`` of its own has both called."""
-        if type(self).policy is not ActorCritic.policy or type(self).value is not ActorCritic.value:
+        if (
+            type(self).policy is not ActorCritic.policy
+            or type(self).value is not ActorCritic.value
+            or self.critic_state is not None
+        ):
             return self.policy(inputs), self.value(inputs)
         features = self._features(inputs)
         return self._policy_of(features, inputs), self.value_net(features).squeeze(-1)

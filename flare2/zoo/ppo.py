@@ -189,9 +189,10 @@ class PPO(ClippedObjective):
         hidden: tuple[int, ...] = (64, 64),
         encoder: str = "auto",
         activation: str = "tanh",
+        critic_space: gym.Space | None = None,
     ) -> PPO:
         """PPO with the zoo's actor-critic for ``env`` (MLPs, or a CNN for images; over its last ``frames``
-        observations)."""
+        observations; a centralised critic over ``critic_space``)."""
         model = PPOActorCritic(
             env.observation_space,
             env.action_space,
@@ -199,6 +200,7 @@ class PPO(ClippedObjective):
             hidden=hidden,
             encoder=encoder,
             activation=activation,
+            critic_space=critic_space,
         )
         return cls(model, config)
 
@@ -306,4 +308,4 @@ class PPO(ClippedObjective):
 
 def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:
     """PPO for ``env`` as ``flare2 train --algo ppo`` builds it."""
-    return PPO.for_env(env, config, **settings.model_kwargs())
+    return PPO.for_env(env, config, **settings.model_kwargs(env))

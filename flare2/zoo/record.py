@@ -74,6 +74,10 @@ class OnlineSettings:
         }
 
 
+CRITICS = ("own", "state")
+"""What an actor-critic's critic may see (``ActorCriticSettings.critic``)."""
+
+
 @dataclass(frozen=True)
 class ActorCriticSettings(OnlineSettings):
     hidden: tuple[int, ...] = (64, 64)
@@ -84,13 +88,31 @@ class ActorCriticSettings(OnlineSettings):
     """Observations the model sees at once, the current one last (a frame-stack view)."""
     encoder: str = "auto"
     """The CNN of image observations: auto, nature, impala, minatar or flat (flare2.zoo.encoders)."""
+    critic: str = "own"
+    """What the critic sees: own (the observation, as the policy: IPPO for the agents of a multi-agent env) or state
+    (the game's global state, state(), of a multi-agent env that has one: MAPPO's centralised critic)."""
 
     def __post_init__(self) -> None:
         check_frames(self.frames)
+        if self.critic not in CRITICS:
+            raise ConfigError(f"--critic must be one of {', '.join(CRITICS)}, got {self.critic!r}")
 
-    def model_kwargs(self) -> dict[str, Any]:
-        """The zoo actor-critic's keyword arguments these settings give (``flare2.zoo.models.ActorCritic``)."""
-        return {"hidden": self.hidden, "activation": self.activation, "frames": self.frames, "encoder": self.encoder}
+    def model_kwargs(self, env: Any) -> dict[str, Any]:
+        """The zoo actor-critic's keyword arguments these settings give for ``env`` (``flare2.zoo.models.ActorCritic``);
+        a ConfigError for a centralised critic over an env without a global state."""
+        state_space = getattr(env, "state_space", None) if self.critic == "state" else None
+        if self.critic == "state" and state_space is None:
+            raise ConfigError(
+                "--critic state needs a multi-agent env with a global state (a PettingZoo env's state()): this env "
+                "has none; give --critic own"
+            )
+        return {
+            "hidden": self.hidden,
+            "activation": self.activation,
+            "frames": self.frames,
+            "encoder": self.encoder,
+            "critic_space": state_space,
+        }
 
 
 @dataclass(frozen=True)

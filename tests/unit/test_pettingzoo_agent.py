@@ -12,7 +12,7 @@ from extras import skip_without
 from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_parallel_env, shared_spaces
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
 from flare2.core.helpers import OnlineHelper
-from flare2.core.pettingzoo_agent import PettingZooAgent, policy_map
+from flare2.core.pettingzoo_agent import GLOBAL_STATE, PettingZooAgent, policy_map
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.errors import ConfigError
 from flare2.runtime.agents.playing import StopRequested, make_envs
@@ -285,3 +285,59 @@ def test_a_ct_the_run_does_not_serve_is_named():
     make_envs(agent, 0)
     with pytest.raises(ConfigError, match=r"asks for CT\(s\) \['guard_0', 'scout_0', 'scout_1'\]"):
         agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={}, helpers=agent.helpers())
+
+
+class Surveyed(Patrol):
+    """Patrol with a game state: ``[game, t]``."""
+
+    state_space = gym.spaces.Box(-100.0, 100.0, (2,), np.float64)
+
+    def state(self):
+        return np.array([self.game, self.t])
+
+
+def test_a_centralised_critics_ct_gets_each_rows_game_state_beside_its_observation():
+    specs = CTSpecs(
+        inputs={"obs": Spec((3,), "float32"), GLOBAL_STATE: Spec((2,), "float32")},
+        actions={"action": Spec((), "int64")},
+        states={},
+        rewards={"reward": Spec((), "float32")},
+    )
+    Patrol.games = 0
+    agent = PettingZooAgent("tests.surveyed")
+    agent.num_envs = 2
+    agent.make_env = Surveyed
+    make_envs(agent, 0)
+    port = AnsweringPort(3, first_action)
+    port.learn = lambda payload: None
+    agent.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers=agent.helpers())
+    with pytest.raises(StopRequested):
+        agent.run()
+    for t, sent in enumerate(port.sent[:3]):
+        obs, state = sent["inputs"]["obs"], sent["inputs"][GLOBAL_STATE]
+        np.testing.assert_array_equal(state[:, 0], obs[:, 0])  # each row's own game
+        assert (state[:, 1] == t).all() and (obs[:, 2] == t).all()
+    # An env without state() cannot feed such a CT: the check names the fix.
+    plain = PettingZooAgent("tests.patrol")
+    plain.num_envs = 1
+    plain.make_env = Patrol
+    make_envs(plain, 0)
+    with pytest.raises(ConfigError, match="has no state\\(\\).*--critic own"):
+        plain.connect(agent_id="a0", seed=0, specs={"RL": specs}, ports={"RL": port}, helpers=plain.helpers())
+
+
+def test_a_centralised_critic_values_the_game_state_and_the_policy_sees_the_observation_alone():
+    import torch
+
+    from flare2.zoo.models import ActorCritic
+
+    model = ActorCritic(
+        gym.spaces.Box(-1.0, 1.0, (3,)), gym.spaces.Discrete(2), critic_space=gym.spaces.Box(-1.0, 1.0, (5,))
+    )
+    assert set(model.input_specs()) == {"obs", GLOBAL_STATE}
+    obs, state = torch.rand(4, 3), torch.rand(4, 5)
+    policy, value = model.policy_and_value({"obs": obs, GLOBAL_STATE: state})
+    other_policy, other_value = model.policy_and_value({"obs": obs, GLOBAL_STATE: state + 1})
+    torch.testing.assert_close(policy, other_policy)
+    assert not torch.allclose(value, other_value)
+    torch.testing.assert_close(model.value({"obs": obs + 1, GLOBAL_STATE: state}), value)

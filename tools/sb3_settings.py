@@ -180,6 +180,8 @@ def _actor_critic(fields: _Fields, options: Mapping[str, Any], spec: Sb3Spec, *,
     policy_kwargs: dict[str, Any] = {"net_arch": {"pi": hidden, "vf": hidden}}
     if fields.take("activation", "tanh") != "tanh":
         policy_kwargs["activation_fn"] = fields.take("activation")  # tools/sb3_train.py makes it torch's module
+    if fields.take("critic", "own") != "own":
+        spec.differences.append("flare2's centralised critic (--critic state) has no SB3 counterpart")
     spec.kwargs.update(
         n_steps=fields.take("sample_interval"),
         gamma=fields.take("gamma"),

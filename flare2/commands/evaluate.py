@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
-from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_gym_env, make_parallel_env
+from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_gym_env, make_pettingzoo_env
 from flare2.core.envs import DEFAULT_CT, GymAgent
 from flare2.core.pettingzoo_agent import PettingZooAgent, policy_map, team_of
 from flare2.core.transforms import RunningMoments, Transforms, statistics_shape
@@ -83,7 +83,7 @@ class TrainedPolicy:
         (``render_mode="rgb_array"``). A PettingZoo env's game (its ``parallel_env``): the policy acts for each of
         its agents, one observation at a time."""
         if is_pettingzoo_env(self.env_id):
-            return make_parallel_env(self.env_id, {**self.env_kwargs, **kwargs})
+            return make_pettingzoo_env(self.env_id, {**self.env_kwargs, **kwargs})
         return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs}, preprocessing=self.preprocessing)
 
     def predict(
@@ -197,7 +197,7 @@ def _agents_by_ct(run: dict[str, Any]) -> dict[str, list[str]]:
     """Each CT's agents in a PettingZoo run, by its policy map; empty for a Gymnasium env's run."""
     if not is_pettingzoo_env(run["env"]):
         return {}
-    env = make_parallel_env(run["env"], _env_kwargs(run))
+    env = make_pettingzoo_env(run["env"], _env_kwargs(run))
     agents = list(env.possible_agents)
     env.close()
     cts: dict[str, list[str]] = {}

@@ -31,7 +31,7 @@ from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, res
 from flare2.core.env_making import (
     is_pettingzoo_env,
     make_gym_env,
-    make_parallel_env,
+    make_pettingzoo_env,
     register_env_package,
     shared_spaces,
 )
@@ -326,7 +326,7 @@ def _policies(
 ) -> dict[str, list[str]]:
     """Each CT of a PettingZoo env's run and its agents, by ``--policy-map``; a usage error for a map that does not
     cover the agents, or a CT whose agents' spaces differ or do not fit the algorithm."""
-    env = make_parallel_env(env_id)
+    env = make_pettingzoo_env(env_id)
     try:
         agents = list(env.possible_agents)
         cts: dict[str, list[str]] = {}

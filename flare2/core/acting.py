@@ -76,6 +76,7 @@ class Acting:
 
     def start(self, observations: Sequence[Any] | np.ndarray) -> None:
         """Every env starts an episode from its observation, as ``reset()`` gave it."""
+        self.obs = self.obs.fresh()  # the rows of the last step may be kept by a helper, as a final observation
         for index, observation in enumerate(observations):
             self.obs.set(index, observation)
         inputs: Arrays = self.obs.arrays()

@@ -243,9 +243,10 @@ def is_pettingzoo_env(env_id: str) -> bool:
     return _MODULE_PATH.fullmatch(env_id) is not None
 
 
-def make_parallel_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Any:
-    """A game of PettingZoo env ``env_id`` (its module's ``parallel_env(**env_kwargs)``); a ConfigError naming the
-    package or extra to install, or what the module lacks."""
+def make_pettingzoo_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Any:
+    """A game of PettingZoo env ``env_id``: its module's ``parallel_env(**env_kwargs)`` where it has one (all live
+    agents act at once), else its ``env(**env_kwargs)`` (turn-based, the AEC API); a ConfigError naming the package or
+    extra to install, or what the module lacks."""
     top = env_id.split(".", 1)[0]
     if importlib.util.find_spec(top) is None:
         fix = (
@@ -258,11 +259,11 @@ def make_parallel_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) 
         module = importlib.import_module(env_id)
     except ModuleNotFoundError as exc:
         raise ConfigError(f"--env {env_id!r}: no such module ({exc}): check the env's module path") from None
-    make = getattr(module, "parallel_env", None)
+    make = getattr(module, "parallel_env", None) or getattr(module, "env", None)
     if make is None:
         raise ConfigError(
-            f"--env {env_id!r} has no parallel_env(): flare2 plays PettingZoo envs through their parallel API "
-            "(a turn-based env offers only env())"
+            f"--env {env_id!r} has neither parallel_env() nor env(): name the module of a PettingZoo env "
+            "(mpe2.simple_spread_v3, pettingzoo.classic.connect_four_v3)"
         )
     try:
         return make(**dict(env_kwargs or {}))
@@ -299,6 +300,11 @@ def shared_spaces(env: Any, env_id: str, agents: Sequence[str] | None = None) ->
     return spaces
 
 
+def is_turn_based(env: Any) -> bool:
+    """Whether a PettingZoo env plays one agent at a time (the AEC API: ``agent_iter()``, ``last()``)."""
+    return callable(getattr(env, "agent_iter", None))
+
+
 def env_spaces(
     env_id: str,
     env_kwargs: Mapping[str, Any] | None = None,
@@ -310,7 +316,7 @@ def env_spaces(
     as the agents play it, or the spaces that ``agents`` of a PettingZoo env (all of them when None) share."""
     if not is_pettingzoo_env(env_id):
         return make_gym_env(env_id, env_kwargs, preprocessing=preprocessing)
-    env = make_parallel_env(env_id, env_kwargs)
+    env = make_pettingzoo_env(env_id, env_kwargs)
     try:
         return shared_spaces(env, env_id, agents)
     finally:

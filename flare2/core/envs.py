@@ -215,11 +215,11 @@ class GymAgent(VectorAgent):
                 # The evaluation env's row rides with the first group's requests.
                 group.send(evaluation if group is groups[0] else None)
                 steps.append(step)
-            self.store(self.ct, **(steps[0] if len(steps) == 1 else _concatenate(steps)))
+            self.store(self.ct, **(steps[0] if len(steps) == 1 else concatenate_rows(steps)))
 
 
-def _concatenate(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rows of several groups' steps as one step, in env order."""
+def concatenate_rows(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows of several steps (groups of envs, or agents' turns) as one step, in order."""
     return {
         key: {name: concat_rows([step[key][name] for step in steps]) for name in value}
         if isinstance(value, dict)

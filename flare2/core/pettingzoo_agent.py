@@ -31,13 +31,14 @@ import numpy as np
 
 from flare2.core.acting import Acting
 from flare2.core.agent import VectorAgent
-from flare2.core.env_making import AgentSpaces, make_parallel_env, shared_spaces
+from flare2.core.env_making import AgentSpaces, is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
 from flare2.core.helpers import AgentHelper
 from flare2.core.spaces import OBS_KEY, action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
+from flare2.core.turn_based import TurnBasedPlay
 from flare2.errors import ConfigError
 
 GLOBAL_STATE = "global_state"
@@ -113,7 +114,7 @@ class PettingZooAgent(VectorAgent):
         self._possible_agents: list[str] | None = None
 
     def make_env(self) -> Any:
-        return make_parallel_env(self.env_id, self.env_kwargs)
+        return make_pettingzoo_env(self.env_id, self.env_kwargs)
 
     @property
     def possible_agents(self) -> list[str]:
@@ -165,6 +166,8 @@ class PettingZooAgent(VectorAgent):
             raise ConfigError("PettingZooAgent plays no evaluation episodes during training: run without --eval-every")
 
     def run(self) -> None:
+        if is_turn_based(self.envs[0]):
+            TurnBasedPlay(self, self.env_id, self.policies(), self.transforms).run()
         policies = self.policies()
         with_state = {ct for ct in policies if GLOBAL_STATE in self.specs(ct).acting_inputs}
         games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of, with_state)

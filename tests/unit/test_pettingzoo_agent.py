@@ -9,7 +9,7 @@ import pytest
 from doubles import AnsweringPort, received
 from extras import skip_without
 
-from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_parallel_env, shared_spaces
+from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_pettingzoo_env, shared_spaces
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
 from flare2.core.helpers import OnlineHelper
 from flare2.core.pettingzoo_agent import GLOBAL_STATE, PettingZooAgent, policy_map
@@ -185,11 +185,11 @@ def test_pettingzoo_env_ids_are_module_paths():
 
 def test_a_missing_env_package_names_what_to_install():
     with pytest.raises(ConfigError, match=r"'nosuchpackage_xyz' is not installed: install the package"):
-        make_parallel_env("nosuchpackage_xyz.simple_v1")
+        make_pettingzoo_env("nosuchpackage_xyz.simple_v1")
     with pytest.raises(ConfigError, match="no such module"):
-        make_parallel_env("flare2.no_such_env_v1")
-    with pytest.raises(ConfigError, match=r"has no parallel_env\(\)"):
-        make_parallel_env("flare2.errors")
+        make_pettingzoo_env("flare2.no_such_env_v1")
+    with pytest.raises(ConfigError, match=r"has neither parallel_env\(\) nor env\(\)"):
+        make_pettingzoo_env("flare2.errors")
 
 
 def test_agents_of_different_spaces_cannot_share_one_ct():

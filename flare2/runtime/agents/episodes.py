@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from flare2.core.env_making import is_turn_based
 from flare2.core.pettingzoo_agent import team_of
 
 
@@ -111,10 +112,43 @@ class AgentsEpisodeRecorder(EpisodeRecorder):
         return result
 
 
+class TurnsEpisodeRecorder(EpisodeRecorder):
+    """Wraps a turn-based multi-agent env (PettingZoo's AEC API: ``step(action)`` of the agent whose turn it is) to
+    count each agent's moves and the return and length of each agent's episode: its return is every reward the env
+    gave it, on its moves and the others'; its episode is recorded when the env steps it with ``None``, done."""
+
+    def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
+        super().__init__(env, stats, evaluating=evaluating)
+        self._returns: dict[Any, float] = {}
+        self._lengths: dict[Any, int] = {}
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._returns, self._lengths = {}, {}
+        return self.env.reset(*args, **kwargs)
+
+    def step(self, action: Any) -> Any:
+        agent = self.env.agent_selection
+        result = self.env.step(action)
+        for name, reward in self.env.rewards.items():
+            self._returns[name] = self._returns.get(name, 0.0) + float(reward)
+        if action is not None:
+            if self.evaluating:
+                self.stats.eval_steps += 1
+            else:
+                self.stats.steps += 1
+            self._lengths[agent] = self._lengths.get(agent, 0) + 1
+        elif agent in self._returns:
+            finished = self.stats.eval_finished if self.evaluating else self.stats.finished
+            finished.append((self._returns.pop(agent), self._lengths.pop(agent, 0), team_of(agent)))
+        return result
+
+
 def recorder(env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> EpisodeRecorder:
     """The recorder of an env an agent made: one of each agent of a multi-agent env (one that names its
-    ``possible_agents``, as PettingZoo's do), else of the env's one episode at a time."""
-    kind = AgentsEpisodeRecorder if hasattr(env, "possible_agents") else EpisodeRecorder
+    ``possible_agents``, as PettingZoo's do: turn-based, or all at once), else of the env's one episode at a time."""
+    if not hasattr(env, "possible_agents"):
+        return EpisodeRecorder(env, stats, evaluating=evaluating)
+    kind = TurnsEpisodeRecorder if is_turn_based(env) else AgentsEpisodeRecorder
     return kind(env, stats, evaluating=evaluating)
 
 

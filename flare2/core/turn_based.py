@@ -1,0 +1,177 @@
+"""Turn-based multi-agent envs (PettingZoo's AEC API), as ``PettingZooAgent`` plays them. Imports no torch.
+
+In a board game one agent acts at a time, and what its action earned is
+known only at its next turn: the moves of the others come between, and the
+reward of a lost game reaches the loser after the winner's move. So each
+agent of each game (a *place*) has an acting pipeline of its own, and each
+turn of a place is one row of a request, the places whose turn it is in every
+game asked together, CT by CT. A place's turn is stored when its next turn (or
+its game's end) comes: its observation then is the turn's next observation,
+and the reward is all it received since it acted (the env's ``last()``), the
+rewards of the others' moves credited to its own last action. A place's
+episode ends where the env says it terminated or was truncated; the agent then
+steps it with ``None``, as the AEC API asks, and the game restarts once every
+agent is done.
+
+The legal moves come in the observation (``action_mask`` beside
+``observation``): a CT of the zoo's actor-critic takes them as its input
+``action_mask`` and never samples an illegal move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flare2.core.acting import Acting
+from flare2.core.agent import VectorAgent
+from flare2.core.env_making import shared_spaces
+from flare2.core.envs import concatenate_rows
+from flare2.core.fragments import ROW_IDS
+from flare2.core.transforms import Transforms
+from flare2.wire.ragged import concat_rows
+
+Place = tuple[int, str]
+"""An agent of a game: (the game's index, the agent's name)."""
+
+
+@dataclass
+class _Turn:
+    """A place's turn on its way to its next observation: what was asked, and the reply."""
+
+    inputs: dict[str, Any]
+    states: dict[str, Any]
+    actions: dict[str, Any]
+    next_states: dict[str, Any]
+    version: int
+
+
+class TurnBasedPlay:
+    """The turns of a PettingZooAgent's games (module docstring); ``run`` plays until the run stops it.
+
+    ``policies``: each CT's agents; ``transforms``: the data transforms (options, as GymAgent's) of every CT.
+    """
+
+    def __init__(self, agent: VectorAgent, env_id: str, policies: dict[str, list[str]], transforms: list[Any]) -> None:
+        self.agent = agent
+        self.envs = agent.envs
+        self.places = {name: index for index, name in enumerate(self.envs[0].possible_agents)}
+        self.policies = policies
+        self.ct_of = {name: ct for ct, names in policies.items() for name in names}
+        # Each CT's pipeline of data transforms, shared by its places: the run's statistics count them all.
+        self.transforms = {ct: agent.bind_transforms(ct, Transforms.from_options(transforms)) for ct in policies}
+        self.spaces = {ct: shared_spaces(self.envs[0], env_id, names) for ct, names in policies.items()}
+        self.acting: dict[Place, Acting] = {}
+        self.turns: dict[Place, _Turn] = {}
+        self.playing: set[Place] = set()
+        for game, env in enumerate(self.envs):
+            env.reset(seed=agent.env_seed(game))
+
+    def run(self) -> None:
+        while True:
+            finished: dict[str, list[dict[str, Any]]] = {ct: [] for ct in self.policies}
+            asking: dict[str, list[tuple[Place, dict[str, Any], dict[str, Any], dict[str, Any]]]] = {
+                ct: [] for ct in self.policies
+            }
+            for game in range(len(self.envs)):
+                self._to_next_turn(game, finished, asking)
+            for ct, steps in finished.items():
+                if steps:
+                    self.agent._store_rows(ct, concatenate_rows(steps), len(steps))
+            pending = {
+                ct: self.agent.send_predict(
+                    ct,
+                    {key: concat_rows([request[key] for _, _, request, _ in rows]) for key in rows[0][2]},
+                    {key: concat_rows([states[key] for *_, states in rows]) for key in rows[0][3]},
+                )
+                for ct, rows in asking.items()
+                if rows
+            }
+            for ct, waiting in pending.items():
+                actions, next_states = waiting.result()
+                for row, (place, inputs, _, states) in enumerate(asking[ct]):
+                    mine = {key: value[row : row + 1] for key, value in actions.items()}
+                    self.turns[place] = _Turn(
+                        inputs,
+                        states,
+                        mine,
+                        {key: value[row : row + 1] for key, value in next_states.items()},
+                        waiting.version,
+                    )
+                    self.envs[place[0]].step(self.acting[place].env_actions(mine)[0])
+
+    def _to_next_turn(
+        self,
+        game: int,
+        finished: dict[str, list[dict[str, Any]]],
+        asking: dict[str, list[tuple[Place, dict[str, Any], dict[str, Any], dict[str, Any]]]],
+    ) -> None:
+        """Play game ``game`` on to the next agent that acts: store the turns that the observations on the way
+        complete, step the agents that are done with ``None``, restart the game once all are; then ask for the
+        acting agent's move."""
+        env = self.envs[game]
+        while True:
+            if not env.agents:
+                env.reset()
+            name = env.agent_selection
+            place, ct = (game, name), self.ct_of[name]
+            observation, reward, terminated, truncated, _ = env.last()
+            acting = self._acting(place, ct)
+            turn = self.turns.pop(place, None)
+            if turn is not None:
+                finished[ct].append(self._finished(place, acting, turn, observation, reward, terminated, truncated))
+            if terminated or truncated:
+                self.playing.discard(place)
+                env.step(None)
+                continue
+            if place not in self.playing:
+                acting.start([observation])
+                self.playing.add(place)
+            inputs, request, states = acting.request()
+            asking[ct].append((place, inputs, request, states))
+            return
+
+    def _finished(
+        self,
+        place: Place,
+        acting: Acting,
+        turn: _Turn,
+        observation: Any,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+    ) -> dict[str, Any]:
+        """The stored step of ``place``'s last turn, now that its next observation came."""
+        next_rows = acting.next_rows()
+        next_rows.set(0, observation)
+        rewards = np.array([reward], acting.reward_dtype)
+        next_inputs = acting.stepped(next_rows, rewards, turn.actions, turn.next_states)
+        game, name = place
+        return {
+            "inputs": turn.inputs,
+            "actions": turn.actions,
+            "rewards": {"reward": rewards},
+            "next_inputs": next_inputs,
+            "terminated": np.array([terminated]),
+            "truncated": np.array([truncated]),
+            "states": turn.states,
+            "extras": {},
+            "policy_version": np.array([turn.version], np.int64),
+            ROW_IDS: np.array([game * len(self.places) + self.places[name]], np.int64),
+        }
+
+    def _acting(self, place: Place, ct: str) -> Acting:
+        acting = self.acting.get(place)
+        if acting is None:
+            spaces = self.spaces[ct]
+            acting = self.acting[place] = Acting(
+                specs=self.agent.specs(ct),
+                observation_space=spaces.observation_space,
+                action_space=spaces.action_space,
+                transforms=self.transforms[ct],
+                count=1,
+                training=not self.agent.evaluating,
+            )
+        return acting

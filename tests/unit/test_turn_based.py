@@ -1,0 +1,79 @@
+"""Turn-based games (PettingZoo's AEC API): each agent's turn stored at its next turn, with every reward it received
+meanwhile, each agent's episode its own, and a masked move never sampled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from doubles import AnsweringPort, KeepingHelper
+from turn_games.corridor_v0 import TURNS, Corridor
+
+import flare2
+from flare2.core.fragments import ROW_IDS
+from flare2.core.pettingzoo_agent import PettingZooAgent
+from flare2.core.specs import CTSpecs, Spec
+from flare2.runtime.agents.playing import StopRequested, make_envs
+
+SPECS = CTSpecs(
+    inputs={"observation": Spec((2,), "float32"), "action_mask": Spec((7,), "bool")},
+    actions={"action": Spec((), "int64")},
+    states={},
+    rewards={"reward": Spec((), "float32")},
+)
+
+
+def legal_moves(inputs):
+    return {"action": np.argmax(inputs["action_mask"], axis=1).astype(np.int64)}
+
+
+def test_each_turn_is_stored_at_its_agents_next_turn_with_what_it_earned_meanwhile():
+    agent = PettingZooAgent("turn_games.corridor_v0")
+    agent.num_envs = 2
+    agent.make_env = Corridor
+    stats = make_envs(agent, 0)
+    port, helper = AnsweringPort(2 * TURNS // 2 + 1, legal_moves), KeepingHelper()
+    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers={"RL": helper})
+    with pytest.raises(StopRequested):
+        agent.run()
+    # Each request holds one row per game: the agent whose turn it is there.
+    assert [len(sent["inputs"]["observation"]) for sent in port.sent] == [2] * len(port.sent)
+    rows: dict[int, list[tuple]] = {}
+    for step in helper.steps:
+        for row, place in enumerate(step[ROW_IDS].tolist()):
+            rows.setdefault(place, []).append(
+                (
+                    step["inputs"]["observation"][row].tolist(),
+                    float(step["rewards"]["reward"][row]),
+                    bool(step["terminated"][row]),
+                    step["next_inputs"]["observation"][row].tolist(),
+                )
+            )
+    # Places 0 and 1 are game 0's runners, 2 and 3 game 1's; runner i moves at turns i, i + 2, i + 4.
+    for place in range(4):
+        runner = place % 2
+        turns = [runner, runner + 2, runner + 4]
+        assert [inputs for inputs, *_ in rows[place]] == [[runner, t] for t in turns]
+        # The next observation of a turn is the one of the runner's next turn, or the game's end.
+        assert [following for *_, following in rows[place]] == [[runner, t] for t in (*turns[1:], TURNS)]
+        # runner_1's last move ends the game: runner_0 earns +1 on it, credited to its own last move.
+        assert [(reward, ended) for _, reward, ended, _ in rows[place]] == [(0.0, False), (0.0, False)] + [
+            (1.0 if runner == 0 else -1.0, True)
+        ]
+    assert sorted(stats.finished) == [(-1.0, 3, "runner")] * 2 + [(1.0, 3, "runner")] * 2
+
+
+def test_a_masked_move_is_never_sampled_when_the_zoo_learns_a_turn_based_game(tmp_path):
+    # Corridor raises at the first illegal move, and 6 of its 7 moves are illegal at every turn: a policy that
+    # ignored the mask would end this run within a few moves.
+    run = flare2.train(
+        "turn_games.corridor_v0",
+        "ppo",
+        max_steps=1500,
+        serial=True,
+        epochs=1,
+        envs_per_agent=4,
+        sample_interval=12,
+        log_dir=str(tmp_path),
+    )
+    assert run.exit_code == 0 and run.env_steps >= 1500
+    assert run.episodes >= 2 * (1500 // TURNS - 4)  # each game two episodes, but for the 4 games still on

@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
-from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_gym_env, make_pettingzoo_env
+from flare2.core.env_making import env_spaces, is_pettingzoo_env, is_turn_based, make_gym_env, make_pettingzoo_env
 from flare2.core.envs import DEFAULT_CT, GymAgent
 from flare2.core.pettingzoo_agent import PettingZooAgent, policy_map, team_of
 from flare2.core.transforms import RunningMoments, Transforms, statistics_shape
@@ -312,31 +312,18 @@ def play(
 
 class _Games:
     """A PettingZoo game for ``flare2 eval``, as ``_Episodes`` is for one env: game i starts from ``seed + i``, each
-    agent's return and length in each game are kept, and the reset after the last game ends the play."""
+    agent's return and length in each game are kept, and the reset after the last game ends the play. The rest of
+    the env's API (its spaces, ``state()``, a turn-based env's ``last()``) is the env's own."""
 
     def __init__(self, env: Any, games: int, *, seed: int, frames: bool, env_id: str) -> None:
         self.env, self.games, self.seed, self.env_id = env, games, seed, env_id
-        self.possible_agents = env.possible_agents
+        self.turn_based = is_turn_based(env)
         self.results: list[dict[str, tuple[float, int]]] = []
         self.frames: list[np.ndarray] | None = [] if frames else None
         self._game: dict[str, tuple[float, int]] = {}
 
-    @property
-    def agents(self) -> list[str]:
-        return list(self.env.agents)
-
-    def observation_space(self, agent: str) -> gym.Space:
-        return self.env.observation_space(agent)
-
-    def action_space(self, agent: str) -> gym.Space:
-        return self.env.action_space(agent)
-
-    @property
-    def state_space(self) -> gym.Space | None:
-        return getattr(self.env, "state_space", None)
-
-    def state(self) -> Any:
-        return self.env.state()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         if len(self.results) == self.games:
@@ -346,11 +333,17 @@ class _Games:
         self._keep_frame()
         return result
 
-    def step(self, actions: dict[str, Any]) -> Any:
-        result = self.env.step(actions)
-        for agent in actions:
+    def step(self, actions: Any) -> Any:
+        if self.turn_based:  # one agent's move (None for one that is done); each agent's reward of it
+            mover = self.env.agent_selection
+            result = self.env.step(actions)
+            rewards, moved = self.env.rewards, [mover] if actions is not None else []
+        else:
+            result = self.env.step(actions)
+            rewards, moved = result[1], list(actions)
+        for agent, reward in rewards.items():
             earned, steps = self._game.get(agent, (0.0, 0))
-            self._game[agent] = (earned + float(result[1].get(agent, 0.0)), steps + 1)
+            self._game[agent] = (earned + float(reward), steps + (agent in moved))
         self._keep_frame()
         if not self.env.agents:
             self.results.append(self._game)
@@ -406,9 +399,11 @@ def _play_until_done(agent: Any, policies: dict[str, TrainedPolicy], seed: int, 
 
 def _team_lines(results: list[dict[str, tuple[float, int]]]) -> list[str]:
     """Per team (agents named ``team_N``): the mean and spread over games of the team's return, the sum of its
-    agents' returns in a game, and of its agents' mean return."""
+    agents' returns in a game, and of its agents' mean return; then per agent, its return (in a game against
+    oneself, both seats of one team: which seat won)."""
+    agents = sorted({agent for game in results for agent in game})
     lines = []
-    for team in sorted({team_of(agent) for game in results for agent in game}):
+    for team in sorted({team_of(agent) for agent in agents}):
         totals, means = [], []
         for game in results:
             returns = [earned for agent, (earned, _) in game.items() if team_of(agent) == team]
@@ -418,6 +413,9 @@ def _team_lines(results: list[dict[str, tuple[float, int]]]) -> list[str]:
             f"team {team!r}: return {statistics.mean(totals):.2f} ± {statistics.pstdev(totals):.2f} (the sum over "
             f"its agents), {statistics.mean(means):.2f} ± {statistics.pstdev(means):.2f} an agent"
         )
+    for agent in agents:
+        returns = [game[agent][0] for game in results if agent in game]
+        lines.append(f"agent {agent!r}: return {statistics.mean(returns):.2f} ± {statistics.pstdev(returns):.2f}")
     return lines
 
 

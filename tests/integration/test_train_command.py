@@ -235,7 +235,13 @@ def test_a_pettingzoo_env_trains_a_ct_per_team_and_eval_reports_each_team(tmp_pa
     assert played.returncode == 0, played.stderr[-4000:]
     lines = played.stdout.splitlines()
     assert lines[0] == "ppo on mpe2.simple_adversary_v3, 2 greedy games:"
-    assert [line.split(":")[0] for line in lines[1:]] == ["team 'adversary'", "team 'agent'"]
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "team 'adversary'",
+        "team 'agent'",
+        "agent 'adversary_0'",
+        "agent 'agent_0'",
+        "agent 'agent_1'",
+    ]
     assert (tmp_path / "game.gif").read_bytes()[:6] == b"GIF89a"
     shared = flare2("train", "--env", "mpe2.simple_adversary_v3", "--algo", "ppo", "--log-dir", str(tmp_path / "x"))
     assert shared.returncode == 2 and "give each kind of agent a CT of its own" in shared.stderr

@@ -2,8 +2,9 @@
 
 A Box, Discrete, MultiBinary or MultiDiscrete space is one fixed-shape spec
 (a Box of ``uint8`` or ``bool``, an image, keeps its dtype; any other Box is ``float32``);
-``Sequence(Box)`` and ``Sequence(Discrete)`` (a varying number of entities,
-or one action per entity) are ragged specs. A ``Dict`` space gives one spec
+``Sequence(Box)``, ``Sequence(Discrete)`` and ``Sequence(MultiBinary)`` (a
+varying number of entities, one action per entity, or one action mask per
+acting entity) are ragged specs. A ``Dict`` space gives one spec
 per key; any other space is the single input ``obs`` or the single action
 ``action``.
 """
@@ -36,13 +37,13 @@ def space_spec(space: gym.Space, where: str) -> Spec:
     if isinstance(space, gym.spaces.MultiDiscrete):
         return Spec(space.shape, "int64")
     if isinstance(space, gym.spaces.Sequence) and isinstance(
-        space.feature_space, (gym.spaces.Box, gym.spaces.Discrete)
+        space.feature_space, (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary)
     ):
         item = space_spec(space.feature_space, where)
         return Spec((None, *item.shape), item.dtype)
     raise ConfigError(
-        f"{where} {space} is not supported: use Box, Discrete, MultiBinary, MultiDiscrete, Sequence of Box or "
-        "Discrete (a varying number of entities), or a Dict of those"
+        f"{where} {space} is not supported: use Box, Discrete, MultiBinary, MultiDiscrete, Sequence of Box, "
+        "Discrete or MultiBinary (a varying number of entities), or a Dict of those"
     )
 
 
@@ -50,6 +51,13 @@ def _specs(space: gym.Space, single_key: str, what: str) -> dict[str, Spec]:
     if isinstance(space, gym.spaces.Dict):
         return {key: space_spec(sub, f"{what} {key!r}") for key, sub in space.spaces.items()}
     return {single_key: space_spec(space, what)}
+
+
+def holds_entities(observation_space: gym.Space) -> bool:
+    """Whether observations of this space hold entities: a Dict with a ``Sequence`` key (``flare2.zoo.entity``)."""
+    return isinstance(observation_space, gym.spaces.Dict) and any(
+        isinstance(space, gym.spaces.Sequence) for space in observation_space.spaces.values()
+    )
 
 
 def input_specs(observation_space: gym.Space) -> dict[str, Spec]:

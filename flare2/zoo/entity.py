@@ -7,9 +7,17 @@ features, embedded together as one more token per observation that also
 carries the value. The action space is a Dict of:
 
 - per-entity actions ``Sequence(Discrete(n))``: one choice per entity of the
-  type ``actors`` names for the key;
+  type ``actors`` names for the key; an observation key ``KEY_mask``,
+  ``Sequence(MultiBinary(n))``, gives each of those entities its legal choices
+  (entity-gym's per-actor ``CategoricalActionMask``): the others get no
+  probability, so they are never sampled, and the log-probabilities and
+  entropy count the legal ones only;
 - select-entity actions ``Discrete``: the index of one entity, among those of
   the type ``selects`` names for the key present in this observation.
+
+An env says which entity type each action acts on in its ``metadata``
+(``ENTITY_ACTIONS``: ``{"move": "robot", "fire": "mine"}``), so that ``flare2
+train`` builds this model for it (``entity_model``).
 
 Every observation of a batch attends only to its own entities (``pad_rows``).
 The log-probability of a joint action is the sum over its parts, and so is the
@@ -36,6 +44,39 @@ from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import Spec
 from flare2.errors import ConfigError, SpecError
 from flare2.zoo.models import ILLEGAL_LOGIT, sample_categorical
+
+ENTITY_ACTIONS = "entity_actions"
+"""The key of an entity env's ``metadata`` that names the entity type each action acts on (module docstring)."""
+
+
+def mask_key(action: str) -> str:
+    """The observation key of the per-entity masks of actor action ``action``."""
+    return f"{action}_mask"
+
+
+def entity_model(env: gym.Env, *, width: int = 64, layers: int = 2) -> EntityActorCritic:
+    """The entity actor-critic of an env whose ``metadata`` names the entity type of each action (``ENTITY_ACTIONS``):
+    a ``Sequence`` action acts per entity of that type, a ``Discrete`` one selects one of them."""
+    named = env.metadata.get(ENTITY_ACTIONS) if isinstance(env.metadata, dict) else None
+    action_space = env.action_space
+    if not isinstance(named, dict) or not isinstance(action_space, gym.spaces.Dict):
+        raise ConfigError(
+            f"an env of entities ({env.observation_space}) says which entity type each of its actions acts on: "
+            f"metadata[{ENTITY_ACTIONS!r}] = {{action: entity type}} over a Dict action space, such as "
+            "{'move': 'robot', 'fire': 'mine'}"
+        )
+    actors = {
+        key: str(entity) for key, entity in named.items() if isinstance(action_space.get(key), gym.spaces.Sequence)
+    }
+    selects = {key: str(entity) for key, entity in named.items() if key not in actors}
+    return EntityActorCritic(
+        cast(gym.spaces.Dict, env.observation_space),
+        action_space,
+        actors=actors,
+        selects=selects,
+        width=width,
+        layers=layers,
+    )
 
 
 @dataclass
@@ -78,7 +119,10 @@ class EntityActorCritic(Model):
             raise ConfigError(f"EntityActorCritic takes Dict spaces, got {observation_space} and {action_space}")
         self._inputs = input_specs(observation_space)
         self._actions = action_specs(action_space)
-        self.entity_types = [key for key, spec in self._inputs.items() if spec.ragged]
+        self.masks = {key: mask_key(key) for key in actors if mask_key(key) in self._inputs}
+        """Each actor action with a mask per entity: the observation key that holds it."""
+        masks = set(self.masks.values())
+        self.entity_types = [key for key, spec in self._inputs.items() if spec.ragged and key not in masks]
         self.context_keys = [key for key, spec in self._inputs.items() if not spec.ragged]
         if not self.entity_types:
             raise ConfigError(
@@ -102,6 +146,12 @@ class EntityActorCritic(Model):
                     f"entity, got {space}"
                 )
             choices[key] = int(space.feature_space.n)
+            mask = self._inputs.get(mask_key(key))
+            if mask is not None and (not mask.ragged or mask.item_shape != (choices[key],) or mask.dtype != "bool"):
+                raise ConfigError(
+                    f"EntityActorCritic: {mask_key(key)!r} masks the {choices[key]} choices of each {actors[key]!r} "
+                    f"entity: it must be Sequence(MultiBinary({choices[key]})), got {observation_space[mask_key(key)]}"
+                )
         for key in selects:
             if not isinstance(action_space[key], gym.spaces.Discrete):
                 raise ConfigError(
@@ -162,7 +212,7 @@ class EntityActorCritic(Model):
         return out[:, 0], per_type
 
     def policy(self, inputs: Tensors) -> EntityPolicy:
-        return self._policy_of(self._encode(inputs)[1])
+        return self._policy_of(self._encode(inputs)[1], inputs)
 
     def value(self, inputs: Tensors) -> torch.Tensor:
         """One value per observation, in the leading shape of the inputs (``[B]`` or ``[N, T]``)."""
@@ -171,15 +221,17 @@ class EntityActorCritic(Model):
     def policy_and_value(self, inputs: Tensors) -> tuple[EntityPolicy, torch.Tensor]:
         """``policy(inputs)`` and ``value(inputs)`` from one pass of the transformer."""
         context, per_type = self._encode(inputs)
-        return self._policy_of(per_type), self._value_of(context, inputs)
+        return self._policy_of(per_type, inputs), self._value_of(context, inputs)
 
     def _value_of(self, context: torch.Tensor, inputs: Tensors) -> torch.Tensor:
         return self.value_head(context).squeeze(-1).reshape(inputs[self.entity_types[0]].shape)
 
-    def _policy_of(self, per_type: dict[str, RaggedTensor]) -> EntityPolicy:
+    def _policy_of(self, per_type: dict[str, RaggedTensor], inputs: Tensors) -> EntityPolicy:
         return EntityPolicy(
             actor_logits={
-                key: per_type[entity].with_values(self.actor_heads[key](per_type[entity].values))
+                key: per_type[entity].with_values(
+                    self._masked(key, self.actor_heads[key](per_type[entity].values), inputs)
+                )
                 for key, entity in self.actors.items()
             },
             select_scores={
@@ -187,6 +239,18 @@ class EntityActorCritic(Model):
                 for key, entity in self.selects.items()
             },
         )
+
+    def _masked(self, key: str, logits: torch.Tensor, inputs: Tensors) -> torch.Tensor:
+        """Actor ``key``'s logits, ``[entities, n]``, with the choices its entities' masks forbid taken away."""
+        if key not in self.masks:
+            return logits
+        mask = _entities(inputs, self.masks[key])
+        if mask.values.shape[0] != logits.shape[0]:
+            raise SpecError(
+                f"{self.masks[key]!r} must hold one mask per {self.actors[key]!r} entity: {mask.values.shape[0]} "
+                f"masks for {logits.shape[0]} entities"
+            )
+        return logits.masked_fill(~mask.values.bool(), ILLEGAL_LOGIT)
 
     def sample(self, policy: EntityPolicy) -> dict[str, torch.Tensor | RaggedTensor]:
         return self._choose(policy, sample_categorical)
@@ -238,8 +302,8 @@ class EntityActorCritic(Model):
 
 
 class UniformEntityPolicy(Algorithm):
-    """Uniformly random actions over the same entities (every choice of every part equally likely), learning nothing:
-    the baseline an entity policy's curve is read against."""
+    """Uniformly random actions over the same entities (every legal choice of every part equally likely), learning
+    nothing: the baseline an entity policy's curve is read against."""
 
     model: EntityActorCritic
 
@@ -252,7 +316,11 @@ class UniformEntityPolicy(Algorithm):
         return EntityPolicy(
             actor_logits={
                 key: entities[entity].with_values(
-                    entities[entity].values.new_zeros((len(entities[entity].values), model.actor_choices[key]))
+                    model._masked(
+                        key,
+                        entities[entity].values.new_zeros((len(entities[entity].values), model.actor_choices[key])),
+                        inputs,
+                    )
                 )
                 for key, entity in model.actors.items()
             },

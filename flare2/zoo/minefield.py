@@ -20,19 +20,30 @@ after ``MAX_STEPS``. Observation (a Dict, Gymnasium's own types):
 - ``mine``: ``Sequence(Box(0, 1, (2,)))``, each mine's;
 - ``cannon``: ``Box(0, 1, (1,))``, steps until the cannon is ready / period.
 
+``flare2/Minefield-v1`` is the same game with the legal moves of each robot
+in its observation, ``move_mask`` (``Sequence(MultiBinary(5))``, one mask per
+robot, as entity-gym's per-actor masks): a robot on an edge cannot step off
+the grid. A move the mask forbids keeps the robot where it is, as in v0, and
+is counted in the step's ``info["illegal_moves"]``.
+
+The ``metadata`` names the entity type each action acts on (``entity_actions``), so
+that ``flare2 train --env flare2.zoo.minefield:flare2/Minefield-v1 --algo ppo``
+builds the entity actor-critic for it (``flare2.zoo.entity``).
+
 Imports no torch; registered on import, so ``gymnasium.make("flare2.zoo.minefield:flare2/Minefield-v0")`` works
 from any process.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 
 MINEFIELD = "flare2/Minefield-v0"
 MINEFIELD_ENTRY = f"flare2.zoo.minefield:{MINEFIELD}"
+MASKED_MINEFIELD = "flare2/Minefield-v1"
 
 SIZE = 8
 MAX_ROBOTS = 3
@@ -46,7 +57,7 @@ MOVES = np.array([[0, 0], [-1, 0], [1, 0], [0, -1], [0, 1]])
 class Minefield(gym.Env):
     """See the module docstring."""
 
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": [], "entity_actions": {"move": "robot", "fire": "mine"}}
 
     def __init__(self) -> None:
         position = gym.spaces.Box(0.0, 1.0, (2,), np.float32)
@@ -113,5 +124,31 @@ class Minefield(gym.Env):
         }
 
 
-if MINEFIELD not in gym.registry:
-    gym.register(id=MINEFIELD, entry_point="flare2.zoo.minefield:Minefield")
+class MaskedMinefield(Minefield):
+    """Minefield with each robot's legal moves in its observation (``move_mask``); the step's ``info`` counts the
+    moves the masks forbade (``illegal_moves``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        parts = dict(cast(gym.spaces.Dict, self.observation_space).spaces)
+        parts["move_mask"] = gym.spaces.Sequence(gym.spaces.MultiBinary(len(MOVES)))
+        self.observation_space = gym.spaces.Dict(parts)
+
+    def step(self, action: dict[str, Any]) -> tuple[dict, float, bool, bool, dict]:
+        moves = np.asarray(action["move"], np.int64).reshape(-1)[: len(self.robots)]
+        legal = self._legal()[np.arange(len(moves)), np.clip(moves, 0, len(MOVES) - 1)]
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward, terminated, truncated, {**info, "illegal_moves": int((~legal).sum())}
+
+    def _legal(self) -> np.ndarray:
+        """Each robot's legal moves: those that keep it on the grid."""
+        after = self.robots[:, None, :] + MOVES[None, :, :]
+        return ((after >= 0) & (after < SIZE)).all(axis=-1)
+
+    def _observation(self) -> dict[str, Any]:
+        return {**super()._observation(), "move_mask": tuple(self._legal().astype(np.int8))}
+
+
+for _id, _entry in ((MINEFIELD, "Minefield"), (MASKED_MINEFIELD, "MaskedMinefield")):
+    if _id not in gym.registry:
+        gym.register(id=_id, entry_point=f"flare2.zoo.minefield:{_entry}")

@@ -30,7 +30,9 @@ from flare2.core.algorithm import Algorithm, Experience, Tensors, adam
 from flare2.core.data_parallel import minibatch_share
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import flat_rows, take_rows
+from flare2.core.spaces import holds_entities
 from flare2.core.specs import Spec
+from flare2.zoo.entity import EntityActorCritic, entity_model
 from flare2.zoo.models import ActorCritic
 from flare2.zoo.record import ActorCriticSettings
 from flare2.zoo.records.ppo import ClippedObjectiveConfig, PPOConfig
@@ -172,8 +174,9 @@ class ClippedObjective(Algorithm):
 
 class PPO(ClippedObjective):
     model: PPOActorCritic
+    """The zoo's actor-critic; or the entity one, which answers the same calls with per-entity policies."""
 
-    def __init__(self, model: PPOActorCritic, config: PPOConfig = PPOConfig()) -> None:
+    def __init__(self, model: PPOActorCritic | EntityActorCritic, config: PPOConfig = PPOConfig()) -> None:
         super().__init__(model, config)
         self.config = config
         self.values_when_acting = "value" in model.action_specs()
@@ -307,5 +310,8 @@ class PPO(ClippedObjective):
 
 
 def build(env: gym.Env, config: PPOConfig, settings: ActorCriticSettings) -> PPO:
-    """PPO for ``env`` as ``flare2 train --algo ppo`` builds it."""
+    """PPO for ``env`` as ``flare2 train --algo ppo`` builds it: over entities, the entity actor-critic
+    (``flare2.zoo.entity``); otherwise the zoo's actor-critic."""
+    if holds_entities(env.observation_space):
+        return PPO(entity_model(env), config)
     return PPO.for_env(env, config, **settings.model_kwargs(env))

@@ -26,6 +26,7 @@ from typing import Any
 import gymnasium as gym
 
 from flare2.core.env_making import env_spaces, is_atari, is_minatar, registered_id
+from flare2.core.spaces import holds_entities
 from flare2.errors import ConfigError
 
 # Observation spaces a record may take. DICT is a Dict of observations of the record's other kinds (an image and
@@ -33,7 +34,8 @@ from flare2.errors import ConfigError
 BOX = "Box"
 DISCRETE = "Discrete"
 DICT = "Dict of those"
-OBSERVATION_KINDS = (BOX, DISCRETE, DICT)
+ENTITIES = "Dict of entities (Sequence keys) with a Dict of actions over them"
+OBSERVATION_KINDS = (BOX, DISCRETE, DICT, ENTITIES)
 # Action spaces a record may take: DISCRETE, or a Box of one dimension.
 VECTOR_BOX = "1-d Box"
 ACTION_KINDS = (DISCRETE, VECTOR_BOX)
@@ -268,6 +270,8 @@ class AlgorithmRecord:
 
     def fits(self, observation_space: gym.Space, action_space: gym.Space) -> bool:
         """Whether it takes an env with these spaces."""
+        if holds_entities(observation_space):
+            return ENTITIES in self.observations and isinstance(action_space, gym.spaces.Dict)
         vector_box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
         return self._fits_observation(observation_space) and (
             (DISCRETE in self.actions and isinstance(action_space, gym.spaces.Discrete))

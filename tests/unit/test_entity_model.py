@@ -11,8 +11,8 @@ import torch
 from flare2.core.ragged_tensor import RaggedTensor
 from flare2.errors import ConfigError
 from flare2.wire.ragged import Ragged
-from flare2.zoo.entity import EntityActorCritic
-from flare2.zoo.minefield import Minefield
+from flare2.zoo.entity import EntityActorCritic, entity_model
+from flare2.zoo.minefield import MaskedMinefield, Minefield
 
 
 def model() -> EntityActorCritic:
@@ -138,3 +138,52 @@ def test_a_select_only_model_over_observations_with_nothing_to_select_gives_zero
         policy = net.policy(inputs)
         log_prob, entropy = net.log_prob_and_entropy(policy, net.sample(policy))
     assert torch.equal(log_prob, torch.zeros(2)) and torch.equal(entropy, torch.zeros(2))
+
+
+def test_a_move_its_robots_mask_forbids_is_never_sampled_nor_counted_in_the_log_probabilities():
+    env = MaskedMinefield()
+    net = entity_model(env, width=16, layers=1)
+    assert net.masks == {"move": "move_mask"} and "move_mask" not in net.entity_types
+    robots = [3, 1, 2, 3]
+    inputs = batch(robots, [1, 2, 0, 3])
+    rng = np.random.default_rng(1)
+    # A random mask per robot, each with one legal move at least.
+    masks = rng.random((sum(robots), 5)) < 0.3
+    masks[np.arange(len(masks)), rng.integers(0, 5, len(masks))] = True
+    inputs["move_mask"] = RaggedTensor(torch.from_numpy(masks), torch.tensor(robots))
+    with torch.no_grad():
+        policy = net.policy(inputs)
+        for _ in range(200):
+            moves = net.sample(policy)["move"].values.numpy()
+            assert masks[np.arange(len(masks)), moves].all(), "a masked move was sampled"
+        best = net.best_action(policy)["move"].values.numpy()
+        assert masks[np.arange(len(masks)), best].all()
+        # The probabilities of each robot's legal moves add up to 1.
+        probabilities = torch.softmax(policy.actor_logits["move"].values, -1).numpy()
+        np.testing.assert_allclose((probabilities * masks).sum(-1), 1.0, rtol=1e-5)
+        _, entropy = net.log_prob_and_entropy(policy, net.sample(policy))
+    # The joint entropy: each robot's over its legal moves, and the cannon's over the mines there.
+    most = [
+        np.log(masks[start : start + n].sum(-1)).sum() + np.log(max(mines, 1))
+        for start, n, mines in zip(np.cumsum([0, *robots[:-1]]), robots, [1, 2, 0, 3])
+    ]
+    assert (entropy.numpy() <= np.array(most) + 1e-4).all()
+
+
+def test_a_mask_of_the_wrong_shape_is_named():
+    class Wrong(MaskedMinefield):
+        def __init__(self):
+            super().__init__()
+            parts = dict(self.observation_space.spaces)
+            parts["move_mask"] = gym.spaces.Sequence(gym.spaces.MultiBinary(4))
+            self.observation_space = gym.spaces.Dict(parts)
+
+    with pytest.raises(ConfigError, match="'move_mask' masks the 5 choices.*MultiBinary\\(5\\)"):
+        entity_model(Wrong())
+
+
+def test_an_entity_env_names_what_each_action_acts_on_or_is_told_how():
+    env = Minefield()
+    env.metadata = {"render_modes": []}
+    with pytest.raises(ConfigError, match="metadata\\['entity_actions'\\]"):
+        entity_model(env)

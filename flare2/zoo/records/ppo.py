@@ -10,6 +10,7 @@ from flare2.zoo.record import (
     BOX,
     DICT,
     DISCRETE,
+    ENTITIES,
     VECTOR_BOX,
     ActorCriticSettings,
     AlgorithmRecord,
@@ -89,7 +90,7 @@ RECORD = AlgorithmRecord(
     config_class=PPOConfig,
     settings_class=ActorCriticSettings,
     build="flare2.zoo.ppo:build",
-    observations=(BOX, DISCRETE, DICT),
+    observations=(BOX, DISCRETE, DICT, ENTITIES),
     actions=(DISCRETE, VECTOR_BOX),
     run={"max_steps": 100_000, "learn_max_wait_ms": 200.0},
     agent={"sample_interval": 32},
@@ -145,6 +146,13 @@ RECORD = AlgorithmRecord(
             },
             "agent": {"sample_interval": 128},
             "run": {"envs_per_agent": 16, "max_steps": 3_000_000},
+        },
+        # Entities with a mask per robot: examples/minefield_entities.py's settings (docs/results.md: Minefield),
+        # the entity actor-critic that flare2.zoo.ppo.build makes for an env of entities.
+        "flare2/Minefield-v1": {
+            "algorithm": {"lr": 3e-4, "gae_lambda": 0.95, "epochs": 4, "minibatch_size": 256, "entropy_coef": 0.01},
+            "agent": {"sample_interval": 32},
+            "run": {"num_agents": 2, "envs_per_agent": 16, "max_steps": 300_000},
         },
         "LunarLander-v3": {
             "algorithm": {**_ZOO_STEP, "gamma": 0.999, "gae_lambda": 0.98, "epochs": 4, "entropy_coef": 0.01},

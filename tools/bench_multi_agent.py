@@ -9,8 +9,9 @@ one ``flare2 train --algo ppo`` run per ``--agents`` value (agent processes of `
 the compute process beside them, learning as it plays) for ``--steps`` agent steps; over its progress rows past
 ``--warmup-steps``: agent steps per second, the ratio to the machine's ceiling, the mean rows of a forward pass
 (cts.csv: every live agent of every game of the processes that asked together), forward passes per second, and
-the peak RSS of the run's process tree. All in one run of this tool, so the ratios are of figures measured
-minutes apart. Prints a Markdown table.
+the peak RSS of the run's process tree, and the mean return of the last 100 agents' episodes it reported. With
+``--random-games N``, N games played with random actions first give the return a policy has to beat. All in one run
+of this tool, so the ratios are of figures measured minutes apart. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -53,6 +54,26 @@ def play_randomly(env_id: str, games: int, seconds: float, seed: int) -> int:
                 steps += len(actions)
             if not env.agents:
                 env.reset()
+
+
+def random_return(env_id: str, games: int, seed: int = 0) -> float:
+    """The mean return of an agent's episode over ``games`` games played with random actions."""
+    env = importlib.import_module(env_id).parallel_env()
+    returns: list[float] = []
+    for game in range(games):
+        env.reset(seed=seed + game)
+        earned = dict.fromkeys(env.agents, 0.0)
+        for agent in env.agents:
+            env.action_space(agent).seed(seed + game)
+        while env.agents:
+            _, rewards, terminations, truncations, _ = env.step(
+                {agent: env.action_space(agent).sample() for agent in env.agents}
+            )
+            for agent, reward in rewards.items():
+                earned[agent] = earned.get(agent, 0.0) + float(reward)
+                if terminations[agent] or truncations[agent]:
+                    returns.append(earned.pop(agent))
+    return sum(returns) / len(returns)
 
 
 def ceiling(env_id: str, games: int, processes: int, seconds: float) -> float:
@@ -101,6 +122,7 @@ def measure(args: argparse.Namespace, agents: int, log_dir: Path) -> dict[str, A
         "rows_per_forward": rows / batches if batches else float("nan"),
         "forwards_per_s": batches / (float(cts[-1]["wall_time"]) - float(first["wall_time"])) if cts else 0.0,
         "peak_rss_mb": measured.peak_rss_bytes / 2**20,
+        "return_mean": float(last["return_mean"]),
     }
 
 
@@ -113,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=50_000)
     parser.add_argument("--ceiling-seconds", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
+    parser.add_argument("--random-games", type=int, default=0, help="games of random actions for the return to beat")
     parser.add_argument("extra", nargs="*", help="more flare2 train options (after --)")
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
+    baseline = random_return(args.env, args.random_games) if args.random_games else float("nan")
     one = ceiling(args.env, args.envs_per_agent, 1, args.ceiling_seconds)
     machine = ceiling(args.env, args.envs_per_agent, cores, args.ceiling_seconds)
     print(f"# ceiling: {one:,.0f} agent steps/s in one process, {machine:,.0f} in {cores} processes", flush=True)
@@ -124,15 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         for agents in args.agents:
             runs.append(measure(args, agents, Path(folder) / f"run{agents}"))
     print(f"\n{args.env}, {args.envs_per_agent} games an agent process, {cores} cores:\n")
-    print("| what | agent steps/s | of the machine's ceiling | rows a forward pass | forward passes/s | peak RSS MB |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print(f"| random actions, 1 process | {one:,.0f} | {one / machine:.2f} | | | |")
-    print(f"| random actions, {cores} processes | {machine:,.0f} | 1.00 | | | |")
+    print(
+        "| what | agent steps/s | of the machine's ceiling | rows a forward pass | forward passes/s | peak RSS MB "
+        "| return (an agent's episode) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| random actions, 1 process | {one:,.0f} | {one / machine:.2f} | | | | {baseline:.3g} |")
+    print(f"| random actions, {cores} processes | {machine:,.0f} | 1.00 | | | | |")
     for run in runs:
         print(
             f"| flare2 ppo, {run['agents']} agent process{'es' * (run['agents'] > 1)} | {run['steps_per_s']:,.0f} | "
             f"{run['steps_per_s'] / machine:.2f} | {run['rows_per_forward']:.1f} | {run['forwards_per_s']:,.0f} | "
-            f"{run['peak_rss_mb']:,.0f} |"
+            f"{run['peak_rss_mb']:,.0f} | {run['return_mean']:.3g} |"
         )
     return 0
 

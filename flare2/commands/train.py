@@ -326,7 +326,10 @@ def _policies(
 ) -> dict[str, list[str]]:
     """Each CT of a PettingZoo env's run and its agents, by ``--policy-map``; a usage error for a map that does not
     cover the agents, or a CT whose agents' spaces differ or do not fit the algorithm."""
-    env = make_pettingzoo_env(env_id)
+    try:
+        env = make_pettingzoo_env(env_id)
+    except ConfigError as exc:
+        parser.error(str(exc))
     try:
         agents = list(env.possible_agents)
         cts: dict[str, list[str]] = {}

@@ -341,3 +341,22 @@ def test_a_centralised_critic_values_the_game_state_and_the_policy_sees_the_obse
     torch.testing.assert_close(policy, other_policy)
     assert not torch.allclose(value, other_value)
     torch.testing.assert_close(model.value({"obs": obs + 1, GLOBAL_STATE: state}), value)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--env", "nosuchpackage_xyz.game_v1"], "'nosuchpackage_xyz' is not installed: install the package"),
+        (["--env", "turn_games.corridor_v0", "--eval-every", "5"], "--eval-every: flare2 plays the PettingZoo env"),
+        (["--env", "turn_games.corridor_v0", "--algo", "dqn"], "a replay buffer does not take their rows"),
+        (["--env", "turn_games.corridor_v0", "--policy-map", "runner=a,x=b"], r"\['x'\], which are neither"),
+        (["--env", "CartPole-v1", "--policy-map", "team"], "--policy-map maps the agents of a PettingZoo env"),
+        (["--env", "CartPole-v1", "--critic", "state"], "--critic state: a centralised critic"),
+    ],
+)
+def test_flare2_train_refuses_what_it_cannot_do_with_a_multi_agent_env_naming_the_option(argv, message):
+    from flare2.commands.train import _RaisingParser, resolve
+
+    algo = [] if "--algo" in argv else ["--algo", "ppo"]
+    with pytest.raises(ConfigError, match=message):
+        resolve([*argv, *algo], parser_class=_RaisingParser)

@@ -50,8 +50,8 @@ _EXPORTS = {
     "Manager": "flare2.runtime.manager.manager",
     "train": "flare2.commands.train",
     "TrainedRun": "flare2.commands.train",
-    "load_policy": "flare2.commands.evaluate",
-    "TrainedPolicy": "flare2.commands.evaluate",
+    "load_policy": "flare2.commands.policies",
+    "TrainedPolicy": "flare2.commands.policies",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,21 +1,15 @@
-"""Play a trained run: ``flare2 eval RUN_DIR`` and, in Python, ``flare2.load_policy(RUN_DIR)``.
+"""Play a trained run: ``flare2 eval RUN_DIR``.
 
-A run of ``flare2 train`` keeps what it takes to rebuild its policy:
-``train.json`` (the algorithm, the env and every setting) and
-``checkpoints/RL.pt`` (the weights, and the observation statistics of
-``--normalize-observations``). Both play through the acting pipeline the
-run's agents played with (``flare2.core.acting``): the same observation
-transforms, the same trajectory views, the same model states carried from
-step to step, Box actions clipped to the bounds. ``flare2 eval`` goes further
-and plays the run's own agent, a GymAgent, over a ``PolicyPort``: the loaded
-ComputationTask in this process instead of a compute process, answering with
-greedy actions, and nothing stored.
+``flare2 eval`` plays the run's own agent (a GymAgent, or for a PettingZoo
+env a PettingZooAgent) over ``PolicyPort``s (``flare2.commands.policies``):
+the loaded ComputationTasks in this process instead of a compute process,
+answering with greedy actions, and nothing stored. The policies act through
+the acting pipeline the run's agents played with.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 from pathlib import Path
@@ -24,227 +18,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flare2.core.acting import Acting
-from flare2.core.env_making import env_spaces, is_pettingzoo_env, is_turn_based, make_gym_env, make_pettingzoo_env
-from flare2.core.envs import DEFAULT_CT, GymAgent
-from flare2.core.pettingzoo_agent import PettingZooAgent, policy_map, team_of
-from flare2.core.transforms import RunningMoments, Transforms, statistics_shape
-from flare2.errors import ConfigError, FlareError
-from flare2.runtime.checkpoints import resume_checkpoint_path
-from flare2.runtime.options import transform_options
-from flare2.runtime.run_files import TRAIN_FILE
-from flare2.zoo.registry import lookup, rebuild
+from flare2.commands.policies import PolicyPort, TrainedPolicy, load_policies
+from flare2.core.env_making import is_pettingzoo_env, is_turn_based
+from flare2.core.envs import GymAgent
+from flare2.core.pettingzoo_agent import PettingZooAgent, team_of
+from flare2.errors import ConfigError
+from flare2.zoo.board_players import PLAYERS
 
 logger = logging.getLogger(__name__)
-
-
-class TrainedPolicy:
-    """The CT of a ``flare2 train`` run, asked one observation at a time (Stable-Baselines3's ``model.predict``)::
-
-        policy = flare2.load_policy("runs/ppo_CartPole-v1")
-        env = policy.make_env()
-        obs, _ = env.reset(seed=0)
-        action = policy.predict(obs, episode_start=True)
-        while True:
-            obs, reward, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                break
-            action = policy.predict(obs, reward=reward)
-
-    ``reward`` is the env's reward of the step that led to ``obs``; only a model that sees previous rewards uses it.
-    """
-
-    def __init__(self, run: dict[str, Any], ct: Any, agents: tuple[str, ...] = ()) -> None:
-        self.algo, self.env_id, self.ct, self.agents = run["algo"], run["env"], ct, agents
-        self.env_kwargs = _env_kwargs(run)
-        self.preprocessing = _preprocessing(run)
-        """Whether the env is played with its published preprocessing (Atari's), as the run played it."""
-        self.transforms = transform_options(run["run"])
-        """The run's data transforms, as GymAgent's ``transforms`` option."""
-        self.policy_map = run["run"].get("policy_map") or "shared"
-        """Which CT acts for each agent of a PettingZoo env (``flare2 train --policy-map``)."""
-        env = env_spaces(self.env_id, self.env_kwargs, preprocessing=self.preprocessing, agents=agents or None)
-        self.observation_space, self.action_space = env.observation_space, env.action_space
-        env.close()
-        transforms = Transforms.from_options(self.transforms)
-        transforms.bind(DEFAULT_CT, ct.specs, PolicyPort(ct))
-        self._acting = Acting(
-            specs=ct.specs,
-            observation_space=self.observation_space,
-            action_space=self.action_space,
-            transforms=transforms,
-            count=1,
-            training=False,
-        )
-        self._reply: tuple[dict[str, Any], dict[str, Any]] | None = None
-
-    def make_env(self, **kwargs: Any) -> Any:
-        """The run's env (with its time limit and preprocessing); ``kwargs`` go to ``gymnasium.make``
-        (``render_mode="rgb_array"``). A PettingZoo env's game (its ``parallel_env``): the policy acts for each of
-        its agents, one observation at a time."""
-        if is_pettingzoo_env(self.env_id):
-            return make_pettingzoo_env(self.env_id, {**self.env_kwargs, **kwargs})
-        return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs}, preprocessing=self.preprocessing)
-
-    def predict(
-        self, observation: Any, *, reward: float = 0.0, episode_start: bool = False, greedy: bool = True
-    ) -> Any:
-        """The action for ``observation``, as the env takes it; ``greedy`` False samples as training did."""
-        acting = self._acting
-        if episode_start:
-            acting.start([observation])
-        elif self._reply is None:
-            raise ConfigError(
-                "the first predict() of a policy needs episode_start=True: it starts the model's states and views"
-            )
-        else:
-            rows = acting.next_rows()
-            rows.set(0, observation)
-            acting.stepped(rows, np.array([reward], acting.reward_dtype), *self._reply)
-        _, inputs, states = acting.request()
-        self._reply = self.ct.predict(inputs, states, greedy=greedy)
-        return acting.env_actions(self._reply[0])[0]
-
-
-class PolicyPort:
-    """A CTPort over a ComputationTask loaded in this process: each request is answered as it is sent.
-
-    Evaluation rows get the greedy action (with ``greedy`` False, every row is sampled as training did); the
-    statistics of the data transforms are the checkpoint's. Nothing is learned: an agent that plays over it
-    must be ``evaluating``, so that it stores nothing.
-    """
-
-    learn_ahead = 0
-
-    def __init__(self, ct: Any, *, greedy: bool = True) -> None:
-        self.ct, self.greedy = ct, greedy
-        self._answered: dict[int, dict[str, Any]] = {}
-        self._tickets = 0
-        self._asked: list[str] = []
-
-    def send_predict(self, payload: dict[str, Any]) -> int:
-        evaluation = payload.get("evaluation")
-        greedy = evaluation if self.greedy and evaluation is not None else False
-        actions, states = self.ct.predict(payload["inputs"], payload["states"], greedy=greedy)
-        self._tickets += 1
-        self._answered[self._tickets] = {"actions": actions, "states": states, "version": self.ct.predicted_version}
-        return self._tickets
-
-    def wait_predict(self, ticket: int) -> dict[str, Any]:
-        return self._answered.pop(ticket)
-
-    def learn(self, payload: dict[str, Any]) -> None:
-        raise FlareError(
-            f"a loaded policy learns nothing: play it with an agent that is evaluating (CT {self.ct.name!r})"
-        )
-
-    def send_statistics(self, payload: dict[str, Any]) -> int:
-        self._asked = list(payload["moments"])
-        return 0
-
-    def wait_statistics(self, ticket: int) -> dict[str, Any]:
-        saved, specs = self.ct.statistics, self.ct.specs
-        return {
-            "moments": {
-                key: saved.get(key, RunningMoments(statistics_shape(specs, key))).to_wire() for key in self._asked
-            }
-        }
-
-
-def load_policy(path: str | Path, *, device: str = "cpu", ct: str = DEFAULT_CT) -> TrainedPolicy:
-    """The policy of a ``flare2 train`` run: its log dir, or the checkpoint file in it; ``ct``: which of the run's
-    CTs (a PettingZoo run with ``--policy-map`` has one per team or agent: ``load_policies`` gives them all)."""
-    path = Path(path)
-    run_dir, run = _read_run(path)
-    agents = _agents_by_ct(run).get(ct, ())
-    checkpoint = path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, ct)
-    return _load(run_dir / TRAIN_FILE, run, ct, tuple(agents), checkpoint, device)
-
-
-def load_policies(path: str | Path, *, device: str = "cpu") -> dict[str, TrainedPolicy]:
-    """Every CT's policy of a ``flare2 train`` run (its log dir), by CT name; given a checkpoint file, its CT's."""
-    path = Path(path)
-    if path.suffix == ".pt":
-        return {path.stem: load_policy(path, device=device, ct=path.stem)}
-    run_dir, run = _read_run(path)
-    cts = _agents_by_ct(run) or {DEFAULT_CT: []}
-    return {
-        ct: _load(run_dir / TRAIN_FILE, run, ct, tuple(agents), resume_checkpoint_path(run_dir, ct), device)
-        for ct, agents in cts.items()
-    }
-
-
-def _read_run(path: Path) -> tuple[Path, dict[str, Any]]:
-    """The run dir of ``path`` (a log dir, or a checkpoint in it) and its ``train.json``, checked."""
-    run_dir = path.parent.parent if path.suffix == ".pt" else path
-    train_file = run_dir / TRAIN_FILE
-    if not train_file.is_file():
-        raise ConfigError(
-            f"{path} is no run of flare2 train: {train_file} is missing (give the log dir of a flare2 train run, or "
-            "its checkpoints/RL.pt)"
-        )
-    try:
-        run = json.loads(train_file.read_text(encoding="utf-8"))
-        missing = {"algo", "env", "algorithm", "agent", "run"} - set(run)
-        if missing:
-            raise KeyError(f"no {sorted(missing)}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise _not_as_written(train_file, exc) from None
-    return run_dir, run
-
-
-def _agents_by_ct(run: dict[str, Any]) -> dict[str, list[str]]:
-    """Each CT's agents in a PettingZoo run, by its policy map; empty for a Gymnasium env's run."""
-    if not is_pettingzoo_env(run["env"]):
-        return {}
-    env = make_pettingzoo_env(run["env"], _env_kwargs(run))
-    agents = list(env.possible_agents)
-    env.close()
-    cts: dict[str, list[str]] = {}
-    for agent, ct in policy_map(agents, run["run"].get("policy_map") or "shared").items():
-        cts.setdefault(ct, []).append(agent)
-    return cts
-
-
-def _load(
-    train_file: Path, run: dict[str, Any], name: str, agents: tuple[str, ...], checkpoint: Path, device: str
-) -> TrainedPolicy:
-    recipe = {
-        "algo": run["algo"],
-        "env": run["env"],
-        "env_kwargs": _env_kwargs(run),
-        "algorithm": run["algorithm"],
-        "agent": run["agent"],
-        "preprocessing": _preprocessing(run),
-        "agents": list(agents),
-    }
-    try:
-        lookup(run["algo"])
-    except ConfigError as exc:  # an algorithm of a package this Python lacks: the message names how one is added
-        raise ConfigError(f"{train_file} is a run of algo {run['algo']!r}: {exc}") from None
-    try:
-        build = rebuild(recipe)
-    except ConfigError as exc:
-        raise _not_as_written(train_file, exc) from None
-
-    from flare2.core.computation_task import ComputationTask
-
-    ct = ComputationTask(name, build(), device=device)
-    ct.load(checkpoint)
-    return TrainedPolicy(run, ct, agents)
-
-
-def _not_as_written(train_file: Path, exc: Exception) -> ConfigError:
-    return ConfigError(f"{train_file} is not as flare2 train writes it ({exc!r}): was it edited by hand?")
-
-
-def _env_kwargs(run: dict[str, Any]) -> dict[str, Any]:
-    steps = run["run"].get("max_episode_steps")
-    return {"max_episode_steps": steps} if steps else {}
-
-
-def _preprocessing(run: dict[str, Any]) -> bool:
-    return bool(run["run"].get("env_preprocessing", True))
 
 
 class _Played(Exception):
@@ -357,12 +138,48 @@ class _Games:
             self.frames.append(_frame(self.env, self.env_id))
 
 
+class _Against:
+    """A turn-based game in which a fixed player (``flare2.zoo.board_players``) moves for one seat, the next seat in
+    each game, so that the policy plays every seat in turn; the policy sees only its own seats' turns."""
+
+    def __init__(self, env: Any, player: str, seed: int) -> None:
+        self.env, self.player = env, PLAYERS[player]
+        self.rng = np.random.default_rng(seed)
+        self.fixed_seats: list[str] = []
+        """The seat the fixed player took in each game so far."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        self.env.reset(seed=seed, options=options)
+        seats = self.env.possible_agents
+        self.fixed_seats.append(seats[(len(self.fixed_seats) + 1) % len(seats)])
+        self._fixed_moves()
+
+    def step(self, action: Any) -> None:
+        self.env.step(action)
+        self._fixed_moves()
+
+    def _fixed_moves(self) -> None:
+        while self.env.agents and self.env.agent_selection == self.fixed_seats[-1]:
+            observation, _, terminated, truncated, _ = self.env.last()
+            self.env.step(None if terminated or truncated else self.player(observation, self.rng))
+
+
 def play_games(
-    policies: dict[str, TrainedPolicy], games: int, *, seed: int, greedy: bool, video: Path | None
-) -> list[dict[str, tuple[float, int]]]:
+    policies: dict[str, TrainedPolicy],
+    games: int,
+    *,
+    seed: int,
+    greedy: bool,
+    video: Path | None,
+    against: str | None = None,
+) -> tuple[list[dict[str, tuple[float, int]]], list[str]]:
     """Each agent's return and length in each of ``games`` games of a PettingZoo run, every agent played by its CT's
-    policy (the run's own agent, a PettingZooAgent playing one game, ``evaluating``); with ``video``, the first game
-    is saved there."""
+    policy (the run's own agent, a PettingZooAgent playing one game, ``evaluating``), and the seats a fixed player
+    took instead (``against``: a player of ``flare2.zoo.board_players``, one seat a game, a turn-based env only);
+    with ``video``, the first game is saved there."""
     policy = next(iter(policies.values()))
     env = _Games(
         policy.make_env(**({"render_mode": "rgb_array"} if video else {})),
@@ -371,15 +188,22 @@ def play_games(
         frames=video is not None,
         env_id=policy.env_id,
     )
+    played: Any = env
+    if against is not None:
+        if not is_turn_based(env.env):
+            raise ConfigError(
+                f"--against {against}: a fixed player takes a seat of a turn-based game, and {policy.env_id} is none"
+            )
+        played = _Against(env, against, seed)
     agent = PettingZooAgent(
         policy.env_id, env_kwargs=policy.env_kwargs, policy_map=policy.policy_map, transforms=policy.transforms
     )
-    agent.envs, agent.evaluating = [env], True
+    agent.envs, agent.evaluating = [played], True
     _play_until_done(agent, policies, seed, greedy)
     env.close()
     if video is not None and env.frames:
         _write_video(video, env.frames, env.env.metadata.get("render_fps", 30))
-    return env.results
+    return env.results, played.fixed_seats[: len(env.results)] if against is not None else []
 
 
 def _play_until_done(agent: Any, policies: dict[str, TrainedPolicy], seed: int, greedy: bool) -> None:
@@ -417,6 +241,20 @@ def _team_lines(results: list[dict[str, tuple[float, int]]]) -> list[str]:
         returns = [game[agent][0] for game in results if agent in game]
         lines.append(f"agent {agent!r}: return {statistics.mean(returns):.2f} ± {statistics.pstdev(returns):.2f}")
     return lines
+
+
+def _against_line(results: list[dict[str, tuple[float, int]]], fixed_seats: list[str], player: str) -> str:
+    """How the policy fared against the fixed player: its wins, draws and losses (its return above, at or below 0
+    in the seats it played)."""
+    outcomes = [
+        sum(earned for agent, (earned, _) in game.items() if agent != fixed)
+        for game, fixed in zip(results, fixed_seats)
+    ]
+    wins, losses = sum(o > 0 for o in outcomes), sum(o < 0 for o in outcomes)
+    return (
+        f"against {player}: won {wins}, drew {len(outcomes) - wins - losses}, lost {losses} of {len(outcomes)} "
+        f"(win rate {wins / len(outcomes):.0%})"
+    )
 
 
 def _frame(env: gym.Env, env_id: str) -> np.ndarray:
@@ -473,6 +311,13 @@ def main(argv: list[str]) -> int:
         help="save the first episode as FILE (.mp4 or .gif; needs the video extra)",
     )
     parser.add_argument("--device", default="cpu", help="where the network runs (default: %(default)s)")
+    parser.add_argument(
+        "--against",
+        choices=sorted(PLAYERS),
+        default=None,
+        help="a turn-based game: a fixed player takes one seat of each game (the next seat each game), and the "
+        "policy's wins, draws and losses are counted; lookahead plays connect four",
+    )
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("--episodes must be >= 1")
@@ -484,10 +329,18 @@ def main(argv: list[str]) -> int:
         policies = load_policies(args.run, device=args.device)
         policy = next(iter(policies.values()))
         if is_pettingzoo_env(policy.env_id):
-            games = play_games(policies, args.episodes, seed=args.seed, greedy=args.greedy, video=args.video)
+            games, fixed = play_games(
+                policies, args.episodes, seed=args.seed, greedy=args.greedy, video=args.video, against=args.against
+            )
             print(f"{policy.algo} on {policy.env_id}, {len(games)} {kind} game{'s' * (len(games) > 1)}:")
             print("\n".join(_team_lines(games)))
+            if args.against is not None:
+                print(_against_line(games, fixed, args.against))
             return 0
+        if args.against is not None:
+            parser.error(
+                f"--against {args.against}: a fixed player takes a seat of a PettingZoo game, {policy.env_id} is none"
+            )
         results = play(policy, args.episodes, seed=args.seed, greedy=args.greedy, video=args.video)
     except ConfigError as exc:
         parser.error(str(exc))

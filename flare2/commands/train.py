@@ -100,7 +100,7 @@ class TrainedRun:
     @cached_property
     def policy(self) -> Any:
         """The trained policy (:class:`flare2.TrainedPolicy`), loaded from the final checkpoint on first use."""
-        from flare2.commands.evaluate import load_policy
+        from flare2.commands.policies import load_policy
 
         return load_policy(self.log_dir)
 

@@ -9,7 +9,8 @@ from doubles import AnsweringPort, KeepingHelper
 from turn_games.corridor_v0 import TURNS, Corridor
 
 import flare2
-from flare2.commands.evaluate import load_policies, play_games
+from flare2.commands.evaluate import _against_line, play_games
+from flare2.commands.policies import load_policies
 from flare2.core.fragments import ROW_IDS
 from flare2.core.pettingzoo_agent import PettingZooAgent
 from flare2.core.specs import CTSpecs, Spec
@@ -79,5 +80,10 @@ def test_a_masked_move_is_never_sampled_when_the_zoo_learns_a_turn_based_game(tm
     assert run.exit_code == 0 and run.env_steps >= 1500
     assert run.episodes >= 2 * (1500 // TURNS - 4)  # each game two episodes, but for the 4 games still on
     # flare2 eval's way: every runner played by the policy, game after game, each one's return its own.
-    games = play_games(load_policies(tmp_path), 3, seed=0, greedy=True, video=None)
+    games, _ = play_games(load_policies(tmp_path), 3, seed=0, greedy=True, video=None)
     assert games == [{"runner_0": (1.0, 3), "runner_1": (-1.0, 3)}] * 3
+    # Against a fixed player, which takes runner_1's seat in the first game and runner_0's in the second: the policy
+    # wins as runner_0 and loses as runner_1 (the last move decides), and sees only its own turns.
+    games, fixed = play_games(load_policies(tmp_path), 2, seed=0, greedy=True, video=None, against="random")
+    assert fixed == ["runner_1", "runner_0"]
+    assert _against_line(games, fixed, "random") == "against random: won 1, drew 0, lost 1 of 2 (win rate 50%)"

@@ -1,0 +1,66 @@
+"""Fixed players of turn-based board games, the baselines a trained policy's win rate is read against
+(``flare2 eval --against``). Each takes the observation of the seat it plays (PettingZoo's classic games:
+``observation`` and ``action_mask``) and a random generator, and returns its move. Imports no torch.
+
+- ``random``: a legal move, uniformly;
+- ``lookahead`` (connect four): the one-step lookahead player, which wins now if a move does, else blocks a
+  column where the opponent would win with its next move, else moves at random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from flare2.errors import ConfigError
+
+ROWS, COLUMNS, IN_A_ROW = 6, 7, 4
+_DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
+
+
+def random_move(observation: dict[str, Any], rng: np.random.Generator) -> int:
+    """A legal move, uniformly."""
+    return int(rng.choice(np.flatnonzero(observation["action_mask"])))
+
+
+def connect_four_lookahead(observation: dict[str, Any], rng: np.random.Generator) -> int:
+    """Win now if a move does; else block a column where the opponent would win next; else a random legal move.
+    The board is PettingZoo's connect four observation: ``[6, 7, 2]``, the mover's pieces then the opponent's,
+    row 0 at the top."""
+    board = np.asarray(observation["observation"])
+    if board.shape != (ROWS, COLUMNS, 2):
+        raise ConfigError(f"the lookahead player plays connect four (a [6, 7, 2] board), got a board of {board.shape}")
+    mine, theirs = board[..., 0].astype(bool), board[..., 1].astype(bool)
+    legal = np.flatnonzero(observation["action_mask"])
+    for pieces in (mine, theirs):  # a win of mine first, then a win of theirs to block
+        for column in legal:
+            if _completes_four(pieces, mine | theirs, int(column)):
+                return int(column)
+    return int(rng.choice(legal))
+
+
+def _completes_four(pieces: np.ndarray, taken: np.ndarray, column: int) -> bool:
+    """Whether a piece dropped into ``column`` (onto ``taken`` cells) makes four of ``pieces`` in a row."""
+    empty = np.flatnonzero(~taken[:, column])
+    if not empty.size:
+        return False
+    row = int(empty.max())
+    for dr, dc in _DIRECTIONS:
+        count = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, column + sign * dc
+            while 0 <= r < ROWS and 0 <= c < COLUMNS and pieces[r, c]:
+                count += 1
+                r, c = r + sign * dr, c + sign * dc
+        if count >= IN_A_ROW:
+            return True
+    return False
+
+
+PLAYERS: dict[str, Callable[[dict[str, Any], np.random.Generator], int]] = {
+    "random": random_move,
+    "lookahead": connect_four_lookahead,
+}
+"""The fixed players by the name ``flare2 eval --against`` takes."""

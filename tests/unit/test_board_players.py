@@ -1,0 +1,45 @@
+"""The fixed players a policy's win rate is read against: legal moves only, and the lookahead's win or block."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flare2.errors import ConfigError
+from flare2.zoo.board_players import connect_four_lookahead, random_move
+
+
+def board(mine: list[tuple[int, int]], theirs: list[tuple[int, int]]) -> dict[str, np.ndarray]:
+    """A connect four observation: the mover's pieces and the opponent's, row 5 at the bottom; full columns masked."""
+    planes = np.zeros((6, 7, 2), np.int8)
+    for row, column in mine:
+        planes[row, column, 0] = 1
+    for row, column in theirs:
+        planes[row, column, 1] = 1
+    return {"observation": planes, "action_mask": (planes.sum(-1)[0] == 0).astype(np.int8)}
+
+
+def test_the_lookahead_wins_when_it_can_and_blocks_a_win_of_the_opponent_otherwise():
+    rng = np.random.default_rng(0)
+    # Three of mine across the bottom (columns 1-3), three of theirs up column 6: dropping into column 0 or 4 wins.
+    winning = board([(5, 1), (5, 2), (5, 3)], [(5, 6), (4, 6), (3, 6)])
+    assert connect_four_lookahead(winning, rng) in (0, 4)
+    # Without a win of mine, their three up column 6 are blocked at row 2.
+    blocking = board([(5, 1), (5, 3)], [(5, 6), (4, 6), (3, 6)])
+    assert connect_four_lookahead(blocking, rng) == 6
+    # A diagonal of theirs, completed by a piece landing at (2, 3) on top of column 3's three.
+    diagonal = board([(4, 3), (3, 3), (4, 0)], [(5, 0), (4, 1), (3, 2), (5, 3), (5, 1), (5, 2)])
+    assert connect_four_lookahead(diagonal, rng) == 3
+
+
+def test_the_fixed_players_move_only_where_the_mask_allows():
+    rng = np.random.default_rng(1)
+    full = board([(row, 2) for row in range(6)], [])
+    assert full["action_mask"][2] == 0
+    moves = {random_move(full, rng) for _ in range(200)} | {connect_four_lookahead(full, rng) for _ in range(200)}
+    assert 2 not in moves and moves <= set(range(7))
+
+
+def test_the_lookahead_names_a_board_it_cannot_read():
+    with pytest.raises(ConfigError, match="plays connect four"):
+        connect_four_lookahead({"observation": np.zeros((3, 3, 2)), "action_mask": np.ones(3)}, np.random.default_rng())

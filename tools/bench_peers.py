@@ -90,7 +90,8 @@ from sb3_settings import SB3_CLASS, Sb3Spec, sb3_spec  # noqa: E402
 from steps_to_threshold import first_crossing  # noqa: E402
 
 from flare2.commands.train import resolve  # noqa: E402
-from flare2.core.env_making import make_gym_env  # noqa: E402
+from flare2.core.env_making import is_pettingzoo_env, make_gym_env, missing_extra  # noqa: E402
+from flare2.core.spaces import holds_entities  # noqa: E402
 from flare2.errors import ConfigError  # noqa: E402
 from flare2.zoo.encoders import encoder_kind, image_layout  # noqa: E402
 from flare2.zoo.record import PRESET_FAMILIES, AlgorithmRecord  # noqa: E402
@@ -222,6 +223,10 @@ def race_rows(
         for env_id in [*record.presets, *family_games]:
             if only is not None and (algo, env_id) not in only and (algo, None) not in only:
                 continue
+            beyond = beyond_sb3(env_id)
+            if beyond:
+                skipped.append(f"{algo}/{env_id}: not raced, {beyond}")
+                continue
             try:
                 rows.append(_row(algo, env_id, max_steps))
             except Exception as exc:  # a missing env dependency (MuJoCo), a preset resolve() refuses: name it, go on
@@ -253,6 +258,16 @@ def _image_encoder(env_id: str, settings: Any) -> str | None:
     finally:
         env.close()
     return None if layout is None else encoder_kind(layout, settings.encoder)
+
+
+def beyond_sb3(env_id: str) -> str:
+    """Why SB3 cannot play a preset's env, or "" where it can: several agents in one env, or entities (Sequence
+    spaces), which its policies do not take."""
+    if is_pettingzoo_env(env_id):
+        return "a multi-agent env, and SB3 plays one agent"
+    if missing_extra(env_id) is None and holds_entities(make_gym_env(env_id).observation_space):
+        return "an env of entities (Sequence spaces), which SB3's policies do not take"
+    return ""
 
 
 def _row(algo: str, env_id: str, max_steps: int | None) -> Row:

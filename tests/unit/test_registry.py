@@ -121,7 +121,7 @@ def test_an_algorithm_without_a_search_space_cannot_be_tuned():
         ({"settings_class": SmallConfig}, "settings_class must be OnlineSettings or ReplaySettings"),
         (
             {"observations": ("Image",)},
-            "observations must be a non-empty tuple of ('Box', 'Discrete', 'Dict of those')",
+            "observations must be a non-empty tuple of ('Box', 'Discrete', 'Dict of those', 'Dict of entities",
         ),
         ({"actions": ()}, "actions must be a non-empty tuple of ('Discrete', '1-d Box')"),
         ({"agent": {"samples": 3}}, "agent names ['samples'], which are not among the fields"),

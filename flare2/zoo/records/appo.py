@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flare2.errors import ConfigError
-from flare2.zoo.record import AlgorithmRecord
+from flare2.zoo.record import ENTITIES, AlgorithmRecord
+from flare2.zoo.records.ppo import ENTITY_PRESETS, PPOConfig
 from flare2.zoo.records.ppo import RECORD as PPO_RECORD
-from flare2.zoo.records.ppo import PPOConfig
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,18 @@ RECORD = AlgorithmRecord(
     config_class=APPOConfig,
     settings_class=PPO_RECORD.settings_class,
     build="flare2.zoo.appo:build",
-    observations=PPO_RECORD.observations,
+    # Not over entities: APPO's learner takes the zoo's actor-critic only.
+    observations=tuple(kind for kind in PPO_RECORD.observations if kind != ENTITIES),
     actions=PPO_RECORD.actions,
     run=PPO_RECORD.run,
     agent=PPO_RECORD.agent,
     derived=PPO_RECORD.derived,
     # PPO's own presets, but never their --serial or --learner inline: APPO is for learning beside acting.
-    presets={env_id: _beside_acting(env_id, preset) for env_id, preset in PPO_RECORD.presets.items()},
+    presets={
+        env_id: _beside_acting(env_id, preset)
+        for env_id, preset in PPO_RECORD.presets.items()
+        if env_id not in ENTITY_PRESETS
+    },
     family_presets={family: _beside_acting(family, preset) for family, preset in PPO_RECORD.family_presets.items()},
     search_space={**PPO_RECORD.search_space, "rho_bar": ("choice", (1.0, 1.5, 2.0))},
 )

@@ -85,6 +85,10 @@ wait for each learn(), so nothing runs beside the acting, and one process (--ser
 processes (Acrobot with unscaled rewards, 3 seeds, 2 cores each: 29 s median to -100 against 36 s with --learner
 inline, the same steps)."""
 
+ENTITY_PRESETS = ("flare2/Minefield-v1",)
+"""The presets of envs of entities, which PPO learns with the entity actor-critic (``flare2.zoo.ppo.build``)."""
+
+
 RECORD = AlgorithmRecord(
     name="ppo",
     config_class=PPOConfig,

@@ -51,6 +51,7 @@ trajectory views afresh; the returns it reports run to the env's own end."""
 ENV_PACKAGES: dict[str, tuple[str, str | None]] = {
     "ALE": ("ale_py", None),
     "MinAtar": ("minatar.gym", "register_envs"),
+    "flare2": ("flare2.zoo.envs", None),
 }
 """Namespaces of env ids whose package registers them: (module to import, the function of it to call after, if
 importing it is not enough)."""

@@ -9,12 +9,17 @@ Gymnasium's ``"module:id"`` form imports this module, which registers the id,
 so from any process::
 
     gymnasium.make("flare2.zoo.envs:flare2/CartPoleNoVelocity-v1")
+
+Importing it registers Minefield's ids too (``flare2.zoo.minefield``): an id of the ``flare2`` namespace imports this
+module first (``flare2.core.env_making.ENV_PACKAGES``), so ``flare2/Minefield-v1`` works without a module prefix.
 """
 
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+
+import flare2.zoo.minefield  # noqa: F401  (registers flare2/Minefield-v0 and -v1)
 
 CARTPOLE_NO_VELOCITY = "flare2/CartPoleNoVelocity-v1"
 """The registered id (without the module prefix)."""

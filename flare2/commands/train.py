@@ -27,16 +27,15 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
+from flare2.commands.train_pettingzoo import pettingzoo_agent, policies
 from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, resolve_engine
 from flare2.core.env_making import (
     is_pettingzoo_env,
     make_gym_env,
-    make_pettingzoo_env,
     register_env_package,
-    shared_spaces,
 )
 from flare2.core.envs import DEFAULT_CT, GymAgent
-from flare2.core.pettingzoo_agent import POLICY_MAPS, policy_map
+from flare2.core.pettingzoo_agent import POLICY_MAPS
 from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.config import CTConfig, RunConfig
@@ -220,14 +219,14 @@ def resolve(
     if getattr(settings, "critic", "own") == "state" and not is_pettingzoo_env(env_id):
         parser.error(f"--critic state: a centralised critic sees a multi-agent env's state(), and {env_id!r} is none")
     if is_pettingzoo_env(env_id):
-        agent_path, kwargs = _pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
+        agent_path, kwargs = pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
         cts = [
             CTConfig(
                 name=ct,
                 build=record.builder(env_id, {}, config, settings, agents=tuple(agents)),
                 batching=batching_from_args(args),
             )
-            for ct, agents in _policies(parser, record, env_id, args.policy_map).items()
+            for ct, agents in policies(parser, record, env_id, args.policy_map).items()
         ]
     else:
         if args.policy_map is not None:
@@ -285,65 +284,6 @@ def _add_env_options(parser: argparse.ArgumentParser) -> None:
         "SyncVectorEnv), ale (ALE's C++ vector env, native threads: Atari games with the preprocessing), auto (ale "
         f"for Atari games where ale-py has it, else python); default: {DEFAULT_ENGINE}",
     )
-
-
-def _pettingzoo_agent(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, algo: str, env_id: str, helper_kwargs: dict[str, Any]
-) -> tuple[str, dict[str, Any]]:
-    """The stock multi-agent agent's path and keyword arguments; a usage error for what it does not do."""
-    refused = [
-        option
-        for option, given in (
-            ("--max-episode-steps", args.max_episode_steps is not None),
-            (f"--env-engine {args.env_engine}", args.env_engine not in ("python", "auto")),
-            ("--double-buffer", helper_kwargs.get("double_buffer", False)),
-            ("--complete-episodes", helper_kwargs.get("complete_episodes", False)),
-            ("--eval-every", bool(args.eval_every)),
-        )
-        if given
-    ]
-    if refused:
-        parser.error(
-            f"{', '.join(refused)}: flare2 plays the PettingZoo env {env_id!r} with its own episode length, in Python, "
-            "each agent's steps in fragments of --sample-interval, without evaluation episodes: leave them out"
-        )
-    if "replay" in helper_kwargs:
-        parser.error(
-            f"--algo {algo}: the agents of a PettingZoo env learn with an on-policy algorithm (a2c, ppo, appo); "
-            "a replay buffer does not take their rows yet"
-        )
-    kwargs = {
-        "env_id": env_id,
-        "policy_map": args.policy_map or "shared",
-        "transforms": transforms_from_args(args),
-        "sample_interval": helper_kwargs["sample_interval"],
-    }
-    return "flare2.core.pettingzoo_agent:PettingZooAgent", kwargs
-
-
-def _policies(
-    parser: argparse.ArgumentParser, record: AlgorithmRecord, env_id: str, spec: str | None
-) -> dict[str, list[str]]:
-    """Each CT of a PettingZoo env's run and its agents, by ``--policy-map``; a usage error for a map that does not
-    cover the agents, or a CT whose agents' spaces differ or do not fit the algorithm."""
-    try:
-        env = make_pettingzoo_env(env_id)
-    except ConfigError as exc:
-        parser.error(str(exc))
-    try:
-        agents = list(env.possible_agents)
-        cts: dict[str, list[str]] = {}
-        for agent, ct in policy_map(agents, spec or "shared").items():
-            cts.setdefault(ct, []).append(agent)
-        for ct, its_agents in cts.items():
-            spaces = shared_spaces(env, env_id, its_agents)
-            where = f"{env_id} (CT {ct!r}: {', '.join(its_agents)})"
-            check_spaces(record, where, spaces.observation_space, spaces.action_space)
-    except ConfigError as exc:
-        parser.error(str(exc))
-    finally:
-        env.close()
-    return cts
 
 
 def _chosen(

@@ -1,0 +1,73 @@
+"""What ``flare2 train`` does for a PettingZoo env (``flare2.core.pettingzoo_agent``): the stock agent's settings,
+what it refuses, and a CT for each group of agents the policy map makes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flare2.core.env_making import make_pettingzoo_env, shared_spaces
+from flare2.core.pettingzoo_agent import policy_map
+from flare2.errors import ConfigError
+from flare2.runtime.options import transforms_from_args
+from flare2.zoo.record import AlgorithmRecord
+from flare2.zoo.registry import check_spaces
+
+
+def pettingzoo_agent(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, algo: str, env_id: str, helper_kwargs: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The stock multi-agent agent's path and keyword arguments; a usage error for what it does not do."""
+    refused = [
+        option
+        for option, given in (
+            ("--max-episode-steps", args.max_episode_steps is not None),
+            (f"--env-engine {args.env_engine}", args.env_engine not in ("python", "auto")),
+            ("--double-buffer", helper_kwargs.get("double_buffer", False)),
+            ("--complete-episodes", helper_kwargs.get("complete_episodes", False)),
+            ("--eval-every", bool(args.eval_every)),
+        )
+        if given
+    ]
+    if refused:
+        parser.error(
+            f"{', '.join(refused)}: flare2 plays the PettingZoo env {env_id!r} with its own episode length, in Python, "
+            "each agent's steps in fragments of --sample-interval, without evaluation episodes: leave them out"
+        )
+    if "replay" in helper_kwargs:
+        parser.error(
+            f"--algo {algo}: the agents of a PettingZoo env learn with an on-policy algorithm (a2c, ppo, appo); "
+            "a replay buffer does not take their rows yet"
+        )
+    kwargs = {
+        "env_id": env_id,
+        "policy_map": args.policy_map or "shared",
+        "transforms": transforms_from_args(args),
+        "sample_interval": helper_kwargs["sample_interval"],
+    }
+    return "flare2.core.pettingzoo_agent:PettingZooAgent", kwargs
+
+
+def policies(
+    parser: argparse.ArgumentParser, record: AlgorithmRecord, env_id: str, spec: str | None
+) -> dict[str, list[str]]:
+    """Each CT of a PettingZoo env's run and its agents, by ``--policy-map``; a usage error for a map that does not
+    cover the agents, or a CT whose agents' spaces differ or do not fit the algorithm."""
+    try:
+        env = make_pettingzoo_env(env_id)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    try:
+        agents = list(env.possible_agents)
+        cts: dict[str, list[str]] = {}
+        for agent, ct in policy_map(agents, spec or "shared").items():
+            cts.setdefault(ct, []).append(agent)
+        for ct, its_agents in cts.items():
+            spaces = shared_spaces(env, env_id, its_agents)
+            where = f"{env_id} (CT {ct!r}: {', '.join(its_agents)})"
+            check_spaces(record, where, spaces.observation_space, spaces.action_space)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    finally:
+        env.close()
+    return cts

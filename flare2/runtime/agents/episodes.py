@@ -81,50 +81,51 @@ class EpisodeRecorder:
         return result
 
 
-class AgentsEpisodeRecorder(EpisodeRecorder):
+class _EachAgentsEpisodes(EpisodeRecorder):
+    """What the recorders of multi-agent envs share: each agent's return and length so far, by name."""
+
+    def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
+        super().__init__(env, stats, evaluating=evaluating)
+        self._returns: dict[Any, float] = {}
+        self._lengths: dict[Any, int] = {}
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._returns, self._lengths = {}, {}
+        return self.env.reset(*args, **kwargs)
+
+    def _count_steps(self, steps: int) -> None:
+        if self.evaluating:
+            self.stats.eval_steps += steps
+        else:
+            self.stats.steps += steps
+
+    def _finish(self, agent: Any) -> None:
+        """Agent ``agent``'s episode ended: its return, length and team join the finished episodes."""
+        finished = self.stats.eval_finished if self.evaluating else self.stats.finished
+        finished.append((self._returns.pop(agent, 0.0), self._lengths.pop(agent, 0), team_of(agent)))
+
+
+class AgentsEpisodeRecorder(_EachAgentsEpisodes):
     """Wraps a multi-agent env (PettingZoo's parallel API: ``step`` takes and gives dicts by agent) to count, as
     ``EpisodeRecorder`` does for one env, each agent's steps and the return and length of each agent's episode: an
     agent's episode ends where the env says it terminated or was truncated, whether or not its game goes on."""
 
-    def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
-        super().__init__(env, stats, evaluating=evaluating)
-        self._returns: dict[Any, float] = {}
-        self._lengths: dict[Any, int] = {}
-
-    def reset(self, *args: Any, **kwargs: Any) -> Any:
-        self._returns, self._lengths = {}, {}
-        return self.env.reset(*args, **kwargs)
-
     def step(self, actions: Any) -> Any:
         result = self.env.step(actions)
         _, rewards, terminations, truncations, _ = result
-        stats = self.stats
-        if self.evaluating:
-            stats.eval_steps += len(actions)
-        else:
-            stats.steps += len(actions)
-        finished = stats.eval_finished if self.evaluating else stats.finished
+        self._count_steps(len(actions))
         for agent in actions:
             self._returns[agent] = self._returns.get(agent, 0.0) + float(rewards.get(agent, 0.0))
             self._lengths[agent] = self._lengths.get(agent, 0) + 1
             if terminations.get(agent, False) or truncations.get(agent, False):
-                finished.append((self._returns.pop(agent), self._lengths.pop(agent), team_of(agent)))
+                self._finish(agent)
         return result
 
 
-class TurnsEpisodeRecorder(EpisodeRecorder):
+class TurnsEpisodeRecorder(_EachAgentsEpisodes):
     """Wraps a turn-based multi-agent env (PettingZoo's AEC API: ``step(action)`` of the agent whose turn it is) to
     count each agent's moves and the return and length of each agent's episode: its return is every reward the env
     gave it, on its moves and the others'; its episode is recorded when the env steps it with ``None``, done."""
-
-    def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
-        super().__init__(env, stats, evaluating=evaluating)
-        self._returns: dict[Any, float] = {}
-        self._lengths: dict[Any, int] = {}
-
-    def reset(self, *args: Any, **kwargs: Any) -> Any:
-        self._returns, self._lengths = {}, {}
-        return self.env.reset(*args, **kwargs)
 
     def step(self, action: Any) -> Any:
         agent = self.env.agent_selection
@@ -132,14 +133,10 @@ class TurnsEpisodeRecorder(EpisodeRecorder):
         for name, reward in self.env.rewards.items():
             self._returns[name] = self._returns.get(name, 0.0) + float(reward)
         if action is not None:
-            if self.evaluating:
-                self.stats.eval_steps += 1
-            else:
-                self.stats.steps += 1
+            self._count_steps(1)
             self._lengths[agent] = self._lengths.get(agent, 0) + 1
         elif agent in self._returns:
-            finished = self.stats.eval_finished if self.evaluating else self.stats.finished
-            finished.append((self._returns.pop(agent), self._lengths.pop(agent, 0), team_of(agent)))
+            self._finish(agent)
         return result
 
 

@@ -198,6 +198,7 @@ class PettingZooAgent(VectorAgent):
             action_space=spaces.action_space,
             transforms=self.bind_transforms(ct, Transforms.from_options(self.transforms)),
             count=0,
+            training=not self.evaluating,
         )
 
     def _stepped(

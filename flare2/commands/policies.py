@@ -192,6 +192,12 @@ def _agents_by_ct(run: dict[str, Any]) -> dict[str, list[str]]:
     """Each CT's agents in a PettingZoo run, by its policy map; empty for a Gymnasium env's run."""
     if not is_pettingzoo_env(run["env"]):
         return {}
+    if run["run"].get("self_play"):
+        # The learner plays every seat; its frozen copy was only its opponent.
+        env = make_pettingzoo_env(run["env"], _env_kwargs(run))
+        agents = list(env.possible_agents)
+        env.close()
+        return {DEFAULT_CT: agents}
     env = make_pettingzoo_env(run["env"], _env_kwargs(run))
     agents = list(env.possible_agents)
     env.close()

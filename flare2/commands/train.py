@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
-from flare2.commands.train_pettingzoo import pettingzoo_agent, policies
+from flare2.commands.train_pettingzoo import pettingzoo_agent, pettingzoo_cts
 from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, resolve_engine
 from flare2.core.env_making import (
     is_pettingzoo_env,
@@ -61,7 +61,7 @@ _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_di
 _RUN_OPTIONS = (
     tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY)
     + _TRANSFORM_OPTIONS
-    + ("max_episode_steps", "env_preprocessing", "env_engine", "policy_map")
+    + ("max_episode_steps", "env_preprocessing", "env_engine", "policy_map", "self_play")
 )
 
 
@@ -220,17 +220,12 @@ def resolve(
         parser.error(f"--critic state: a centralised critic sees a multi-agent env's state(), and {env_id!r} is none")
     if is_pettingzoo_env(env_id):
         agent_path, kwargs = pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
-        cts = [
-            CTConfig(
-                name=ct,
-                build=record.builder(env_id, {}, config, settings, agents=tuple(agents)),
-                batching=batching_from_args(args),
-            )
-            for ct, agents in policies(parser, record, env_id, args.policy_map).items()
-        ]
+        cts = pettingzoo_cts(parser, args, record, env_id, config, settings)
     else:
-        if args.policy_map is not None:
-            parser.error(f"--policy-map maps the agents of a PettingZoo env to CTs, and {env_id!r} is a Gymnasium env")
+        if args.policy_map is not None or args.self_play:
+            parser.error(
+                f"--policy-map and --self-play take the agents of a PettingZoo env, and {env_id!r} is a Gymnasium env"
+            )
         build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
         cts = [CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))]
         agent_path, kwargs = (
@@ -275,6 +270,15 @@ def _add_env_options(parser: argparse.ArgumentParser) -> None:
         help="which CT acts for each agent of a PettingZoo env: "
         f"{', '.join(POLICY_MAPS)} (a CT per team: agents named TEAM_N), or pairs NAME=CT,... (NAME: an agent or a "
         "team); each CT has its own learner and checkpoint; default: shared (one CT, parameter sharing)",
+    )
+    parser.add_argument(
+        "--self-play",
+        type=number_option(int, least=0),
+        default=0,
+        metavar="N",
+        help="a turn-based PettingZoo game: the learner (CT RL) takes one seat of each game, drawn as it starts, and a "
+        "frozen copy of it (CT opponent) the others, its weights refreshed every N updates of RL; 0 (the default): "
+        "off, every seat on the policy map's CTs",
     )
     parser.add_argument(
         "--env-engine",

@@ -1,15 +1,17 @@
 """What ``flare2 train`` does for a PettingZoo env (``flare2.core.pettingzoo_agent``): the stock agent's settings,
-what it refuses, and a CT for each group of agents the policy map makes."""
+what it refuses, and a CT for each group of agents the policy map makes (or self-play's learner and its frozen copy)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from flare2.core.env_making import make_pettingzoo_env, shared_spaces
-from flare2.core.pettingzoo_agent import policy_map
+from flare2.core.env_making import is_turn_based, make_pettingzoo_env, shared_spaces
+from flare2.core.envs import DEFAULT_CT
+from flare2.core.pettingzoo_agent import OPPONENT_CT, policy_map
 from flare2.errors import ConfigError
-from flare2.runtime.options import transforms_from_args
+from flare2.runtime.config import CTConfig
+from flare2.runtime.options import batching_from_args, transforms_from_args
 from flare2.zoo.record import AlgorithmRecord
 from flare2.zoo.registry import check_spaces
 
@@ -44,21 +46,56 @@ def pettingzoo_agent(
         "policy_map": args.policy_map or "shared",
         "transforms": transforms_from_args(args),
         "sample_interval": helper_kwargs["sample_interval"],
+        "self_play": bool(args.self_play),
     }
     return "flare2.core.pettingzoo_agent:PettingZooAgent", kwargs
 
 
+def pettingzoo_cts(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    record: AlgorithmRecord,
+    env_id: str,
+    config: Any,
+    settings: Any,
+) -> list[CTConfig]:
+    """A CT per group of agents the policy map makes; with ``--self-play``, the learner's CT and its frozen copy."""
+    batching = batching_from_args(args)
+    cts = [
+        CTConfig(name=ct, build=record.builder(env_id, {}, config, settings, agents=tuple(agents)), batching=batching)
+        for ct, agents in policies(parser, record, env_id, args.policy_map, self_play=bool(args.self_play)).items()
+    ]
+    if args.self_play:
+        cts.append(
+            CTConfig(
+                name=OPPONENT_CT,
+                build=cts[0].build,
+                batching=batching,
+                follows=DEFAULT_CT,
+                refresh_every=args.self_play,
+            )
+        )
+    return cts
+
+
 def policies(
-    parser: argparse.ArgumentParser, record: AlgorithmRecord, env_id: str, spec: str | None
+    parser: argparse.ArgumentParser, record: AlgorithmRecord, env_id: str, spec: str | None, *, self_play: bool
 ) -> dict[str, list[str]]:
-    """Each CT of a PettingZoo env's run and its agents, by ``--policy-map``; a usage error for a map that does not
-    cover the agents, or a CT whose agents' spaces differ or do not fit the algorithm."""
+    """Each learning CT of a PettingZoo env's run and its agents, by ``--policy-map`` (with ``self_play``, every agent
+    may take the learner's seat); a usage error for a map that does not cover the agents, a CT whose agents' spaces
+    differ or do not fit the algorithm, or self-play in a game that is not turn-based."""
     try:
         env = make_pettingzoo_env(env_id)
     except ConfigError as exc:
         parser.error(str(exc))
     try:
         agents = list(env.possible_agents)
+        if self_play and (spec is not None or not is_turn_based(env)):
+            raise ConfigError(
+                f"--self-play: the learner takes one seat of each game of a turn-based env and its frozen copy the "
+                f"others ({env_id!r} is {'turn-based' if is_turn_based(env) else 'not turn-based'}), with no "
+                "--policy-map"
+            )
         cts: dict[str, list[str]] = {}
         for agent, ct in policy_map(agents, spec or "shared").items():
             cts.setdefault(ct, []).append(agent)

@@ -59,6 +59,14 @@ class AgentHelper:
         return None
 
 
+class AskOnlyHelper(AgentHelper):
+    """The helper of a CT an agent asks and does not teach: a frozen copy of another (self-play's opponent,
+    ``CTConfig.follows``), whose steps are let go."""
+
+    def store(self, step: dict[str, Any]) -> None:
+        pass
+
+
 def stack_steps(steps: list[dict[str, Any]], specs: CTSpecs) -> dict[str, Any]:
     """T stored steps of K rows as K sequences ``[K, T, ...]`` in the spec dtypes: every group a helper keeps
     (``CTSpecs.stored_specs``: no views) and the step flags. ``pack`` makes the learn request of them."""

@@ -34,12 +34,15 @@ from flare2.core.agent import VectorAgent
 from flare2.core.env_making import AgentSpaces, is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
-from flare2.core.helpers import AgentHelper
+from flare2.core.helpers import AgentHelper, AskOnlyHelper
 from flare2.core.spaces import OBS_KEY, action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
 from flare2.core.turn_based import TurnBasedPlay
 from flare2.errors import ConfigError
+
+OPPONENT_CT = "opponent"
+"""Self-play's frozen opponent: the CT of the seats that the learner (CT ``RL``) does not take."""
 
 GLOBAL_STATE = "global_state"
 """The input that holds a row's game state (the env's ``state()``), sent with each agent's observation to a CT that
@@ -95,6 +98,10 @@ class PettingZooAgent(VectorAgent):
     action ``action`` and reward ``reward``.
 
     ``transforms`` as GymAgent's, one pipeline per CT; each game gets its own seed (``env_seed``) at its first reset.
+
+    ``self_play`` (turn-based games): in each game one seat, drawn as the game starts, is the learner's (CT ``RL``)
+    and the others are its opponent's (CT ``opponent``, a frozen copy of ``RL`` that the compute process refreshes:
+    ``CTConfig.follows``), whose turns are not learned from.
     """
 
     def __init__(
@@ -105,12 +112,14 @@ class PettingZooAgent(VectorAgent):
         policy_map: str = "shared",
         sample_interval: int = 5,
         transforms: list[Any] | None = None,
+        self_play: bool = False,
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
         self.policy_map = policy_map
         self.sample_interval = sample_interval
         self.transforms = transforms or []
+        self.self_play = self_play
         self._possible_agents: list[str] | None = None
 
     def make_env(self) -> Any:
@@ -134,14 +143,25 @@ class PettingZooAgent(VectorAgent):
         return policy_map(self.possible_agents, self.policy_map)[agent]
 
     def policies(self) -> dict[str, list[str]]:
-        """Each CT's agents, in the env's order."""
+        """Each CT's agents, in the env's order (with ``self_play``, every agent may play on either CT)."""
+        if self.self_play:
+            return {DEFAULT_CT: list(self.possible_agents), OPPONENT_CT: list(self.possible_agents)}
         cts: dict[str, list[str]] = {}
         for agent in self.possible_agents:
             cts.setdefault(self.policy_of(agent), []).append(agent)
         return cts
 
     def helpers(self) -> dict[str, AgentHelper]:
-        return {ct: FragmentsHelper(self.sample_interval) for ct in self.policies()}
+        return {
+            ct: AskOnlyHelper() if self.self_play and ct == OPPONENT_CT else FragmentsHelper(self.sample_interval)
+            for ct in self.policies()
+        }
+
+    def _seats(self) -> dict[str, str]:
+        """Self-play: each agent's CT in a game that starts, the learner's seat drawn at random."""
+        agents = self.possible_agents
+        learner = agents[int(self._seat_draws.integers(len(agents)))]
+        return {agent: DEFAULT_CT if agent == learner else OPPONENT_CT for agent in agents}
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         for ct, agents in self.policies().items():
@@ -164,10 +184,17 @@ class PettingZooAgent(VectorAgent):
                 )
         if self.eval_env is not None:
             raise ConfigError("PettingZooAgent plays no evaluation episodes during training: run without --eval-every")
+        if self.self_play and not is_turn_based(self.envs[0]):
+            raise ConfigError(
+                f"self-play takes turn-based games (PettingZoo's AEC API), and {self.env_id!r} plays all its agents "
+                "at once: leave --self-play out"
+            )
 
     def run(self) -> None:
         if is_turn_based(self.envs[0]):
-            TurnBasedPlay(self, self.env_id, self.policies(), self.transforms).run()
+            self._seat_draws = np.random.default_rng(self.env_seed(len(self.envs) + 1))
+            seats = self._seats if self.self_play else None
+            TurnBasedPlay(self, self.env_id, self.policies(), self.transforms, seats).run()
         policies = self.policies()
         with_state = {ct for ct in policies if GLOBAL_STATE in self.specs(ct).acting_inputs}
         games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of, with_state)

@@ -20,6 +20,7 @@ The legal moves come in the observation (``action_mask`` beside
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,23 +52,36 @@ class _Turn:
 class TurnBasedPlay:
     """The turns of a PettingZooAgent's games (module docstring); ``run`` plays until the run stops it.
 
-    ``policies``: each CT's agents; ``transforms``: the data transforms (options, as GymAgent's) of every CT.
+    ``policies``: each CT's agents; ``transforms``: the data transforms (options, as GymAgent's) of every CT;
+    ``seats``, where the CT of an agent changes from game to game (self-play: which seat the learner takes), gives
+    each agent's CT for a game as it starts.
     """
 
-    def __init__(self, agent: VectorAgent, env_id: str, policies: dict[str, list[str]], transforms: list[Any]) -> None:
+    def __init__(
+        self,
+        agent: VectorAgent,
+        env_id: str,
+        policies: dict[str, list[str]],
+        transforms: list[Any],
+        seats: Callable[[], dict[str, str]] | None = None,
+    ) -> None:
         self.agent = agent
         self.envs = agent.envs
         self.places = {name: index for index, name in enumerate(self.envs[0].possible_agents)}
         self.policies = policies
-        self.ct_of = {name: ct for ct, names in policies.items() for name in names}
+        fixed = {name: ct for ct, names in policies.items() for name in names}
+        self.seats = seats or (lambda: fixed)
         # Each CT's pipeline of data transforms, shared by its places: the run's statistics count them all.
         self.transforms = {ct: agent.bind_transforms(ct, Transforms.from_options(transforms)) for ct in policies}
         self.spaces = {ct: shared_spaces(self.envs[0], env_id, names) for ct, names in policies.items()}
-        self.acting: dict[Place, Acting] = {}
+        self.acting: dict[tuple[Place, str], Acting] = {}
         self.turns: dict[Place, _Turn] = {}
         self.playing: set[Place] = set()
+        self.ct_of: list[dict[str, str]] = []
+        """Each game's agents' CTs, for the game it plays now."""
         for game, env in enumerate(self.envs):
             env.reset(seed=agent.env_seed(game))
+            self.ct_of.append(self.seats())
 
     def run(self) -> None:
         while True:
@@ -100,7 +114,7 @@ class TurnBasedPlay:
                         {key: value[row : row + 1] for key, value in next_states.items()},
                         waiting.version,
                     )
-                    self.envs[place[0]].step(self.acting[place].env_actions(mine)[0])
+                    self.envs[place[0]].step(self.acting[(place, ct)].env_actions(mine)[0])
 
     def _to_next_turn(
         self,
@@ -115,8 +129,9 @@ class TurnBasedPlay:
         while True:
             if not env.agents:
                 env.reset()
+                self.ct_of[game] = self.seats()
             name = env.agent_selection
-            place, ct = (game, name), self.ct_of[name]
+            place, ct = (game, name), self.ct_of[game][name]
             observation, reward, terminated, truncated, _ = env.last()
             acting = self._acting(place, ct)
             turn = self.turns.pop(place, None)
@@ -163,10 +178,10 @@ class TurnBasedPlay:
         }
 
     def _acting(self, place: Place, ct: str) -> Acting:
-        acting = self.acting.get(place)
+        acting = self.acting.get((place, ct))
         if acting is None:
             spaces = self.spaces[ct]
-            acting = self.acting[place] = Acting(
+            acting = self.acting[(place, ct)] = Acting(
                 specs=self.agent.specs(ct),
                 observation_space=spaces.observation_space,
                 action_space=spaces.action_space,

@@ -90,12 +90,22 @@ class CTConfig:
     a module-level function or a functools.partial of one."""
     batching: BatchingConfig = BatchingConfig()
     """When prediction and learn batches are flushed."""
+    follows: str | None = None
+    """A frozen copy of this other CT (self-play's opponent): it learns nothing of its own and takes that CT's weights
+    as the run starts and after every ``refresh_every`` of its updates."""
+    refresh_every: int = 0
+    """With ``follows``: the updates of the followed CT between two copies of its weights."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
             raise ConfigError(f"CT name must be a non-empty identifier, got {self.name!r}")
         if not callable(self.build):
             raise ConfigError(f"CTConfig.build of CT {self.name!r} must be callable, got {type(self.build).__name__}")
+        if (self.follows is None) != (self.refresh_every == 0) or self.refresh_every < 0:
+            raise ConfigError(
+                f"CT {self.name!r}: a frozen copy names the CT it follows and refreshes every N >= 1 of its updates "
+                f"(follows and refresh_every together), got follows={self.follows!r}, refresh_every={self.refresh_every}"
+            )
 
 
 @dataclass(frozen=True)
@@ -247,6 +257,13 @@ class RunConfig:
         names = [ct.name for ct in self.cts]
         if len(set(names)) != len(names):
             raise ConfigError(f"CT names must be unique, got {names}")
+        learning = {ct.name for ct in self.cts if ct.follows is None}
+        for ct in self.cts:
+            if ct.follows is not None and ct.follows not in learning:
+                raise ConfigError(
+                    f"CT {ct.name!r} follows {ct.follows!r}, which is not a CT of the run that learns: it may follow "
+                    f"one of {sorted(learning)}"
+                )
         for name in ("max_steps", "max_episodes"):
             value = getattr(self, name)
             if value is not None and value <= 0:

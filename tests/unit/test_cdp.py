@@ -160,3 +160,50 @@ def test_predict_requests_that_continue_their_views_are_served_and_one_that_cann
     kinds = [(to, message.kind) for to, message in replies]
     assert kinds == [("a", PREDICTION), ("a", PREDICTION), ("a", PREDICTION), ("b", ERROR)]
     assert "holds none of this agent's" in replies[-1][1].payload["reason"]
+
+
+def test_a_frozen_copy_takes_its_cts_weights_at_the_start_and_after_every_n_of_its_updates():
+    import torch
+
+    from flare2.runtime.compute.cdp import LearnBatch, follow
+    from flare2.runtime.compute.learn_calls import Learned
+    from flare2.runtime.config import CTConfig
+
+    def scaler():
+        return Scaler(Scale())
+
+    leader, frozen = ComputationTask("RL", scaler(), device="cpu"), ComputationTask("opponent", scaler(), device="cpu")
+    cdps = [ComputationDataProcessor(ct, reply=lambda *_: None) for ct in (leader, frozen)]
+    configs = [CTConfig("RL", scaler), CTConfig("opponent", scaler, follows="RL", refresh_every=2)]
+    with torch.no_grad():
+        leader.algorithm.model.scale.fill_(3.0)
+    follow(cdps, configs)
+    assert frozen.algorithm.model.scale.item() == 3.0
+    seen = []
+    for update in range(1, 6):
+        # An update of the leader: new weights, the next version, then the batch's replies.
+        leader.adopt_weights([torch.tensor(3.0 + update), torch.tensor(0)], learn_calls=update)
+        cdps[0].learned(LearnBatch(cdps[0], [], {}), Learned({}, 0, 0, 0.0))
+        seen.append(frozen.algorithm.model.scale.item())
+    assert seen == [3.0, 5.0, 5.0, 7.0, 7.0]  # refreshed after the leader's 2nd and 4th updates
+
+
+def test_a_ct_may_follow_only_a_ct_of_the_run_that_learns():
+    import pytest
+
+    from flare2.errors import ConfigError
+    from flare2.runtime.config import CTConfig
+
+    def scaler():
+        return Scaler(Scale())
+
+    with pytest.raises(ConfigError, match="follows and refresh_every together"):
+        CTConfig("opponent", scaler, follows="RL")
+    from flare2.runtime.config import AgentConfig, RunConfig
+
+    with pytest.raises(ConfigError, match="follows 'nobody', which is not a CT of the run that learns"):
+        RunConfig(
+            cts=(CTConfig("RL", scaler), CTConfig("opponent", scaler, follows="nobody", refresh_every=1)),
+            agents=AgentConfig("flare2.core.envs:GymAgent"),
+            max_steps=10,
+        )

@@ -12,6 +12,7 @@ import flare2
 from flare2.commands.evaluate import _against_line, play_games
 from flare2.commands.policies import load_policies
 from flare2.core.fragments import ROW_IDS
+from flare2.core.helpers import AskOnlyHelper
 from flare2.core.pettingzoo_agent import PettingZooAgent
 from flare2.core.specs import CTSpecs, Spec
 from flare2.runtime.agents.playing import StopRequested, make_envs
@@ -87,3 +88,31 @@ def test_a_masked_move_is_never_sampled_when_the_zoo_learns_a_turn_based_game(tm
     games, fixed = play_games(load_policies(tmp_path), 2, seed=0, greedy=True, video=None, against="random")
     assert fixed == ["runner_1", "runner_0"]
     assert _against_line(games, fixed, "random") == "against random: won 1, drew 0, lost 1 of 2 (win rate 50%)"
+
+
+def test_in_self_play_one_seat_a_game_is_the_learners_and_only_its_turns_are_learned_from():
+    agent = PettingZooAgent("turn_games.corridor_v0", self_play=True)
+    agent.num_envs = 3
+    agent.make_env = Corridor
+    assert set(agent.policies()) == {"RL", "opponent"}
+    make_envs(agent, 0)
+    ports = {"RL": AnsweringPort(40, legal_moves), "opponent": AnsweringPort(40, legal_moves)}
+    learner = KeepingHelper()
+    helpers = agent.helpers()
+    agent.connect(
+        agent_id="a0", seed=0, specs={"RL": SPECS, "opponent": SPECS}, ports=ports, helpers={**helpers, "RL": learner}
+    )
+    with pytest.raises(StopRequested):
+        agent.run()
+    rows = [
+        len(ports["RL"].sent[i]["inputs"]["observation"]) + len(ports["opponent"].sent[i]["inputs"]["observation"])
+        for i in range(min(len(ports["RL"].sent), len(ports["opponent"].sent)))
+    ]
+    assert rows and set(rows) == {3}  # one agent a game moves at a time, on one CT or the other
+    seats = {int(row[0]) for step in learner.steps for row in step["inputs"]["observation"]}
+    assert seats == {0, 1}  # the learner took both seats over the games
+    # Each learned turn is a turn the learner's CT was asked for: as many as its rows, less those still on their way.
+    asked = sum(len(sent["inputs"]["observation"]) for sent in ports["RL"].sent)
+    learned = sum(len(step["terminated"]) for step in learner.steps)
+    assert asked - 3 <= learned <= asked
+    assert isinstance(helpers["opponent"], AskOnlyHelper)  # the frozen copy learns nothing of its own

@@ -91,3 +91,8 @@ class RunFailed(FlareError):
 
 class EncodeError(FlareError, TypeError):
     """A value cannot travel on the wire (only plain data and numeric numpy arrays can)."""
+
+
+class CheckpointError(FlareError):
+    """A checkpoint could not be written (a full disk, a directory that cannot be written): the message names the path,
+    and the checkpoint there before stays as it was."""

@@ -22,7 +22,7 @@ from flare2.core.learn_requests import NEXT_INPUTS_FOLLOW
 from flare2.core.ragged_tensor import RaggedTensor
 from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
 from flare2.core.transforms import RunningMoments, statistics_shape
-from flare2.errors import ConfigError, SpecError
+from flare2.errors import CheckpointError, ConfigError, SpecError
 from flare2.wire.ragged import Ragged, rows_in_order
 
 logger = logging.getLogger(__name__)
@@ -358,15 +358,23 @@ class ComputationTask:
             },
             "counters": {**counters, "predict_calls": self.predict_calls, "learn_calls": self.learn_calls},
         }
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        # A write killed before its rename (kill -9, a lost node) leaves its temp file: the next write clears it.
+        for stale in path.parent.glob(f".{path.name}.*"):
+            stale.unlink(missing_ok=True)
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        except OSError as exc:
+            raise CheckpointError(_unwritten(path, exc)) from None
         try:
             with os.fdopen(fd, "wb") as tmp:
                 torch.save(state, tmp)
                 tmp.flush()
                 os.fsync(tmp.fileno())
             os.replace(tmp_name, path)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp_name).unlink(missing_ok=True)
+            if isinstance(exc, OSError):  # a full disk: ENOSPC from the write, or EDQUOT
+                raise CheckpointError(_unwritten(path, exc)) from None
             raise
 
     @property
@@ -443,3 +451,11 @@ class ComputationTask:
             self.learn_calls = int(counters.get("learn_calls", 0))
             self._publish(next_version=False)
         return counters
+
+
+def _unwritten(path: Path, exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    return (
+        f"cannot write the checkpoint {path}: {reason}; the checkpoint that was there is kept. Free space on that "
+        "disk, or give another --log-dir"
+    )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import zmq
 
 from flare2.errors import (
+    CheckpointError,
     ConfigError,
     DecodeError,
     FlareError,
@@ -347,8 +348,13 @@ def _handle_control(
             cdp.live = frozenset(a for a in agents if isinstance(a, str))
         return False
     if message.kind == CHECKPOINT:
-        save_checkpoints(cdps, learner, settings.checkpoint_dir, _counters(message))
-        control.send_multipart(pack(Message(CHECKPOINT, {"checkpoint_dir": settings.checkpoint_dir}, seq=message.seq)))
+        written: dict[str, Any] = {"checkpoint_dir": settings.checkpoint_dir}
+        try:
+            save_checkpoints(cdps, learner, settings.checkpoint_dir, _counters(message))
+        except CheckpointError as exc:
+            # A periodic checkpoint that cannot be written (a full disk) leaves the one before; the run goes on.
+            written["error"] = str(exc)
+        control.send_multipart(pack(Message(CHECKPOINT, written, seq=message.seq)))
         return False
     if message.kind == STOP:
         finish_learning(cdps, learner)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.learn_requests import check_learn
 from flare2.core.transforms import RunningMoments, statistics_shape
-from flare2.errors import LearnersPartedError
+from flare2.errors import CheckpointError, LearnersPartedError
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.compute.cts import build_cts, resume
 from flare2.runtime.compute.learn_calls import learn_with_lag
@@ -153,8 +153,12 @@ def _learn_until_stopped(
         if kind == "stop":
             return True
         if kind == "save":  # only the first learner is asked
-            _save(cts, request)
-            say({"kind": "saved"})
+            try:
+                _save(cts, request)
+            except CheckpointError as exc:  # the compute process says it: a periodic one lets the run go on
+                say({"kind": "saved", "error": str(exc)})
+            else:
+                say({"kind": "saved"})
             continue
         index = request["ct"]
         ct = cts[index]

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from flare2.core.computation_task import ComputationTask
-from flare2.errors import ConfigError, LearnerDiedError
+from flare2.errors import CheckpointError, ConfigError, LearnerDiedError
 from flare2.runtime.compute.cdp import LearnBatch
 from flare2.runtime.compute.learn_calls import Learned
 from flare2.runtime.compute.learner_main import (
@@ -184,6 +184,8 @@ class LearnerProcess:
         self._send(encode(request))
         while (answer := self._receive(0))["kind"] != "saved":
             self._on_answer(answer)
+        if "error" in answer:
+            raise CheckpointError(str(answer["error"]))
 
     def close(self) -> None:
         """Stop the learners: the first one passes the word on to the others."""

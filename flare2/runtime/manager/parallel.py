@@ -347,7 +347,10 @@ class ParallelSchedule:
             self.totals.add_compute_stats(message.payload.get("cts", {}))
         elif message.kind == CHECKPOINT:
             self._checkpoint_pending = False
-            logger.info("checkpoint written to %s", message.payload.get("checkpoint_dir"))
+            if message.payload.get("error"):
+                logger.error("%s (the run goes on)", message.payload["error"])
+            else:
+                logger.info("checkpoint written to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == BYE:
             logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == ERROR:

@@ -1,5 +1,5 @@
-"""The stock agent of multi-agent envs: PettingZoo's parallel API, every live agent of every game one row of a request,
-the agents sharing one CT (parameter sharing). Imports no torch.
+"""The stock agent of multi-agent envs: PettingZoo's envs, every live agent of every game one row of a request on
+the CT its policy map gives it (one CT for all by default: parameter sharing). Imports no torch.
 
 **Env ids.** A PettingZoo env is named by its module, ``mpe2.simple_spread_v3``
 or ``pettingzoo.butterfly.pistonball_v6`` (``flare2.core.env_making``), whose
@@ -17,6 +17,10 @@ agent's episode is reported, and env steps count each agent's steps).
 **Learning.** Each agent's place in its game (game ``g``, the ``i``-th of
 ``possible_agents``) keeps its row id from one episode to the next, and
 ``FragmentsHelper`` sends fragments of each place's consecutive steps.
+
+Turn-based games (the AEC API) are played by ``flare2.core.turn_based``: one
+row per game, the agent whose turn it is; there, ``self_play`` puts the
+learner in one seat of each game and a frozen copy of it in the others.
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ def policy_map(agents: Sequence[str], spec: str, shared_ct: str = DEFAULT_CT) ->
                 f"--policy-map {spec!r}: give {', '.join(POLICY_MAPS)}, or pairs NAME=CT separated by commas (NAME: "
                 f"an agent or a team of {list(agents)}), not {pair!r}"
             )
+        if not ct.isidentifier():
+            raise ConfigError(f"--policy-map {spec!r}: a CT's name is a Python identifier (red_team), not {ct!r}")
         pairs[name] = ct
     unknown = sorted(set(pairs) - set(agents) - {team_of(agent) for agent in agents})
     if unknown:

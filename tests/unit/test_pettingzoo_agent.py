@@ -228,6 +228,8 @@ def test_a_policy_map_that_misses_an_agent_or_names_a_stranger_says_which():
         policy_map(agents, "agent=good,adversary=bad,runner=x")
     with pytest.raises(ConfigError, match="pairs NAME=CT"):
         policy_map(agents, "everyone")
+    with pytest.raises(ConfigError, match="a CT's name is a Python identifier \\(red_team\\), not 'red-team'"):
+        policy_map(agents, "adversary=red-team,agent=blue")
 
 
 class Duel(Patrol):

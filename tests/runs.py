@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE = REPO / "examples" / "cartpole_a2c.py"
@@ -88,9 +89,14 @@ class RunProcess:
         self._reader.join(timeout=10)
 
 
-def read_csv(path: Path) -> list[dict[str, float]]:
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of a run's CSV file, numbers as floats (episodes.csv's team, a name, as it is)."""
     with open(path, newline="") as file:
-        return [{key: float(value) for key, value in row.items()} for row in csv.DictReader(file)]
+        return [{key: _number_or_name(key, value) for key, value in row.items()} for row in csv.DictReader(file)]
+
+
+def _number_or_name(key: str, value: str) -> Any:
+    return value if key == "team" else float(value)
 
 
 def finite(values) -> list[float]:

@@ -115,7 +115,10 @@ def measure(args: argparse.Namespace, agents: int, log_dir: Path) -> dict[str, A
     window = float(last["wall_time"]) - float(first["wall_time"])
     cts = [row for row in read_rows(log_dir / "cts.csv") if float(first["wall_time"]) < float(row["wall_time"])]
     batches = sum(int(row["predict_batches"]) for row in cts)
-    rows = sum(int(row["predict_batches"]) * float(row["predict_batch_mean"]) for row in cts if batches)
+    # A row with no batch since the one before has no mean (nan): it adds no rows.
+    rows = sum(
+        int(row["predict_batches"]) * float(row["predict_batch_mean"]) for row in cts if int(row["predict_batches"])
+    )
     return {
         "agents": agents,
         "steps_per_s": (int(last["env_steps"]) - int(first["env_steps"])) / window,

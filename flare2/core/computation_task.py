@@ -6,7 +6,6 @@ import copy
 import inspect
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,12 +16,13 @@ import torch
 from torch import nn
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.core.checkpoint_files import write_checkpoint
 from flare2.core.devices import count_parameters, module_attributes, resolve_device
 from flare2.core.learn_requests import NEXT_INPUTS_FOLLOW
 from flare2.core.ragged_tensor import RaggedTensor
 from flare2.core.specs import EXPERIENCE_GROUPS, NUMPY_DTYPES, CTSpecs, Spec
 from flare2.core.transforms import RunningMoments, statistics_shape
-from flare2.errors import CheckpointError, ConfigError, SpecError
+from flare2.errors import ConfigError, SpecError
 from flare2.wire.ragged import Ragged, rows_in_order
 
 logger = logging.getLogger(__name__)
@@ -358,24 +358,7 @@ class ComputationTask:
             },
             "counters": {**counters, "predict_calls": self.predict_calls, "learn_calls": self.learn_calls},
         }
-        # A write killed before its rename (kill -9, a lost node) leaves its temp file: the next write clears it.
-        for stale in path.parent.glob(f".{path.name}.*"):
-            stale.unlink(missing_ok=True)
-        try:
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        except OSError as exc:
-            raise CheckpointError(_unwritten(path, exc)) from None
-        try:
-            with os.fdopen(fd, "wb") as tmp:
-                torch.save(state, tmp)
-                tmp.flush()
-                os.fsync(tmp.fileno())
-            os.replace(tmp_name, path)
-        except BaseException as exc:
-            Path(tmp_name).unlink(missing_ok=True)
-            if isinstance(exc, OSError):  # a full disk: ENOSPC from the write, or EDQUOT
-                raise CheckpointError(_unwritten(path, exc)) from None
-            raise
+        write_checkpoint(path, state)
 
     @property
     def algorithm_class(self) -> str:
@@ -451,11 +434,3 @@ class ComputationTask:
             self.learn_calls = int(counters.get("learn_calls", 0))
             self._publish(next_version=False)
         return counters
-
-
-def _unwritten(path: Path, exc: OSError) -> str:
-    reason = exc.strerror or str(exc)
-    return (
-        f"cannot write the checkpoint {path}: {reason}; the checkpoint that was there is kept. Free space on that "
-        "disk, or give another --log-dir"
-    )

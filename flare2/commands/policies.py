@@ -24,7 +24,7 @@ import numpy as np
 from flare2.core.acting import Acting
 from flare2.core.env_making import env_spaces, is_pettingzoo_env, make_gym_env, make_pettingzoo_env
 from flare2.core.envs import DEFAULT_CT
-from flare2.core.pettingzoo_agent import policy_map
+from flare2.core.pettingzoo_agent import policy_groups, policy_map
 from flare2.core.transforms import RunningMoments, Transforms, statistics_shape
 from flare2.errors import ConfigError, FlareError
 from flare2.runtime.checkpoints import resume_checkpoint_path
@@ -192,19 +192,11 @@ def _agents_by_ct(run: dict[str, Any]) -> dict[str, list[str]]:
     """Each CT's agents in a PettingZoo run, by its policy map; empty for a Gymnasium env's run."""
     if not is_pettingzoo_env(run["env"]):
         return {}
-    if run["run"].get("self_play"):
-        # The learner plays every seat; its frozen copy was only its opponent.
-        env = make_pettingzoo_env(run["env"], _env_kwargs(run))
-        agents = list(env.possible_agents)
-        env.close()
-        return {DEFAULT_CT: agents}
     env = make_pettingzoo_env(run["env"], _env_kwargs(run))
     agents = list(env.possible_agents)
     env.close()
-    cts: dict[str, list[str]] = {}
-    for agent, ct in policy_map(agents, run["run"].get("policy_map") or "shared").items():
-        cts.setdefault(ct, []).append(agent)
-    return cts
+    # A self-play run has no policy map: its learner, CT RL, plays every seat (its frozen copy only opposed it).
+    return policy_groups(agents, policy_map(agents, run["run"].get("policy_map") or "shared").__getitem__)
 
 
 def _load(

@@ -8,7 +8,7 @@ from typing import Any
 
 from flare2.core.env_making import is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
-from flare2.core.pettingzoo_agent import OPPONENT_CT, policy_map
+from flare2.core.pettingzoo_agent import OPPONENT_CT, policy_groups, policy_map
 from flare2.errors import ConfigError
 from flare2.runtime.config import CTConfig
 from flare2.runtime.options import batching_from_args, transforms_from_args
@@ -96,9 +96,7 @@ def policies(
                 f"others ({env_id!r} is {'turn-based' if is_turn_based(env) else 'not turn-based'}), with no "
                 "--policy-map"
             )
-        cts: dict[str, list[str]] = {}
-        for agent, ct in policy_map(agents, spec or "shared").items():
-            cts.setdefault(ct, []).append(agent)
+        cts = policy_groups(agents, policy_map(agents, spec or "shared").__getitem__)
         for ct, its_agents in cts.items():
             spaces = shared_spaces(env, env_id, its_agents)
             where = f"{env_id} (CT {ct!r}: {', '.join(its_agents)})"

@@ -97,6 +97,14 @@ def policy_map(agents: Sequence[str], spec: str, shared_ct: str = DEFAULT_CT) ->
     return {agent: pairs.get(agent, pairs.get(team_of(agent), "")) for agent in agents}
 
 
+def policy_groups(agents: Sequence[str], ct_of: Callable[[str], str]) -> dict[str, list[str]]:
+    """Each CT's agents, in the env's order, as ``ct_of`` maps them (a policy map, or an agent's ``policy_of``)."""
+    groups: dict[str, list[str]] = {}
+    for agent in agents:
+        groups.setdefault(ct_of(agent), []).append(agent)
+    return groups
+
+
 class PettingZooAgent(VectorAgent):
     """Plays ``num_envs`` games of a PettingZoo parallel env (module docstring), each agent with the CT its policy map
     gives it (``policy_map``: ``shared``, ``team``, ``agent`` or pairs, see ``policy_map``); a subclass may override
@@ -152,10 +160,7 @@ class PettingZooAgent(VectorAgent):
         """Each CT's agents, in the env's order (with ``self_play``, every agent may play on either CT)."""
         if self.self_play:
             return {DEFAULT_CT: list(self.possible_agents), OPPONENT_CT: list(self.possible_agents)}
-        cts: dict[str, list[str]] = {}
-        for agent in self.possible_agents:
-            cts.setdefault(self.policy_of(agent), []).append(agent)
-        return cts
+        return policy_groups(self.possible_agents, self.policy_of)
 
     def helpers(self) -> dict[str, AgentHelper]:
         return {

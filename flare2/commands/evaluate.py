@@ -19,11 +19,11 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.commands.policies import PolicyPort, TrainedPolicy, load_policies
+from flare2.core.board_players import PLAYERS
 from flare2.core.env_making import is_pettingzoo_env, is_turn_based
 from flare2.core.envs import GymAgent
 from flare2.core.pettingzoo_agent import PettingZooAgent, team_of
 from flare2.errors import ConfigError
-from flare2.zoo.board_players import PLAYERS
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class _Games:
 
 
 class _Against:
-    """A turn-based game in which a fixed player (``flare2.zoo.board_players``) moves for one seat, the next seat in
+    """A turn-based game in which a fixed player (``flare2.core.board_players``) moves for one seat, the next seat in
     each game, so that the policy plays every seat in turn; the policy sees only its own seats' turns."""
 
     def __init__(self, env: Any, player: str, seed: int) -> None:
@@ -178,7 +178,7 @@ def play_games(
 ) -> tuple[list[dict[str, tuple[float, int]]], list[str]]:
     """Each agent's return and length in each of ``games`` games of a PettingZoo run, every agent played by its CT's
     policy (the run's own agent, a PettingZooAgent playing one game, ``evaluating``), and the seats a fixed player
-    took instead (``against``: a player of ``flare2.zoo.board_players``, one seat a game, a turn-based env only);
+    took instead (``against``: a player of ``flare2.core.board_players``, one seat a game, a turn-based env only);
     with ``video``, the first game is saved there."""
     policy = next(iter(policies.values()))
     env = _Games(

@@ -61,7 +61,7 @@ _THIS_RUN_ONLY = {"log_dir", "resume_dir", "bind", "port", "advertise", "keys_di
 _RUN_OPTIONS = (
     tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY)
     + _TRANSFORM_OPTIONS
-    + ("max_episode_steps", "env_preprocessing", "env_engine", "policy_map", "self_play")
+    + ("max_episode_steps", "env_preprocessing", "env_engine", "policy_map", "self_play", "self_play_pool")
 )
 
 
@@ -222,9 +222,10 @@ def resolve(
         agent_path, kwargs = pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
         cts = pettingzoo_cts(parser, args, record, env_id, config, settings)
     else:
-        if args.policy_map is not None or args.self_play:
+        if args.policy_map is not None or args.self_play or args.self_play_pool > 1:
             parser.error(
-                f"--policy-map and --self-play take the agents of a PettingZoo env, and {env_id!r} is a Gymnasium env"
+                f"--policy-map, --self-play and --self-play-pool take the agents of a PettingZoo env, and {env_id!r} is "
+                "a Gymnasium env"
             )
         build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
         cts = [CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))]
@@ -279,6 +280,14 @@ def _add_env_options(parser: argparse.ArgumentParser) -> None:
         help="a turn-based PettingZoo game: the learner (CT RL) takes one seat of each game, drawn as it starts, and a "
         "frozen copy of it (CT opponent) the others, its weights refreshed every N updates of RL; 0 (the default): "
         "off, every seat on the policy map's CTs",
+    )
+    parser.add_argument(
+        "--self-play-pool",
+        type=number_option(int, least=1),
+        default=1,
+        metavar="K",
+        help="with --self-play: the frozen copy keeps up to K of the learner's past weights (a uniform sample of every "
+        "copy taken) and plays one drawn from them at each refresh; 1 (the default): the newest copy alone",
     )
     parser.add_argument(
         "--env-engine",

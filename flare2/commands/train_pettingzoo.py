@@ -27,14 +27,15 @@ def pettingzoo_agent(
             (f"--env-engine {args.env_engine}", args.env_engine not in ("python", "auto")),
             ("--double-buffer", helper_kwargs.get("double_buffer", False)),
             ("--complete-episodes", helper_kwargs.get("complete_episodes", False)),
-            ("--eval-every", bool(args.eval_every)),
+            ("--eval-every (without --self-play)", bool(args.eval_every) and not args.self_play),
         )
         if given
     ]
     if refused:
         parser.error(
             f"{', '.join(refused)}: flare2 plays the PettingZoo env {env_id!r} with its own episode length, in Python, "
-            "each agent's steps in fragments of --sample-interval, without evaluation episodes: leave them out"
+            "each agent's steps in fragments of --sample-interval, with evaluation games in self-play alone (against "
+            "fixed players): leave them out"
         )
     if "replay" in helper_kwargs:
         parser.error(
@@ -65,6 +66,8 @@ def pettingzoo_cts(
         CTConfig(name=ct, build=record.builder(env_id, {}, config, settings, agents=tuple(agents)), batching=batching)
         for ct, agents in policies(parser, record, env_id, args.policy_map, self_play=bool(args.self_play)).items()
     ]
+    if args.self_play_pool > 1 and not args.self_play:
+        parser.error("--self-play-pool K keeps past copies of the learner for its opponent: give --self-play N as well")
     if args.self_play:
         cts.append(
             CTConfig(
@@ -73,6 +76,7 @@ def pettingzoo_cts(
                 batching=batching,
                 follows=DEFAULT_CT,
                 refresh_every=args.self_play,
+                snapshots=args.self_play_pool,
             )
         )
     return cts

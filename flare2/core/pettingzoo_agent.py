@@ -115,7 +115,8 @@ class PettingZooAgent(VectorAgent):
 
     ``self_play`` (turn-based games): in each game one seat, drawn as the game starts, is the learner's (CT ``RL``)
     and the others are its opponent's (CT ``opponent``, a frozen copy of ``RL`` that the compute process refreshes:
-    ``CTConfig.follows``), whose turns are not learned from.
+    ``CTConfig.follows``), whose turns are not learned from. With the run's ``eval_every``, the learner also plays
+    greedy evaluation games against the game's fixed players (``flare2.core.turn_based``).
     """
 
     def __init__(
@@ -193,8 +194,11 @@ class PettingZooAgent(VectorAgent):
                     f"{sorted(ct_specs.acting_inputs)}, actions {sorted(ct_specs.actions)}, rewards "
                     f"{sorted(ct_specs.rewards)}: use a model with those spec names or write your own agent"
                 )
-        if self.eval_env is not None:
-            raise ConfigError("PettingZooAgent plays no evaluation episodes during training: run without --eval-every")
+        if self.eval_env is not None and not self.self_play:
+            raise ConfigError(
+                "PettingZooAgent plays evaluation games during training in self-play alone (the learner against "
+                "fixed players): run without --eval-every, or play the run's policies after it with flare2 eval"
+            )
         if self.self_play and not is_turn_based(self.envs[0]):
             raise ConfigError(
                 f"self-play takes turn-based games (PettingZoo's AEC API), and {self.env_id!r} plays all its agents "
@@ -205,7 +209,8 @@ class PettingZooAgent(VectorAgent):
         if is_turn_based(self.envs[0]):
             self._seat_draws = np.random.default_rng(self.env_seed(len(self.envs) + 1))
             seats = self._seats if self.self_play else None
-            TurnBasedPlay(self, self.env_id, self.policies(), self.transforms, seats).run()
+            learner = DEFAULT_CT if self.self_play else None
+            TurnBasedPlay(self, self.env_id, self.policies(), self.transforms, seats, learner).run()
         policies = self.policies()
         with_state = {ct for ct in policies if GLOBAL_STATE in self.specs(ct).acting_inputs}
         games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of, with_state)

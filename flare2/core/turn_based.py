@@ -16,6 +16,12 @@ agent is done.
 The legal moves come in the observation (``action_mask`` beside
 ``observation``): a CT of the zoo's actor-critic takes them as its input
 ``action_mask`` and never samples an illegal move.
+
+Self-play with the run's ``eval_every`` plays evaluation games against fixed
+players (``flare2.core.board_players``): after every ``eval_every`` training
+games of the process, one game in which the learner plays greedy in one seat
+and a baseline the others. The learner's return of it is an evaluation episode
+whose team is the baseline's name, which progress reads as a win rate.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from flare2.core.acting import Acting
-from flare2.core.agent import VectorAgent
+from flare2.core.agent import EvaluationSchedule, VectorAgent
+from flare2.core.board_players import PLAYERS, baselines
 from flare2.core.env_making import shared_spaces
 from flare2.core.envs import concatenate_rows
 from flare2.core.fragments import ROW_IDS
@@ -54,7 +61,8 @@ class TurnBasedPlay:
 
     ``policies``: each CT's agents; ``transforms``: the data transforms (options, as GymAgent's) of every CT;
     ``seats``, where the CT of an agent changes from game to game (self-play: which seat the learner takes), gives
-    each agent's CT for a game as it starts.
+    each agent's CT for a game as it starts; ``learner``, the CT that plays the evaluation games against the
+    baselines (with the run's ``eval_every``).
     """
 
     def __init__(
@@ -64,6 +72,7 @@ class TurnBasedPlay:
         policies: dict[str, list[str]],
         transforms: list[Any],
         seats: Callable[[], dict[str, str]] | None = None,
+        learner: str | None = None,
     ) -> None:
         self.agent = agent
         self.envs = agent.envs
@@ -82,6 +91,11 @@ class TurnBasedPlay:
         for game, env in enumerate(self.envs):
             env.reset(seed=agent.env_seed(game))
             self.ct_of.append(self.seats())
+        self.evaluation = (
+            _BaselineGames(agent, env_id, learner, self.transforms[learner])
+            if learner is not None and agent.eval_env is not None
+            else None
+        )
 
     def run(self) -> None:
         while True:
@@ -94,11 +108,13 @@ class TurnBasedPlay:
             for ct, steps in finished.items():
                 if steps:
                     self.agent._store_rows(ct, concatenate_rows(steps), len(steps))
+            evaluated = self.evaluation.ask(asking) if self.evaluation is not None else None
             pending = {
                 ct: self.agent.send_predict(
                     ct,
                     {key: concat_rows([request[key] for _, _, request, _ in rows]) for key in rows[0][2]},
                     {key: concat_rows([states[key] for *_, states in rows]) for key in rows[0][3]},
+                    evaluation=_marks(len(rows)) if evaluated == ct else None,
                 )
                 for ct, rows in asking.items()
                 if rows
@@ -107,6 +123,9 @@ class TurnBasedPlay:
                 actions, next_states = waiting.result()
                 for row, (place, inputs, _, states) in enumerate(asking[ct]):
                     mine = {key: value[row : row + 1] for key, value in actions.items()}
+                    if place is None and self.evaluation is not None:  # the evaluation game's row, the last
+                        self.evaluation.play(mine, {key: value[row : row + 1] for key, value in next_states.items()})
+                        continue
                     self.turns[place] = _Turn(
                         inputs,
                         states,
@@ -130,6 +149,8 @@ class TurnBasedPlay:
             if not env.agents:
                 env.reset()
                 self.ct_of[game] = self.seats()
+                if self.evaluation is not None:
+                    self.evaluation.training_games_ended(1)
             name = env.agent_selection
             place, ct = (game, name), self.ct_of[game][name]
             observation, reward, terminated, truncated, _ = env.last()
@@ -190,3 +211,93 @@ class TurnBasedPlay:
                 training=not self.agent.evaluating,
             )
         return acting
+
+
+def _marks(rows: int) -> np.ndarray:
+    """The evaluation mask of a request of ``rows`` rows whose last is an evaluation game's."""
+    marks = np.zeros(rows, bool)
+    marks[-1] = True
+    return marks
+
+
+class _BaselineGames:
+    """Self-play's evaluation games (module docstring): after every ``eval_every`` training games of the process, one
+    game of ``agent.eval_env`` in which CT ``ct`` plays greedy in one seat and a fixed player the others, the seats
+    and then the baselines taken in turn. Its row is the last of ``ct``'s requests, marked as an evaluation row;
+    nothing of it is stored. The learner's return and moves make an evaluation episode of team BASELINE."""
+
+    def __init__(self, agent: VectorAgent, env_id: str, ct: str, transforms: Transforms) -> None:
+        recorder = agent.eval_env
+        # The recorder of eval_env would record every seat's episode: only the learner's is recorded, by its opponent.
+        self.env, self.stats = recorder.env, recorder.stats
+        self.ct = ct
+        self.baselines = baselines(env_id)
+        self.schedule = EvaluationSchedule(agent.eval_every)
+        spaces = shared_spaces(self.env, env_id, list(self.env.possible_agents))
+        self.acting = Acting(
+            specs=agent.specs(ct),
+            observation_space=spaces.observation_space,
+            action_space=spaces.action_space,
+            transforms=transforms,
+            count=1,
+            training=False,
+        )
+        self.rng = np.random.default_rng(agent.env_seed(len(agent.envs) + 2))
+        self.seed = agent.env_seed(len(agent.envs) + 3)
+        self.games = 0
+        self.seat, self.baseline = "", ""
+        self.playing = False
+        self.earned, self.moves = 0.0, 0
+
+    def training_games_ended(self, count: int) -> None:
+        self.schedule.training_episodes_ended(count)
+        if not self.playing and self.schedule.start_if_due():
+            self._start()
+
+    def ask(self, asking: dict[str, list[Any]]) -> str | None:
+        """Add the learner's turn to ``asking`` (last) while a game plays: the CT it asks, or None."""
+        if not self.playing:
+            return None
+        inputs, request, states = self.acting.request()
+        asking[self.ct].append((None, inputs, request, states))
+        return self.ct
+
+    def play(self, actions: dict[str, Any], next_states: dict[str, Any]) -> None:
+        """The learner's move, then the fixed player's moves up to the learner's next turn or the game's end."""
+        self.env.step(self.acting.env_actions(actions)[0])
+        self.moves += 1
+        turn = self._to_learners_turn()
+        if turn is not None:
+            next_rows = self.acting.next_rows()
+            next_rows.set(0, turn[0])
+            self.acting.stepped(next_rows, np.array([turn[1]], self.acting.reward_dtype), actions, next_states)
+
+    def _start(self) -> None:
+        seats = self.env.possible_agents
+        self.seat = seats[self.games % len(seats)]
+        self.baseline = self.baselines[(self.games // len(seats)) % len(self.baselines)]
+        self.env.reset(seed=self.seed + self.games)
+        self.games += 1
+        self.earned, self.moves, self.playing = 0.0, 0, True
+        turn = self._to_learners_turn()
+        if turn is not None:
+            self.acting.start([turn[0]])
+
+    def _to_learners_turn(self) -> tuple[Any, float] | None:
+        """The baseline's moves up to the learner's turn: its observation and the reward it received since its last
+        move (AEC's ``last()``); None where the game ended, the learner's episode recorded and the next game begun
+        if one is due."""
+        env, player = self.env, PLAYERS[self.baseline]
+        while env.agents and env.agent_selection != self.seat:
+            observation, _, terminated, truncated, _ = env.last()
+            env.step(None if terminated or truncated else player(observation, self.rng))
+        observation, reward, terminated, truncated, _ = env.last() if env.agents else (None, 0.0, True, False, None)
+        self.earned += float(reward)
+        if not (terminated or truncated):
+            return observation, float(reward)
+        self.stats.eval_steps += self.moves
+        self.stats.eval_finished.append((self.earned, self.moves, self.baseline))
+        self.playing = False
+        if self.schedule.start_if_due():
+            self._start()
+        return None

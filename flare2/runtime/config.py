@@ -95,6 +95,9 @@ class CTConfig:
     as the run starts and after every ``refresh_every`` of its updates."""
     refresh_every: int = 0
     """With ``follows``: the updates of the followed CT between two copies of its weights."""
+    snapshots: int = 1
+    """With ``follows``: how many of the followed CT's past weights it keeps, a uniform sample of all the copies
+    taken so far; at each refresh it plays one drawn from them (1: the newest copy alone)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -105,6 +108,10 @@ class CTConfig:
             raise ConfigError(
                 f"CT {self.name!r}: a frozen copy names the CT it follows and refreshes every N >= 1 of its updates "
                 f"(follows and refresh_every together), got follows={self.follows!r}, refresh_every={self.refresh_every}"
+            )
+        if self.snapshots < 1:
+            raise ConfigError(
+                f"CT {self.name!r}: snapshots is how many past weights a frozen copy keeps, >= 1, got {self.snapshots}"
             )
 
 

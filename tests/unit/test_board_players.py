@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flare2.core.board_players import connect_four_lookahead, random_move
 from flare2.errors import ConfigError
-from flare2.zoo.board_players import connect_four_lookahead, random_move
 
 
 def board(mine: list[tuple[int, int]], theirs: list[tuple[int, int]]) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.learn_requests import unpack
 from flare2.core.predict_requests import ViewsSender
-from flare2.errors import UserCodeError
+from flare2.errors import ConfigError, UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
@@ -165,7 +165,8 @@ def test_predict_requests_that_continue_their_views_are_served_and_one_that_cann
 def test_a_frozen_copy_takes_its_cts_weights_at_the_start_and_after_every_n_of_its_updates():
     import torch
 
-    from flare2.runtime.compute.cdp import LearnBatch, follow
+    from flare2.runtime.compute.cdp import LearnBatch
+    from flare2.runtime.compute.frozen_copies import follow
     from flare2.runtime.compute.learn_calls import Learned
     from flare2.runtime.config import CTConfig
 
@@ -177,7 +178,7 @@ def test_a_frozen_copy_takes_its_cts_weights_at_the_start_and_after_every_n_of_i
     configs = [CTConfig("RL", scaler), CTConfig("opponent", scaler, follows="RL", refresh_every=2)]
     with torch.no_grad():
         leader.algorithm.model.scale.fill_(3.0)
-    follow(cdps, configs)
+    follow(cdps, configs, seed=0)
     assert frozen.algorithm.model.scale.item() == 3.0
     seen = []
     for update in range(1, 6):
@@ -186,6 +187,39 @@ def test_a_frozen_copy_takes_its_cts_weights_at_the_start_and_after_every_n_of_i
         cdps[0].learned(LearnBatch(cdps[0], [], {}), Learned({}, 0, 0, 0.0))
         seen.append(frozen.algorithm.model.scale.item())
     assert seen == [3.0, 5.0, 5.0, 7.0, 7.0]  # refreshed after the leader's 2nd and 4th updates
+
+
+def test_a_frozen_copy_with_a_pool_plays_one_of_a_uniform_sample_of_all_the_copies_taken():
+    import torch
+
+    from flare2.runtime.compute.cdp import LearnBatch
+    from flare2.runtime.compute.frozen_copies import follow
+    from flare2.runtime.compute.learn_calls import Learned
+    from flare2.runtime.config import CTConfig
+
+    def scaler():
+        return Scaler(Scale())
+
+    leader, frozen = ComputationTask("RL", scaler(), device="cpu"), ComputationTask("opponent", scaler(), device="cpu")
+    cdps = [ComputationDataProcessor(ct, reply=lambda *_: None) for ct in (leader, frozen)]
+    configs = [CTConfig("RL", scaler), CTConfig("opponent", scaler, follows="RL", refresh_every=1, snapshots=4)]
+    with torch.no_grad():
+        leader.algorithm.model.scale.fill_(0.0)
+    follow(cdps, configs, seed=0)
+    pool = cdps[0].followers[0].pool
+    played = []
+    for update in range(1, 400):
+        leader.adopt_weights([torch.tensor(float(update)), torch.tensor(0)], learn_calls=update)
+        cdps[0].learned(LearnBatch(cdps[0], [], {}), Learned({}, 0, 0, 0.0))
+        kept = sorted(snapshot[0].item() for snapshot in pool)
+        assert len(kept) == len(set(kept)) == min(4, update + 1)  # copies, not views of the changing weights
+        assert frozen.algorithm.model.scale.item() in kept
+        played.append(frozen.algorithm.model.scale.item())
+    # Each copy stays in the pool with the same chance, 4 in the copies taken: the early ones as well as the late.
+    assert min(kept) < 200 < max(kept)
+    assert np.mean(np.array(played) < np.arange(1, 400)) > 0.5  # mostly a past copy, not the newest
+    with pytest.raises(ConfigError, match="snapshots is how many past weights"):
+        CTConfig("opponent", scaler, follows="RL", refresh_every=1, snapshots=0)
 
 
 def test_a_ct_may_follow_only_a_ct_of_the_run_that_learns():

@@ -349,10 +349,11 @@ def test_a_centralised_critic_values_the_game_state_and_the_policy_sees_the_obse
     "argv, message",
     [
         (["--env", "nosuchpackage_xyz.game_v1"], "'nosuchpackage_xyz' is not installed: install the package"),
-        (["--env", "turn_games.corridor_v0", "--eval-every", "5"], "--eval-every: flare2 plays the PettingZoo env"),
+        (["--env", "turn_games.corridor_v0", "--eval-every", "5"], r"--eval-every \(without --self-play\): flare2"),
+        (["--env", "turn_games.corridor_v0", "--self-play-pool", "4"], "give --self-play N as well"),
         (["--env", "turn_games.corridor_v0", "--algo", "dqn"], "a replay buffer does not take their rows"),
         (["--env", "turn_games.corridor_v0", "--policy-map", "runner=a,x=b"], r"\['x'\], which are neither"),
-        (["--env", "CartPole-v1", "--policy-map", "team"], "--policy-map and --self-play take the agents of a Petting"),
+        (["--env", "CartPole-v1", "--policy-map", "team"], "--policy-map, --self-play and --self-play-pool take"),
         (["--env", "tests_parallel_missing.x_v0", "--self-play", "2"], "'tests_parallel_missing' is not installed"),
         (["--env", "turn_games.corridor_v0", "--self-play", "2", "--policy-map", "agent"], "with no --policy-map"),
         (["--env", "CartPole-v1", "--critic", "state"], "--critic state: a centralised critic"),

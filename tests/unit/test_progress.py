@@ -226,6 +226,23 @@ def test_the_progress_line_tells_the_share_of_the_step_budget_and_the_time_left(
     ]
 
 
+def test_the_progress_line_tells_the_learners_win_rate_against_each_fixed_player_of_its_evaluation_games(
+    tmp_path, caplog
+):
+    log = ProgressLog(tmp_path)
+    totals = RunTotals()
+    totals.add_eval_stats(40, [(1.0, 4, "random")] * 30 + [(-1.0, 4, "random")] * 10)  # the last 20: 10 won
+    totals.add_eval_stats(30, [(1.0, 9, "lookahead"), (0.0, 21, "lookahead"), (-1.0, 9, "lookahead")])
+    assert totals.eval_win_rates() == {"lookahead": pytest.approx(1 / 3), "random": 0.5}
+    with caplog.at_level("INFO", logger="flare2.progress"):
+        log.report(totals, agents=1)
+    log.close()
+    assert f"eval won against lookahead 33%, random 50% (last {EVAL_RETURN_WINDOW} games each)" in caplog.text
+    with open(tmp_path / "episodes.csv", encoding="utf-8") as file:
+        teams = [row["team"] for row in csv.DictReader(file) if row["eval"] == "1"]
+    assert teams == ["random"] * 40 + ["lookahead"] * 3
+
+
 def test_the_summary_names_the_best_and_last_mean_return_and_where_the_files_are(tmp_path):
     log = ProgressLog(tmp_path)
     totals = RunTotals()

@@ -116,3 +116,35 @@ def test_in_self_play_one_seat_a_game_is_the_learners_and_only_its_turns_are_lea
     learned = sum(len(step["terminated"]) for step in learner.steps)
     assert asked - 3 <= learned <= asked
     assert isinstance(helpers["opponent"], AskOnlyHelper)  # the frozen copy learns nothing of its own
+
+
+def test_self_play_evaluation_games_put_the_learner_greedy_against_a_fixed_player_in_each_seat_in_turn():
+    agent = PettingZooAgent("turn_games.corridor_v0", self_play=True)
+    agent.num_envs = 2
+    agent.make_env = Corridor
+    stats = make_envs(agent, 1)  # an evaluation game after every training game
+    ports = {"RL": AnsweringPort(60, legal_moves), "opponent": AnsweringPort(60, legal_moves)}
+    learner = KeepingHelper()
+    agent.connect(
+        agent_id="a0",
+        seed=0,
+        specs={"RL": SPECS, "opponent": SPECS},
+        ports=ports,
+        helpers={**agent.helpers(), "RL": learner},
+    )
+    with pytest.raises(StopRequested):
+        agent.run()
+    # The learner takes runner_0's seat in the first game (and wins: the last move decides), runner_1's in the next;
+    # a corridor's random player has one legal move, the learner 3 moves a game. Only the learner's episode counts.
+    assert len(stats.eval_finished) >= 4
+    assert stats.eval_finished[:4] == [(1.0, 3, "random"), (-1.0, 3, "random")] * 2
+    assert stats.eval_steps >= 3 * len(stats.eval_finished)
+    # Its rows are the RL requests' last, marked for the greedy action; none of them is learned from.
+    marked = [sent for sent in ports["RL"].sent if "evaluation" in sent]
+    assert marked and all(
+        sent["evaluation"].tolist() == [False] * (len(sent["evaluation"]) - 1) + [True] for sent in marked
+    )
+    asked = sum(len(sent["inputs"]["observation"]) for sent in ports["RL"].sent) - len(marked)
+    learned = sum(len(step["terminated"]) for step in learner.steps)
+    assert asked - 2 <= learned <= asked
+    assert all(team == "runner" for *_, team in stats.finished)

@@ -30,9 +30,9 @@ import logging
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from flare2.core.specs import EXPERIENCE_GROUPS
 from flare2.core.transforms import check_statistics_request
 from flare2.errors import SpecError, UserCodeError
 from flare2.runtime.compute.learn_calls import Learned, learn_with_lag
-from flare2.runtime.config import BatchingConfig, CTConfig
+from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import (
     ERROR,
     LEARN,
@@ -195,6 +195,12 @@ class LearnBatch:
         return learn_with_lag(self.cdp.ct, self.experience)
 
 
+class Follower(Protocol):
+    """What a CT's learning tells the frozen copies that follow it (``flare2.runtime.compute.frozen_copies``)."""
+
+    def leader_learned(self, leader: ComputationTask) -> None: ...
+
+
 class ComputationDataProcessor:
     """Batches the predict and learn requests of one ComputationTask and serves them."""
 
@@ -210,8 +216,8 @@ class ComputationDataProcessor:
         self._views = ViewsReceiver(ct.specs)
         # Learn-channel messages of agents the manager has not named yet: (message, reply_to, arrived).
         self._held: list[tuple[Message, Any, float]] = []
-        self.followers: list[tuple[ComputationTask, int]] = []
-        """Frozen copies of this CT (``CTConfig.follows``) and the updates between two copies of its weights."""
+        self.followers: list[Follower] = []
+        """The frozen copies of this CT (``CTConfig.follows``)."""
 
     @property
     def live(self) -> frozenset[str]:
@@ -426,21 +432,9 @@ class ComputationDataProcessor:
         reply = {"costs": result.costs, "learn_calls": self.ct.learn_calls}
         for request in batch.requests:
             self.reply(request.reply_to, True, Message(LEARNED, reply, seq=request.seq, ct=self.ct.name))
-        for follower, every in self.followers:
-            if self.ct.version % every == 0:
-                follower.adopt_weights(self.ct.weight_tensors(), learn_calls=self.ct.version // every)
+        for follower in self.followers:
+            follower.leader_learned(self.ct)
 
     def learn_failed(self, batch: LearnBatch, text: str) -> NoReturn:
         """``learn()`` raised (``text`` is its traceback): the requesters hear why, and the run must stop."""
         self._fail(batch.requests, True, "learn", text)
-
-
-def follow(cdps: list[ComputationDataProcessor], configs: Sequence[CTConfig]) -> None:
-    """Each frozen copy (``CTConfig.follows``) takes its CT's weights now, and after every ``refresh_every`` of its
-    updates (``ComputationDataProcessor.learned``)."""
-    by_name = {cdp.ct.name: cdp for cdp in cdps}
-    for config in configs:
-        if config.follows is not None:
-            leader, follower = by_name[config.follows], by_name[config.name].ct
-            follower.adopt_weights(leader.ct.weight_tensors(), learn_calls=0)
-            leader.followers.append((follower, config.refresh_every))

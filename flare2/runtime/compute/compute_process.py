@@ -27,9 +27,10 @@ from flare2.errors import (
     LearnerDiedError,
     UserCodeError,
 )
-from flare2.runtime.compute.cdp import ComputationDataProcessor, follow
+from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.cdp_sockets import SocketFront
 from flare2.runtime.compute.cts import build_cts, resume
+from flare2.runtime.compute.frozen_copies import follow
 from flare2.runtime.compute.learners import (
     InlineLearner,
     Learner,
@@ -221,7 +222,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
                     local_prefix=os.path.join(settings.socket_dir, f"ct{index}"),
                 )
             )
-        follow([front.cdp for front in fronts], settings.cts)
+        follow([front.cdp for front in fronts], settings.cts, settings.seed)
         learner, kind = _start_learner(ctx, cts, settings)
         learner_processes = settings.learners if kind == "process" else 0
         busy_wait = busy_wait_us(settings.busy_wait_us, settings.local_agents + 1 + learner_processes)

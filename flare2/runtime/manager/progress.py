@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flare2.runtime.config import RunConfig
-from flare2.runtime.manager.totals import RunTotals
+from flare2.runtime.manager.totals import EVAL_RETURN_WINDOW, RunTotals
 
 logger = logging.getLogger("flare2.progress")
 
@@ -249,6 +249,9 @@ class ProgressLog:
             self._episodes.writerow((row["wall_time"], row["env_steps"], episode_return, length, int(evaluation), team))
         self._episodes_file.flush()
         eval_text = f" | eval {row['eval_return_mean']:.1f} ({totals.eval_episodes} ep)" if totals.eval_episodes else ""
+        if totals.recent_eval_by_team:
+            won = ", ".join(f"{team} {rate:.0%}" for team, rate in totals.eval_win_rates().items())
+            eval_text = f" | eval won against {won} (last {EVAL_RETURN_WINDOW} games each)"
         logger.info(
             "steps %d%s | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | "
             "agents %d local, "

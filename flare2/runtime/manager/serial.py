@@ -32,8 +32,9 @@ from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError, FlareError, RunFailed, UserCodeError
 from flare2.runtime import exit_codes
 from flare2.runtime.agents.playing import StopRequested, make_agent, make_envs, play
-from flare2.runtime.compute.cdp import ComputationDataProcessor, follow
+from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.cts import build_cts, resume
+from flare2.runtime.compute.frozen_copies import follow
 from flare2.runtime.compute.learners import (
     InlineLearner,
     finish_learning,
@@ -174,7 +175,7 @@ class SerialSchedule:
             ComputationDataProcessor(ct, config=ct_config.batching, reply=lambda *_: None)
             for ct, ct_config in zip(cts, config.cts)
         ]
-        follow(self.cdps, config.cts)
+        follow(self.cdps, config.cts, config.seed)
         self.manager.compute_is_up({cdp.ct.name: cdp.ct.identity() for cdp in self.cdps}, counters)
         control = _SerialControl(self)
         ports = {}

@@ -42,6 +42,8 @@ class RunTotals:
     """Steps of evaluation episodes (not in ``env_steps``: they do not count towards the budget)."""
     eval_episodes: int = 0
     recent_eval_returns: deque = field(default_factory=lambda: deque(maxlen=EVAL_RETURN_WINDOW))
+    recent_eval_by_team: dict[str, deque] = field(default_factory=dict)
+    """The last evaluation returns of each team that has its own (self-play's games against each fixed player)."""
     round_trips: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Prediction round trips as the agents timed them, since the last progress row."""
     best_return_mean: float = float("nan")
@@ -102,7 +104,18 @@ class RunTotals:
         self.eval_env_steps += steps
         self.eval_episodes += len(episodes)
         self.recent_eval_returns.extend(episode_return for episode_return, _, _ in episodes)
+        for episode_return, _, team in episodes:
+            if team:
+                self.recent_eval_by_team.setdefault(team, deque(maxlen=EVAL_RETURN_WINDOW)).append(episode_return)
         self._finished.extend((episode_return, length, True, team) for episode_return, length, team in episodes)
+
+    def eval_win_rates(self) -> dict[str, float]:
+        """Of each evaluation team (self-play's fixed players), the share of its last evaluation games the learner
+        won (a return above 0)."""
+        return {
+            team: sum(value > 0 for value in returns) / len(returns)
+            for team, returns in sorted(self.recent_eval_by_team.items())
+        }
 
     def take_finished(self) -> list[tuple[float, int, bool, str]]:
         """Episodes (return, length, evaluation, team) finished since the last call."""

@@ -64,3 +64,13 @@ PLAYERS: dict[str, Callable[[dict[str, Any], np.random.Generator], int]] = {
     "lookahead": connect_four_lookahead,
 }
 """The fixed players by the name ``flare2 eval --against`` takes."""
+
+_GAME_PLAYERS = {"connect_four": ("random", "lookahead")}
+"""The players of the games that have more than random play, by a part of their PettingZoo module's name."""
+
+
+def baselines(env_id: str) -> tuple[str, ...]:
+    """The fixed players that game ``env_id`` (a PettingZoo module) is played against: random play for any game, and
+    the game's scripted player where there is one."""
+    game = env_id.rpartition(".")[2]
+    return next((players for name, players in _GAME_PLAYERS.items() if game.startswith(name)), ("random",))

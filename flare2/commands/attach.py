@@ -276,16 +276,19 @@ class _AttachedAgents:
 
     def _ended(self, slot: AgentSlot, code: int) -> None:
         """Hold, retire or restart a slot whose agent exited; RunFailed when this command must end too."""
-        if code == exit_codes.MANAGER_LOST:
-            # A link down for a while, or a manager stopped for a while: not the agent's failure.
+        if code in (exit_codes.MANAGER_LOST, exit_codes.COMPUTE_RESTARTS):
+            # A link down for a while, a manager stopped for a while, a compute process restarting: not the agent's
+            # failure.
             self.supervisor.hold(slot)
             if self.lost_since is None:
                 self.lost_since = self._next_probe_at = time.monotonic()
                 self._probes_failed = 0
             logger.warning(
-                "agent %s lost the manager; a new one rejoins as soon as the run answers again (for up to %.0fs, "
-                "--rejoin-for)",
+                "agent %s %s; a new one rejoins as soon as the run answers again (for up to %.0fs, --rejoin-for)",
                 slot.agent_id,
+                "lost the manager"
+                if code == exit_codes.MANAGER_LOST
+                else "left while the run's compute process restarts",
                 self.config.rejoin_for_s,
             )
         elif code == exit_codes.OK:

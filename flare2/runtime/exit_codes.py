@@ -23,6 +23,9 @@ REPLY_TIMEOUT = 5
 """An agent waited past ``--reply-timeout`` for a reply of the compute process."""
 UNREACHABLE = 6
 """``flare2 attach`` found no manager at the address it was given."""
+COMPUTE_RESTARTS = 7
+"""The compute process died and the manager starts a new one: the agent's requests in flight died with it, so it left,
+and its supervisor starts a new one that joins once the new compute process serves."""
 SIGINT = 130
 """Stopped by Ctrl+C."""
 SIGTERM = 143

@@ -117,7 +117,10 @@ class _Control:
                 continue
             self._last_heard = now
             if message.kind == STOP:
-                raise StopRequested(learn_replies=message.payload.get("compute_gone") is not True)
+                raise StopRequested(
+                    learn_replies=message.payload.get("compute_gone") is not True,
+                    rejoin=message.payload.get("rejoin") is True,
+                )
         if now - self._last_heard > self.manager_timeout_s:
             raise PeerDiedError(f"no word from the manager for {self.manager_timeout_s:.0f}s")
 
@@ -285,9 +288,9 @@ def _ended(
             for port in ports.values():
                 port.finish_learning(timeout_s=_FINISH_LEARNING_S)
         control.send_stats()
-        requester.send(BYE, {"reason": "stopped"})
+        requester.send(BYE, {"reason": "the compute process restarts" if exc.rejoin else "stopped"})
         requester.socket.setsockopt(zmq.LINGER, 2000)
-        return exit_codes.OK
+        return exit_codes.COMPUTE_RESTARTS if exc.rejoin else exit_codes.OK
     if isinstance(exc, PeerDiedError):
         logger.error("agent %s: %s; exiting", settings.agent_id, exc)
         return exit_codes.MANAGER_LOST

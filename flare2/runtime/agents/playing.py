@@ -20,12 +20,14 @@ class StopRequested(Exception):
     """The manager (or SIGTERM) asked this agent to stop; unwinds the episode in progress.
 
     ``learn_replies`` is False when the manager says the compute process is gone: then no reply to a learn request
-    on its way will come, and the agent does not wait for one.
+    on its way will come, and the agent does not wait for one. ``rejoin``: the manager restarts the compute process,
+    and a new agent takes this one's place once it serves (``exit_codes.COMPUTE_RESTARTS``).
     """
 
-    def __init__(self, *, learn_replies: bool = True) -> None:
+    def __init__(self, *, learn_replies: bool = True, rejoin: bool = False) -> None:
         super().__init__()
         self.learn_replies = learn_replies
+        self.rejoin = rejoin
 
 
 def make_agent(path: str, kwargs: dict[str, Any], envs_per_agent: int | None) -> AgentBase:

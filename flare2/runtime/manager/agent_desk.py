@@ -76,7 +76,7 @@ class AgentDesk:
         }
         """What the run's own agents play, for ``flare2 attach`` to play the same."""
         self._next_remote_slot = own.num_agents
-        self.learner_rendezvous = _learner_rendezvous(config)
+        self.learner_rendezvous = learner_rendezvous(config)
         """Where the learners' process group meets (empty for one learner)."""
         self._next_learner_rank = config.learners - config.remote_learners
         self._compute_device = ""
@@ -88,6 +88,14 @@ class AgentDesk:
         pending, self.pending_hellos = self.pending_hellos, []
         for message in pending:
             self._welcome(control, message)
+
+    def compute_restarts(self, control: zmq.Socket) -> None:
+        """The compute process died and a new one starts: every agent's requests in flight died with it, so each is
+        told to leave (its supervisor, the manager or ``flare2 attach``, starts a new one in its place), and hellos
+        wait for the new one to serve."""
+        self.served = None
+        for agent in self.agents.live():
+            router_send(control, agent.agent_id.encode(), Message(STOP, {"compute_gone": True, "rejoin": True}))
 
     def stop_all(self, control: zmq.Socket, *, compute_gone: bool = False) -> None:
         """The run is over: agents still waiting for their welcome and attached agents are told to stop (and, with
@@ -320,7 +328,7 @@ class AgentDesk:
         self.send_live(control)
 
 
-def _learner_rendezvous(config: RunConfig) -> str:
+def learner_rendezvous(config: RunConfig) -> str:
     """Where the run's learners meet: loopback when all run here, else the address other machines reach the run at
     (on a port free now)."""
     if config.learners == 1:

@@ -19,7 +19,6 @@ says bye. A child that does not leave within ``stop_timeout_s`` is killed.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import shutil
 import tempfile
@@ -33,9 +32,10 @@ import zmq
 
 from flare2.errors import DecodeError, RunFailed
 from flare2.runtime import exit_codes
-from flare2.runtime.compute.compute_process import ComputeSettings, compute_main
+from flare2.runtime.compute.compute_process import ComputeSettings
 from flare2.runtime.config import RunConfig, is_loopback
-from flare2.runtime.manager.agent_desk import AgentDesk
+from flare2.runtime.manager.agent_desk import AgentDesk, learner_rendezvous
+from flare2.runtime.manager.compute_side import ComputeProcess
 from flare2.runtime.manager.progress import compute_report_interval_s
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
 from flare2.runtime.manager.schedule import Conductor
@@ -48,16 +48,13 @@ from flare2.runtime.supervisor import (
     AgentSupervisor,
 )
 from flare2.wire.protocol import (
-    BYE,
     CHECKPOINT,
     ERROR,
     HELLO,
-    STATS,
     STOP,
     Message,
     VersionMismatchError,
     error_payload,
-    error_text,
     unpack,
 )
 from flare2.wire.security import (
@@ -106,9 +103,7 @@ class ParallelSchedule:
         self._local_curve: CurveClient | None = None
         self._connections: ConnectionWatch | None = None
         self._socket_dir = ""
-        self._compute: multiprocessing.process.BaseProcess | None = None
-        self._checkpoint_pending = False
-        self._compute_failed = False
+        self.compute = ComputeProcess(config, self.totals, self._compute_settings)
 
     @property
     def control(self) -> zmq.Socket:
@@ -173,7 +168,7 @@ class ParallelSchedule:
                 config.agents.path,
                 keys,
             )
-        self._start_compute()
+        self.compute.start(config.resume_dir)
         launch = AgentLaunch(
             control_endpoint=self.control_endpoint,
             agent_path=config.agents.path,
@@ -214,11 +209,11 @@ class ParallelSchedule:
 
     @property
     def ready_to_checkpoint(self) -> bool:
-        return self.desk.served is not None and not self._checkpoint_pending
+        return self.desk.served is not None and not self.compute.checkpoint_pending
 
     def checkpoint(self, counters: dict[str, Any]) -> None:
         """Ask the compute process for its checkpoints; the next one waits for its answer."""
-        self._checkpoint_pending = True
+        self.compute.checkpoint_pending = True
         router_send(self.control, COMPUTE_IDENTITY.encode(), Message(CHECKPOINT, {"counters": counters}))
 
     def agent_counts(self) -> tuple[int, int, int]:
@@ -228,9 +223,11 @@ class ParallelSchedule:
 
     # ---- children --------------------------------------------------------------------
 
-    def _start_compute(self) -> None:
+    def _compute_settings(self, resume_dir: str | None) -> ComputeSettings:
+        """The settings of a compute process that loads its CTs from ``resume_dir`` (None: fresh weights)."""
         config = self.config
-        settings = ComputeSettings(
+        restarted = self.compute.restarted
+        return ComputeSettings(
             control_endpoint=self.control_endpoint,
             cts=config.cts,
             device=config.device,
@@ -239,41 +236,52 @@ class ParallelSchedule:
             curve_server=self._curve_server,
             curve_client=self._local_curve,
             checkpoint_dir=str(Path(config.log_dir) / "checkpoints"),
-            resume_dir=config.resume_dir,
+            resume_dir=resume_dir,
             torch_threads=config.torch_threads,
             predict_threads=config.predict_threads,
             learner=config.learner,
             learners=config.learners,
             remote_learners=config.remote_learners,
-            learner_rendezvous=self.desk.learner_rendezvous,
+            # Where a dead compute process's learners met may not be free yet: the next ones meet elsewhere.
+            learner_rendezvous=learner_rendezvous(config) if restarted else self.desk.learner_rendezvous,
             startup_timeout_s=config.startup_timeout_s,
             busy_wait_us=config.busy_wait_us,
             local_agents=config.agents.num_agents,
             max_message_bytes=config.max_message_bytes,
             parent_pid=os.getpid(),
             stats_interval_s=compute_report_interval_s(config.progress_interval_s),
-            socket_dir=self._socket_dir,
+            socket_dir=self._compute_socket_dir(),
         )
-        spawn = multiprocessing.get_context("spawn")
-        process = spawn.Process(target=compute_main, args=(settings,), name="flare2-compute")
-        process.start()
-        self._compute = process
-        logger.info("compute process started (pid %d)", process.pid)
+
+    def _compute_socket_dir(self) -> str:
+        """Where the compute process binds its Unix sockets: a restarted one gets a folder of its own, as the dead
+        one's sockets are still there (the agents learn where from their welcome)."""
+        if not self.compute.restarted:
+            return self._socket_dir
+        path = os.path.join(self._socket_dir, f"restart{self.totals.compute_restarts}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
 
     def _listen_to(self, slot: AgentSlot) -> None:
         """The slot's new incarnation is the agent the manager hears under its id now."""
         self.agents.put_local(AgentRecord(slot.agent_id, last_seen=time.monotonic(), slot=slot.index))
 
     def _supervise(self, control: zmq.Socket) -> None:
-        compute = self._compute
-        if compute is not None and compute.exitcode is not None:
-            how = exit_codes.describe(compute.exitcode)
-            raise RunFailed(f"the compute process died: it {how} (see its log above)", exit_codes.FAILED)
+        if (how := self.compute.died()) is not None:
+            self._drain(control)  # a failure it reported on its way out ends the run instead
+            self.compute.restart(how)
+            self.desk.compute_restarts(control)
         now = time.monotonic()
         for slot in self.supervisor.restart_due(now):
             self._listen_to(slot)
         for slot, code in list(self.supervisor.exited()):
             agent = self.agents.slots[slot.index]
+            if code == exit_codes.COMPUTE_RESTARTS:
+                # It left while the compute process restarts; its successor starts once the new one serves.
+                self.agents.stop_listening(agent)
+                self.supervisor.hold(slot)
+                self._release_held()
+                continue
             if agent.said_bye:
                 self.supervisor.retire(slot, code)  # it stopped as it was asked to
                 continue
@@ -289,6 +297,16 @@ class ParallelSchedule:
                 slot.process.wait()
                 cause = f"silent for {timeout_s:.0f}s (heartbeat timeout); killed"
                 self.agent_failed(control, agent, slot, cause, None)
+
+    def _release_held(self) -> None:
+        """Start the successors of the agents that left for a compute restart, once the new compute process serves."""
+        held = self.supervisor.held_slots()
+        if self.desk.served is None or not held:
+            return
+        logger.info("%d agent(s) rejoin the restarted compute process", len(held))
+        for slot in held:
+            self.supervisor.release(slot)
+            self._listen_to(slot)
 
     def agent_failed(
         self, control: zmq.Socket, agent: AgentRecord, slot: AgentSlot, cause: str, exit_code: int | None
@@ -343,29 +361,17 @@ class ParallelSchedule:
     def _on_compute(self, control: zmq.Socket, message: Message) -> None:
         if message.kind == HELLO:
             self._on_compute_hello(control, message.payload)
-        elif message.kind == STATS:
-            self.totals.add_compute_stats(message.payload.get("cts", {}))
-        elif message.kind == CHECKPOINT:
-            self._checkpoint_pending = False
-            if message.payload.get("error"):
-                logger.error("%s (the run goes on)", message.payload["error"])
-            else:
-                logger.info("checkpoint written to %s", message.payload.get("checkpoint_dir"))
-        elif message.kind == BYE:
-            logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
-        elif message.kind == ERROR:
-            self._compute_failed = True
-            code = exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED
-            raise RunFailed(f"the compute process failed: {error_text(message)}", code)
         else:
-            self._drop(COMPUTE_IDENTITY.encode(), f"unexpected kind {message.kind!r}")
+            self.compute.on_message(message, self._drop)
 
     def _on_compute_hello(self, control: zmq.Socket, hello: dict[str, Any]) -> None:
         write_run_file(Path(self.config.log_dir) / "run.json", self.control_endpoint, hello)
         served = hello.get("cts")
         served = served if isinstance(served, dict) else {}
         counters = hello.get("counters")
-        self.manager.compute_is_up(served, counters if isinstance(counters, dict) else {})
+        if not self.compute.restarted:
+            # A restarted compute process continues the run: the manager's counters stand (its steps were played).
+            self.manager.compute_is_up(served, counters if isinstance(counters, dict) else {})
         learners = hello.get("learners")
         processes = (
             f"in {learners} learner processes" if type(learners) is int and learners > 1 else "in a learner process"
@@ -378,6 +384,7 @@ class ParallelSchedule:
             learner or "between predictions",
         )
         self.desk.compute_is_up(control, served, device=str(hello.get("device")))
+        self._release_held()
 
     # ---- stopping --------------------------------------------------------------------
 
@@ -385,9 +392,8 @@ class ParallelSchedule:
         """Stop agents, then the compute process (which writes the checkpoint); kill what does not leave."""
         control = self.control
         timeout_s = self.config.stop_timeout_s
-        compute = self._compute
         # A failed or dead compute process answers no learn request: agents need not wait for those on their way.
-        compute_gone = self._compute_failed or (compute is not None and compute.exitcode is not None)
+        compute_gone = self.compute.gone
         self.desk.stop_all(control, compute_gone=compute_gone)
         running = self.supervisor.running()
         for slot in running:
@@ -405,19 +411,10 @@ class ParallelSchedule:
         self.supervisor.kill_running(timeout_s)
         if running:
             logger.info("agents stopped in %.2fs", time.monotonic() - started)
-        if compute is not None and compute.exitcode is None:
-            wait_s = timeout_s
-            if self.desk.served is not None:
-                router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": self.totals.counters()}))
-                # Saving a checkpoint of a big model takes a while.
-                wait_s = timeout_s * 4
-            compute.join(wait_s)
-            if compute.exitcode is None:
-                logger.warning("the compute process did not stop; killing it")
-                compute.kill()
-            compute.join()
+        if self.compute.process is not None:
+            serving = self.desk.served is not None
+            self.compute.stop(control, serving=serving, counters=self.totals.counters(), timeout_s=timeout_s)
             self._drain_quietly(control, 0.0)
-        if compute is not None:
             stop_resource_tracker()
         if self.totals.dropped_messages:
             logger.warning("dropped %d malformed or unexpected control messages", self.totals.dropped_messages)

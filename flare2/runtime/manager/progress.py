@@ -43,6 +43,7 @@ PROGRESS_COLUMNS = (
     "predict_rtt_p50_ms",
     "predict_rtt_p99_ms",
     "closed_connections",
+    "compute_restarts",
 )
 CT_COLUMNS = (
     "wall_time",
@@ -227,6 +228,7 @@ class ProgressLog:
             "predict_rtt_p50_ms": round(totals.round_trips.quantile(0.5), 3),
             "predict_rtt_p99_ms": round(totals.round_trips.quantile(0.99), 3),
             "closed_connections": totals.closed_connections + int(totals.ct_total("closed_connections")),
+            "compute_restarts": totals.compute_restarts,
         }
         totals.max_predict_wait_ms = 0.0
         totals.round_trips.take()
@@ -255,7 +257,7 @@ class ProgressLog:
         logger.info(
             "steps %d%s | %.0f steps/s | episodes %d | return %.1f%s | batch %.2f | learn %d (lag %.2f) | "
             "agents %d local, "
-            "%d remote, %d envs | restarts %d%s",
+            "%d remote, %d envs | restarts %d%s%s",
             row["env_steps"],
             self._budget_text(totals.env_steps, now),
             row["steps_per_s"],
@@ -269,6 +271,7 @@ class ProgressLog:
             remote_agents,
             envs,
             row["restarts"],
+            f" (compute process {totals.compute_restarts})" if totals.compute_restarts else "",
             (" | " + " ".join(costs_text)) if costs_text else "",
         )
         return row

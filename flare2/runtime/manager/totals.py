@@ -27,6 +27,8 @@ class RunTotals:
     """Longest a prediction request waited in a CDP queue since the last progress row."""
     restarts: int = 0
     """Agent processes restarted after a crash, a kill or a heartbeat timeout."""
+    compute_restarts: int = 0
+    """Compute processes started in place of one that died unasked."""
     dropped_messages: int = 0
     """Malformed or unexpected control messages the manager dropped."""
     remote_env_steps: int = 0
@@ -56,6 +58,7 @@ class RunTotals:
         self.env_steps = int(counters.get("env_steps", 0))
         self.episodes = int(counters.get("episodes", 0))
         self.restarts = int(counters.get("restarts", 0))
+        self.compute_restarts = int(counters.get("compute_restarts", 0))
         self.recent_returns.extend(float(value) for value in counters.get("recent_returns", []))
 
     def budget_reached(self, config: Any) -> bool:
@@ -77,6 +80,7 @@ class RunTotals:
             "env_steps": self.env_steps,
             "episodes": self.episodes,
             "restarts": self.restarts,
+            "compute_restarts": self.compute_restarts,
             "recent_returns": list(self.recent_returns),
         }
 

@@ -1,0 +1,130 @@
+"""The compute process as the parallel schedule keeps it: started with the run's settings, heard on the control
+socket (its stats, checkpoints, bye and failure), stopped last, and started again when it dies unasked.
+
+A compute process that dies without a word (killed by a signal, by the kernel's out-of-memory killer, or gone in
+a crash below Python) is restarted, up to ``max_restarts`` times, from the last checkpoint the run wrote (its
+``checkpoints/``; without one yet, from what the run started from). One that reports a failure (an exception in an
+Algorithm or Model, a bad spec) stops the run: a restart would fail the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from flare2.errors import RunFailed
+from flare2.runtime import exit_codes
+from flare2.runtime.checkpoints import checkpoint_path
+from flare2.runtime.compute.compute_process import ComputeSettings, compute_main
+from flare2.runtime.config import RunConfig
+from flare2.runtime.manager.totals import RunTotals
+from flare2.runtime.processes import COMPUTE_IDENTITY
+from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, STATS, STOP, Message, error_text
+from flare2.wire.sockets import router_send
+
+logger = logging.getLogger(__name__)
+
+
+class ComputeProcess:
+    """The run's compute process, from the manager's side. ``settings(resume_dir)`` gives the settings of a new one
+    that loads its CTs from ``resume_dir`` (None: fresh)."""
+
+    def __init__(self, config: RunConfig, totals: RunTotals, settings: Callable[[str | None], ComputeSettings]) -> None:
+        self.config = config
+        self.totals = totals
+        self.settings = settings
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.failed = False
+        """It reported a failure: the run stops, and no reply to a request on its way will come."""
+        self.checkpoint_pending = False
+        self.restarted = False
+        """The process now running is a restarted one (its hello continues the run, it does not start it)."""
+
+    def start(self, resume_dir: str | None) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        process = spawn.Process(target=compute_main, args=(self.settings(resume_dir),), name="flare2-compute")
+        process.start()
+        self.process = process
+        logger.info("compute process started (pid %d)", process.pid)
+
+    def died(self) -> str | None:
+        """How the process ended ("was killed by SIGKILL") if it has; None while it runs."""
+        process = self.process
+        return None if process is None or process.exitcode is None else exit_codes.describe(process.exitcode)
+
+    @property
+    def gone(self) -> bool:
+        """Whether it failed or died: no reply to a request on its way will come."""
+        return self.failed or self.died() is not None
+
+    def restart(self, how: str) -> None:
+        """Start a new process in place of the one that died (``how``: as ``died()`` says), from the run's last
+        checkpoint; RunFailed past ``max_restarts``."""
+        self.totals.compute_restarts += 1
+        count, most = self.totals.compute_restarts, self.config.max_restarts
+        if count > most:
+            raise RunFailed(
+                f"the compute process died: it {how}; that is {count} compute process deaths, more than "
+                f"max_restarts={most}: find the cause (the log above, the kernel's log for an out-of-memory kill) or "
+                "raise --max-restarts",
+                exit_codes.FAILED,
+            )
+        resume_dir = self._last_checkpoints()
+        logger.error(
+            "the compute process died: it %s; starting a new one from %s (compute restart %d of at most %d); the "
+            "agents rejoin once it serves",
+            how,
+            f"the checkpoint in {resume_dir}" if resume_dir else "fresh weights (the run has written no checkpoint)",
+            count,
+            most,
+        )
+        self.failed, self.checkpoint_pending, self.restarted = False, False, True
+        self.start(resume_dir)
+
+    def _last_checkpoints(self) -> str | None:
+        """The run's own checkpoints when every CT has one, else what the run started from (``--resume``)."""
+        own = Path(self.config.log_dir) / "checkpoints"
+        if all(checkpoint_path(own, ct.name).is_file() for ct in self.config.cts):
+            return str(own)
+        return self.config.resume_dir
+
+    def on_message(self, message: Message, drop: Callable[[bytes, str], None]) -> None:
+        """Its stats, checkpoint answers, bye and failure (its hello is the schedule's)."""
+        if message.kind == STATS:
+            self.totals.add_compute_stats(message.payload.get("cts", {}))
+        elif message.kind == CHECKPOINT:
+            self.checkpoint_pending = False
+            if message.payload.get("error"):
+                logger.error("%s (the run goes on)", message.payload["error"])
+            else:
+                logger.info("checkpoint written to %s", message.payload.get("checkpoint_dir"))
+        elif message.kind == BYE:
+            logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
+        elif message.kind == ERROR:
+            self.failed = True
+            code = exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED
+            raise RunFailed(f"the compute process failed: {error_text(message)}", code)
+        else:
+            drop(COMPUTE_IDENTITY.encode(), f"unexpected kind {message.kind!r}")
+
+    def stop(self, control: zmq.Socket, *, serving: bool, counters: dict[str, Any], timeout_s: float) -> None:
+        """Ask it to stop (it learns what waits and writes its checkpoints with ``counters``); kill it past the
+        timeout. One that does not serve yet is only waited for."""
+        process = self.process
+        if process is None or process.exitcode is not None:
+            return
+        wait_s = timeout_s
+        if serving:
+            router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters}))
+            # Saving a checkpoint of a big model takes a while.
+            wait_s = timeout_s * 4
+        process.join(wait_s)
+        if process.exitcode is None:
+            logger.warning("the compute process did not stop; killing it")
+            process.kill()
+        process.join()

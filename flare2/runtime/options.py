@@ -15,15 +15,26 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flare2.errors import ConfigError
-from flare2.runtime.config import AUTO_BUSY_WAIT_US, LEARNERS, AgentConfig, BatchingConfig, CTConfig, RunConfig
+from flare2.runtime.config import (
+    AUTO_BUSY_WAIT_US,
+    CHECKPOINT_EVERY_S,
+    LEARNERS,
+    AgentConfig,
+    BatchingConfig,
+    CTConfig,
+    RunConfig,
+)
 
 
 def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
-    """``"300s"`` → every 300 seconds; ``"50000"`` or ``"50000steps"`` → every 50000 env steps."""
+    """``"300s"`` → every 300 seconds; ``"50000"`` or ``"50000steps"`` → every 50000 env steps; ``"off"``: only at
+    the end."""
+    if text.strip() == "off":
+        return None, None
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|steps)?\s*", text)
     if not match or float(match.group(1)) <= 0 or (match.group(2) != "s" and "." in match.group(1)):
         raise argparse.ArgumentTypeError(
-            f"--checkpoint-every takes seconds such as 300s or env steps such as 50000, got {text!r}"
+            f"--checkpoint-every takes seconds such as 300s, env steps such as 50000, or off, got {text!r}"
         )
     if match.group(2) == "s":
         return float(match.group(1)), None
@@ -189,8 +200,9 @@ def add_run_options(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     groups[_SUPERVISION].add_argument(
         "--checkpoint-every",
         type=parse_checkpoint_every,
-        default=(None, None),
-        help="also write a checkpoint every N seconds (300s) or N env steps (50000); always at the end",
+        default=(CHECKPOINT_EVERY_S, None),
+        help="also write a checkpoint every N seconds (300s) or N env steps (50000), or off; always at the end; a "
+        f"compute process that dies restarts from the last one; default: {CHECKPOINT_EVERY_S:.0f}s",
     )
 
 

@@ -41,7 +41,8 @@ def test_a_run_needs_a_budget():
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"), [("300s", (300.0, None)), ("50000", (None, 50000)), ("20steps", (None, 20))]
+    ("text", "expected"),
+    [("300s", (300.0, None)), ("50000", (None, 50000)), ("20steps", (None, 20)), ("off", (None, None))],
 )
 def test_checkpoint_every_takes_seconds_or_steps(text, expected):
     assert parse_checkpoint_every(text) == expected

@@ -13,7 +13,7 @@ import zmq
 from flare2.errors import ConfigError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.checkpoints import CheckpointSchedule
-from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
+from flare2.runtime.config import CHECKPOINT_EVERY_S, AgentConfig, CTConfig, RunConfig
 from flare2.runtime.manager.manager import Manager
 from flare2.runtime.manager.parallel import ParallelSchedule
 from flare2.runtime.manager.registry import AgentRecord
@@ -69,7 +69,7 @@ def test_checkpoints_every_so_many_seconds_count_from_the_start_and_from_each_on
 
 
 def test_checkpoints_every_so_many_env_steps_count_from_where_the_run_starts():
-    schedule = CheckpointSchedule(run_config(checkpoint_every_steps=1000))
+    schedule = CheckpointSchedule(run_config(checkpoint_every_s=None, checkpoint_every_steps=1000))
     schedule.start(now=0.0, env_steps=5000)  # a resumed run
     assert not schedule.take_due(1e9, env_steps=5999)
     assert schedule.take_due(0.0, env_steps=6200)
@@ -77,8 +77,12 @@ def test_checkpoints_every_so_many_env_steps_count_from_where_the_run_starts():
     assert schedule.take_due(0.0, env_steps=7200)
 
 
-def test_without_checkpoint_every_no_periodic_checkpoint_is_ever_due():
+def test_periodic_checkpoints_are_on_by_default_and_off_leaves_only_the_last():
     schedule = CheckpointSchedule(run_config())
+    schedule.start(now=0.0, env_steps=0)
+    assert not schedule.take_due(CHECKPOINT_EVERY_S - 1, env_steps=10**15)
+    assert schedule.take_due(CHECKPOINT_EVERY_S, env_steps=0)
+    schedule = CheckpointSchedule(run_config(checkpoint_every_s=None))
     schedule.start(now=0.0, env_steps=0)
     assert not schedule.take_due(1e12, env_steps=10**15)
 

@@ -202,3 +202,11 @@ def test_bench_learner_packs_requests_as_agents_do_and_times_learn_calls_on_them
     result = bench.measure(args, "ppo")
     assert result["batch_steps"] == 2 * 4 * 16 and result["update_only_steps_per_s"] > 0
     assert "where 1 learn calls spent their time" in capsys.readouterr().out
+
+
+def test_bench_checkpoint_writes_loadable_checkpoints_of_both_models_and_measures_each(tmp_path):
+    bench = load_tool("bench_checkpoint")
+    for name in bench.MODELS:
+        size, seconds = bench.save_seconds(name, 2, tmp_path)
+        assert size == (tmp_path / "RL.pt").stat().st_size and seconds > 0
+        assert torch.load(tmp_path / "RL.pt", weights_only=False)["counters"]["env_steps"] == 1

@@ -71,6 +71,7 @@ class UserCodeError(RemoteError):
     def __init__(self, ct: str, what: str, remote_traceback: str) -> None:
         super().__init__(f"{what} of CT {ct!r} raised", remote_traceback)
         self.ct = ct
+        self.what = what
 
 
 class LearnerDiedError(RemoteError):

@@ -27,6 +27,7 @@ class BrokenA2C(A2C):
     def learn(self, experience):
         self.calls += 1
         if self.fail_after and self.calls > self.fail_after:
+            super().learn(experience)  # it breaks after an update of the weights and the optimizer
             raise ValueError("the user's learn() broke on purpose")
         if self.sleep_once_s and self.calls == 3:
             print(f"learn() sleeps {self.sleep_once_s:.0f}s", flush=True)

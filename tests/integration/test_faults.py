@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from process_token import processes_started_here
 from runs import CARTPOLE, RunProcess, agent_pids, compute_pid, finite, read_csv, wait_until_gone
 
@@ -226,6 +227,10 @@ def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(
     assert "the user's learn() broke on purpose" in run.text
     assert 'raise ValueError("the user\'s learn() broke on purpose")' in run.text
     assert "faulty_run.py" in run.text
+    # The checkpoint it stops with holds the state before the failing call: 20 updates, though the 21st made one.
+    state = torch.load(tmp_path / "checkpoints" / "RL.pt", weights_only=False)
+    assert state["counters"]["learn_calls"] == 20 and state["counters"]["env_steps"] > 0
+    assert {float(entry["step"]) for entry in state["algorithm"]["optimizer"]["state"].values()} == {20.0}
 
 
 def test_an_exception_in_agent_code_restarts_that_agent_and_counts_toward_the_limit(tmp_path, runs):
@@ -265,6 +270,9 @@ def test_past_max_restarts_the_run_fails_with_a_message_that_says_so(tmp_path, r
     )
     assert run.wait(timeout_s=180) == 1
     assert "more than max_restarts=2" in run.text and "--max-restarts" in run.text
+    # It stops with a checkpoint of what was learned, the run's counters in it.
+    counters = torch.load(tmp_path / "checkpoints" / "RL.pt", weights_only=False)["counters"]
+    assert counters["restarts"] == 3 and counters["env_steps"] > 0
 
 
 @pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -253,11 +253,36 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
     except Exception as exc:
         # The manager hears of it now, not after the learner process and the sockets are taken down.
         _report_failure(control, exc)
+        if isinstance(exc, UserCodeError) and exc.what == "learn":
+            _checkpoint_at_stop(control, [front.cdp for front in fronts], learner, settings)
         raise _Reported() from exc
     finally:
         learner.close()
         for front in fronts:
             front.close()
+
+
+def _checkpoint_at_stop(
+    control: zmq.Socket, cdps: list[ComputationDataProcessor], learner: Learner, settings: ComputeSettings
+) -> None:
+    """After a learn() that raised (and left the state it found): the checkpoints, with the run's counters the
+    manager's stop brings, so that the run can be resumed from the state before the failing call."""
+    deadline = time.monotonic() + settings.startup_timeout_s
+    while time.monotonic() < deadline:
+        if not control.poll(100):
+            continue
+        try:
+            message = unpack(control.recv_multipart(), max_bytes=settings.max_message_bytes)
+        except DecodeError:
+            continue
+        if message.kind == STOP:
+            try:
+                save_checkpoints(cdps, learner, settings.checkpoint_dir, _counters(message))
+            except CheckpointError as exc:
+                logger.error("%s", exc)
+                return
+            control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
+            return
 
 
 def serve_ready(cdps: list[ComputationDataProcessor], learner: Learner, now: float) -> None:

@@ -142,6 +142,10 @@ def unpack(
     return Message(kind=kind, payload=payload, agent_id=agent_id, seq=seq, ct=ct)
 
 
+LEARNER_LOST = "learner_lost"
+"""The code of the compute process's ERROR when it lost a learner: the manager restarts it with a new group."""
+
+
 def error_payload(reason: str, *, traceback: str = "", code: str = "bad_request") -> dict[str, str]:
     """The payload of an ERROR reply. ``code`` lets the receiver choose an exception type."""
     return {"code": code, "reason": reason, "traceback": traceback}

@@ -50,6 +50,7 @@ from flare2.wire.protocol import (
     CHECKPOINT,
     ERROR,
     HELLO,
+    LEARNER_LOST,
     LIVE,
     STATS,
     STOP,
@@ -144,7 +145,8 @@ def _report_failure(control: zmq.Socket, exc: Exception) -> None:
     if isinstance(exc, UserCodeError):
         payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code="user_code")
     elif isinstance(exc, LearnerDiedError):
-        payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code="crash")
+        code = LEARNER_LOST if exc.lost else "crash"
+        payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code=code)
     elif isinstance(exc, FlareError):
         payload = error_payload(str(exc), code="config")
     else:

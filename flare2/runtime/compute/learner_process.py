@@ -256,7 +256,7 @@ class LearnerProcess:
         process.join(_STOP_TIMEOUT_S)
         code = process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return LearnerDiedError(f"{self._name(rank)} died ({how})")
+        return LearnerDiedError(f"{self._name(rank)} died ({how})", lost=True)
 
     def _on_status(self, answer: dict[str, Any]) -> None:
         if answer["kind"] == "build_failed":
@@ -290,7 +290,9 @@ class LearnerProcess:
             if not failed:
                 elsewhere = ": a learner on another machine left (its `flare2 learn` says why)" if self._remote else ""
                 raise LearnerDiedError(
-                    f"the {self._name()} lost one another and none here raised{elsewhere}", answer["traceback"]
+                    f"the {self._name()} lost one another and none here raised{elsewhere}",
+                    answer["traceback"],
+                    lost=True,
                 )
             # One learner's traceback goes as it is; several are each headed by the learner that raised.
             together = "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed)

@@ -2,7 +2,7 @@
 socket (its stats, checkpoints, bye and failure), stopped last, and started again when it dies unasked.
 
 A compute process that dies without a word (killed by a signal, by the kernel's out-of-memory killer, or gone in
-a crash below Python) is restarted, up to ``max_restarts`` times, from the last checkpoint the run wrote (its
+a crash below Python), or that lost one of its learners, is restarted, up to ``max_restarts`` times, from the last checkpoint the run wrote (its
 ``checkpoints/``; without one yet, from what the run started from). One that reports a failure (an exception in an
 Algorithm or Model, a bad spec) stops the run: a restart would fail the same way.
 """
@@ -24,7 +24,7 @@ from flare2.runtime.compute.compute_process import ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig
 from flare2.runtime.manager.totals import RunTotals
 from flare2.runtime.processes import COMPUTE_IDENTITY
-from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, STATS, STOP, Message, error_text
+from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, LEARNER_LOST, STATS, STOP, Message, error_text
 from flare2.wire.sockets import router_send
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,9 @@ class ComputeProcess:
                 logger.info("checkpoint written to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == BYE:
             logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
+        elif message.kind == ERROR and message.payload.get("code") == LEARNER_LOST:
+            # It exits next; a new one, with a new group of learners, starts from the last checkpoint.
+            logger.error("the compute process lost a learner: %s", error_text(message))
         elif message.kind == ERROR:
             self.failed = True
             code = exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from process_token import processes_started_here
-from runs import CARTPOLE, RunProcess, agent_pids, compute_pid, finite, read_csv, wait_until_gone
+from runs import CARTPOLE, RunProcess, agent_pids, children_of, compute_pid, finite, read_csv, wait_until_gone
 
 HERE = Path(__file__).resolve().parent
 UP = r"compute process is up"
@@ -182,6 +182,40 @@ def test_a_compute_process_killed_with_sigkill_is_restarted_from_the_last_checkp
     assert "compute process saved its checkpoints" in run.text
     # The Unix sockets of both compute processes went with the run.
     assert not any(directory.exists() for directory in socket_dirs)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_learner_killed_with_sigkill_restarts_the_compute_process_with_a_new_group_and_the_run_goes_on(
+    tmp_path, runs, rank
+):
+    run = runs(
+        CARTPOLE,
+        "--num-agents",
+        "2",
+        "--envs-per-agent",
+        "2",
+        "--max-steps",
+        "15000",
+        "--checkpoint-every",
+        "2000",
+        "--learners",
+        "2",
+        "--learner",
+        "process",
+        "--device",
+        "cpu",
+        log_dir=tmp_path,
+    )
+    run.wait_for_line(r"checkpoint written to", timeout_s=120)
+    learners = sorted(children_of(compute_pid(run.process.pid)))
+    assert len(learners) == 2, learners
+    os.kill(learners[rank], signal.SIGKILL)
+    run.wait_for_line(rf"the compute process lost a learner: learner process {rank} of 2 died", timeout_s=30)
+    run.wait_for_line(r"starting a new one from the checkpoint in", timeout_s=30)
+    run.wait_for_line(r"2 learners ready", timeout_s=60)
+    assert run.wait(timeout_s=120) == 0, run.text[-3000:]
+    rows = read_csv(tmp_path / "progress.csv")
+    assert rows[-1]["compute_restarts"] == 1 and rows[-1]["env_steps"] >= 15000
 
 
 def test_a_compute_process_that_dies_past_max_restarts_ends_the_run_saying_so(tmp_path, runs):

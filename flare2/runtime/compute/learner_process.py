@@ -256,7 +256,8 @@ class LearnerProcess:
         process.join(_STOP_TIMEOUT_S)
         code = process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return LearnerDiedError(f"{self._name(rank)} died ({how})", lost=True)
+        # A new group can be formed here, not with learners on other machines (their flare2 learn does not rejoin).
+        return LearnerDiedError(f"{self._name(rank)} died ({how})", lost=not self._remote)
 
     def _on_status(self, answer: dict[str, Any]) -> None:
         if answer["kind"] == "build_failed":
@@ -292,7 +293,7 @@ class LearnerProcess:
                 raise LearnerDiedError(
                     f"the {self._name()} lost one another and none here raised{elsewhere}",
                     answer["traceback"],
-                    lost=True,
+                    lost=not self._remote,
                 )
             # One learner's traceback goes as it is; several are each headed by the learner that raised.
             together = "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ class ComputeProcess:
         self.failed = False
         """It reported a failure: the run stops, and no reply to a request on its way will come."""
         self.checkpoint_pending = False
+        self.started_at = time.monotonic()
+        """When the process now running was started (it has ``startup_timeout_s`` from then to come up)."""
         self.restarted = False
         """The process now running is a restarted one (its hello continues the run, it does not start it)."""
 
@@ -49,7 +52,7 @@ class ComputeProcess:
         spawn = multiprocessing.get_context("spawn")
         process = spawn.Process(target=compute_main, args=(self.settings(resume_dir),), name="flare2-compute")
         process.start()
-        self.process = process
+        self.process, self.started_at = process, time.monotonic()
         logger.info("compute process started (pid %d)", process.pid)
 
     def died(self) -> str | None:

@@ -8,7 +8,9 @@ the compute process's hello, stats and checkpoints, the agents' messages
 (:mod:`flare2.runtime.supervisor`, with the manager's own concerns: the
 registry of who is live, byes, heartbeat timeouts). A failure in the compute
 process (user code in an Algorithm or Model included) stops the run with its
-traceback (docs/architecture.md: Failures).
+traceback; a compute process that dies unasked is started again from the
+run's last checkpoint (:mod:`flare2.runtime.manager.compute_side`,
+docs/architecture.md: Failures).
 
 Stopping is ordered so that no data in flight is lost: agents are stopped
 first (each sends its final stats and a bye), then the compute process, which
@@ -185,11 +187,10 @@ class ParallelSchedule:
     def run(self) -> int:
         """Serve the control socket and supervise the children between the Manager's ticks, until it says stop."""
         control = self.control
-        startup_deadline = time.monotonic() + self.config.startup_timeout_s
         next_heartbeat = time.monotonic()
         while (code := self.manager.tick()) is None:
             now = time.monotonic()
-            if self.desk.served is None and now > startup_deadline:
+            if self.desk.served is None and now > self.compute.started_at + self.config.startup_timeout_s:
                 raise RunFailed(
                     f"the compute process did not come up within {self.config.startup_timeout_s:.0f}s "
                     "(startup_timeout_s): building the Algorithm takes too long or hangs",

@@ -21,8 +21,7 @@ from typing import Any
 
 import zmq
 
-from flare2.errors import ConfigError, RunFailed
-from flare2.runtime import exit_codes
+from flare2.errors import ConfigError
 from flare2.runtime.config import RunConfig
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
 from flare2.runtime.manager.totals import RunTotals, episode_from_wire
@@ -63,6 +62,8 @@ class AgentDesk:
         self.totals = totals
         self.drop = drop
         self.served: dict[str, Any] | None = None
+        self.compute_generation = 0
+        """How many compute processes the run has started in place of one that died."""
         self.pending_hellos: list[Message] = []
         self.stopping = False
         self.run_id = secrets.token_hex(8)
@@ -94,8 +95,14 @@ class AgentDesk:
         told to leave (its supervisor, the manager or ``flare2 attach``, starts a new one in its place), and hellos
         wait for the new one to serve."""
         self.served = None
+        self.compute_generation += 1
         for agent in self.agents.live():
             router_send(control, agent.agent_id.encode(), Message(STOP, {"compute_gone": True, "rejoin": True}))
+
+    def welcomed_by_a_dead_compute_process(self, agent: AgentRecord) -> bool:
+        """Whether the endpoints ``agent`` was welcomed with are those of a compute process that has died since: its
+        failure to reach them is no error of its own, and a new agent rejoins in its place."""
+        return 0 <= agent.welcomed_by != self.compute_generation
 
     def stop_all(self, control: zmq.Socket, *, compute_gone: bool = False) -> None:
         """The run is over: agents still waiting for their welcome and attached agents are told to stop (and, with
@@ -140,10 +147,9 @@ class AgentDesk:
         elif message.kind == ERROR and agent.remote:
             self._forget_remote(control, agent, f"failed: {error_text(message)}")
         elif message.kind == ERROR:
-            # The agent exits next; supervision restarts it (or fails the run for a config error).
+            # The agent exits next; supervision restarts it, or fails the run for a config error (unless the error is
+            # a compute process that died since its welcome, which supervision finds out first).
             agent.error = error_text(message)
-            if message.payload.get("code") == "config":
-                raise RunFailed(f"agent {agent.agent_id} cannot run: {agent.error}", exit_codes.CONFIG_ERROR)
         else:
             self.drop(identity, f"unexpected kind {message.kind!r}")
 
@@ -275,6 +281,7 @@ class AgentDesk:
             "eval_every": self.config.eval_every,
         }
         agent.registered = True
+        agent.welcomed_by = self.compute_generation
         agent.cts = frozenset(wanted)
         envs = hello.payload.get("envs", 1)
         agent.envs = envs if type(envs) is int and envs >= 0 else 0

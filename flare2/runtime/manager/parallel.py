@@ -267,18 +267,26 @@ class ParallelSchedule:
         """The slot's new incarnation is the agent the manager hears under its id now."""
         self.agents.put_local(AgentRecord(slot.agent_id, last_seen=time.monotonic(), slot=slot.index))
 
-    def _supervise(self, control: zmq.Socket) -> None:
+    def _restart_compute_if_dead(self, control: zmq.Socket) -> None:
         if (how := self.compute.died()) is not None:
             self._drain(control)  # a failure it reported on its way out ends the run instead
             self.compute.restart(how)
             self.desk.compute_restarts(control)
+
+    def _supervise(self, control: zmq.Socket) -> None:
+        self._restart_compute_if_dead(control)
         now = time.monotonic()
         for slot in self.supervisor.restart_due(now):
             self._listen_to(slot)
         for slot, code in list(self.supervisor.exited()):
             agent = self.agents.slots[slot.index]
-            if code == exit_codes.COMPUTE_RESTARTS:
-                # It left while the compute process restarts; its successor starts once the new one serves.
+            if code in (exit_codes.CONFIG_ERROR, exit_codes.COMPUTE_FAILED):
+                # Its report, and a compute process that died meanwhile (which it may have failed to reach), first.
+                self._drain(control)
+                self._restart_compute_if_dead(control)
+            if code == exit_codes.COMPUTE_RESTARTS or self.desk.welcomed_by_a_dead_compute_process(agent):
+                # It left while the compute process restarts (or could not reach the one that welcomed it, dead
+                # since); its successor starts once the new one serves.
                 self.agents.stop_listening(agent)
                 self.supervisor.hold(slot)
                 self._release_held()
@@ -286,9 +294,6 @@ class ParallelSchedule:
             if agent.said_bye:
                 self.supervisor.retire(slot, code)  # it stopped as it was asked to
                 continue
-            if code == exit_codes.COMPUTE_FAILED:
-                # The compute process failed; its own report (with the traceback) ends the run.
-                self._drain(control)
             self.agent_failed(control, agent, slot, exit_codes.describe(code), code)
         timeout_s = self.config.heartbeat_timeout_s
         for slot in self.supervisor.slots:

@@ -32,6 +32,8 @@ class AgentRecord:
     """The CTs the agent asks (from its hello)."""
     envs: int = 0
     """The environments it plays (from its hello)."""
+    welcomed_by: int = -1
+    """The compute process (its ``AgentDesk.compute_generation``) whose endpoints its welcome gave; -1: none yet."""
 
     @property
     def live(self) -> bool:

@@ -117,7 +117,8 @@ def soak(args: argparse.Namespace, log_dir: Path, *, faults: bool) -> dict:
     left = sorted(tree_pids(process.pid) - {process.pid})
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    rows = list(csv.DictReader((log_dir / "progress.csv").open()))
+    progress = log_dir / "progress.csv"
+    rows = list(csv.DictReader(progress.open())) if progress.is_file() else []
     return {
         "exit": process.returncode,
         "seconds": time.monotonic() - started,

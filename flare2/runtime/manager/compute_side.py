@@ -45,6 +45,8 @@ class ComputeProcess:
         self.checkpoint_pending = False
         self.started_at = time.monotonic()
         """When the process now running was started (it has ``startup_timeout_s`` from then to come up)."""
+        self.leaving = False
+        """It said it lost a learner, and exits next."""
         self.restarted = False
         """The process now running is a restarted one (its hello continues the run, it does not start it)."""
 
@@ -56,8 +58,14 @@ class ComputeProcess:
         logger.info("compute process started (pid %d)", process.pid)
 
     def died(self) -> str | None:
-        """How the process ended ("was killed by SIGKILL") if it has; None while it runs."""
+        """How the process ended ("was killed by SIGKILL") if it has; None while it runs. One that said it lost a
+        learner is on its way out: it is waited for (and killed if it lingers), so that nothing is welcomed to it."""
         process = self.process
+        if process is not None and self.leaving and process.exitcode is None:
+            process.join(self.config.stop_timeout_s)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
         return None if process is None or process.exitcode is None else exit_codes.describe(process.exitcode)
 
     @property
@@ -86,7 +94,7 @@ class ComputeProcess:
             count,
             most,
         )
-        self.failed, self.checkpoint_pending, self.restarted = False, False, True
+        self.failed, self.checkpoint_pending, self.leaving, self.restarted = False, False, False, True
         self.start(resume_dir)
 
     def _last_checkpoints(self) -> str | None:
@@ -111,6 +119,7 @@ class ComputeProcess:
         elif message.kind == ERROR and message.payload.get("code") == LEARNER_LOST:
             # It exits next; a new one, with a new group of learners, starts from the last checkpoint.
             logger.error("the compute process lost a learner: %s", error_text(message))
+            self.leaving = True
         elif message.kind == ERROR:
             self.failed = True
             code = exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED

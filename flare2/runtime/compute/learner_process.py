@@ -261,8 +261,12 @@ class LearnerProcess:
 
     def _on_status(self, answer: dict[str, Any]) -> None:
         if answer["kind"] == "build_failed":
+            # A learner killed while the group formed fails the others' build: that group may be formed again.
+            killed = any(process.exitcode is not None and process.exitcode < 0 for process in self._processes)
             raise LearnerDiedError(
-                f"{self._name()} could not build the CTs or join the other learners", answer["traceback"]
+                f"{self._name()} could not build the CTs or join the other learners",
+                answer["traceback"],
+                lost=killed and not self._remote,
             )
         if answer.get("rank", 0) == 0:
             logger.info("%s ready", self._name())

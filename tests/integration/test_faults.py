@@ -143,11 +143,10 @@ def test_a_learn_that_sleeps_past_any_fixed_reply_limit_is_waited_out_without_a_
     assert len(stalled) >= sleep_s - 2 and all(row["agents"] == 2 for row in stalled)
 
 
-@pytest.mark.parametrize("learner", ["inline", "process"])
 def test_a_compute_process_killed_with_sigkill_is_restarted_from_the_last_checkpoint_and_the_run_goes_on(
-    tmp_path, runs, learner
+    tmp_path, runs
 ):
-    # With a learner process, it dies with the compute process, and the new compute process starts its own.
+    # Its learner process dies with it, and the new compute process starts its own.
     run = runs(
         CARTPOLE,
         "--num-agents",
@@ -163,7 +162,7 @@ def test_a_compute_process_killed_with_sigkill_is_restarted_from_the_last_checkp
         "--device",
         "cpu",
         "--learner",
-        learner,
+        "process",
         log_dir=tmp_path,
     )
     run.wait_for_line(r"checkpoint written to", timeout_s=120)

@@ -12,12 +12,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from flare2.errors import ConfigError
 
 ROWS, COLUMNS, IN_A_ROW = 6, 7, 4
 _DIRECTIONS = ((0, 1), (1, 0), (1, 1), (1, -1))
+
+
+def check_fixed_players_can_play(observation_space: gym.Space, env_id: str, option: str) -> None:
+    """The fixed players read each turn's legal moves from PettingZoo's ``action_mask`` beside the ``observation``:
+    a ConfigError naming ``option`` for a game whose observations do not carry them."""
+    if not (isinstance(observation_space, gym.spaces.Dict) and "action_mask" in observation_space.spaces):
+        raise ConfigError(
+            f"{option}: the fixed players read each turn's legal moves from an 'action_mask' beside the "
+            f"'observation' (as PettingZoo's classic games give them), and {env_id!r} gives none: leave {option} out"
+        )
 
 
 def random_move(observation: dict[str, Any], rng: np.random.Generator) -> int:

@@ -35,6 +35,7 @@ import numpy as np
 
 from flare2.core.acting import Acting
 from flare2.core.agent import VectorAgent
+from flare2.core.board_players import check_fixed_players_can_play
 from flare2.core.env_making import AgentSpaces, is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
@@ -199,6 +200,9 @@ class PettingZooAgent(VectorAgent):
                 "PettingZooAgent plays evaluation games during training in self-play alone (the learner against "
                 "fixed players): run without --eval-every, or play the run's policies after it with flare2 eval"
             )
+        if self.eval_env is not None:
+            seat = self.possible_agents[0]
+            check_fixed_players_can_play(self.envs[0].observation_space(seat), self.env_id, "--eval-every")
         if self.self_play and not is_turn_based(self.envs[0]):
             raise ConfigError(
                 f"self-play takes turn-based games (PettingZoo's AEC API), and {self.env_id!r} plays all its agents "

@@ -238,7 +238,8 @@ class RunConfig:
     reply_timeout_s: float | None = None
     """Longest an agent waits for one reply of the compute process (None: as long as it takes). Slow is not dead:
     while the manager's heartbeats say the run goes on, a long learn() or checkpoint is waited out, and a compute
-    process that died ends the run through the manager. A limit that does fire ends the agent with its own error."""
+    process that died is replaced through the manager (its agents leave and rejoin). A limit that does fire ends the
+    agent with its own error."""
     checkpoint_every_s: float | None = CHECKPOINT_EVERY_S
     """Write a checkpoint every this many seconds (one is always written at the end; None: only then). A compute
     process that dies restarts from the last one."""

@@ -43,3 +43,18 @@ def test_the_fixed_players_move_only_where_the_mask_allows():
 def test_the_lookahead_names_a_board_it_cannot_read():
     with pytest.raises(ConfigError, match="plays connect four"):
         connect_four_lookahead({"observation": np.zeros((3, 3, 2)), "action_mask": np.ones(3)}, np.random.default_rng())
+
+
+def test_a_game_without_legal_move_masks_is_refused_naming_the_option():
+    import gymnasium as gym
+
+    from flare2.core.board_players import check_fixed_players_can_play
+
+    board = gym.spaces.Box(0, 1, (6, 7, 2), np.int8)
+    check_fixed_players_can_play(
+        gym.spaces.Dict({"observation": board, "action_mask": gym.spaces.Box(0, 1, (7,), np.int8)}), "c4", "--against"
+    )
+    with pytest.raises(
+        ConfigError, match=r"--eval-every: the fixed players read .* 'action_mask' .* leave --eval-every out"
+    ):
+        check_fixed_players_can_play(board, "tictac_v0", "--eval-every")

@@ -82,7 +82,9 @@ def _learn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         curve = load_client(args.keys, args.key_name) if args.keys else None
-        config = LearnConfig(endpoint=args.endpoint, learners=args.learners, curve=curve, wait_s=args.wait)
+        config = LearnConfig(
+            endpoint=args.endpoint, learners=args.learners, curve=curve, wait_s=args.wait, rejoin_for_s=args.rejoin_for
+        )
     except ConfigError as exc:
         parser.error(str(exc))
     return learn(config)
@@ -165,7 +167,15 @@ def _add_learn(commands: Any) -> argparse.ArgumentParser:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="how long to wait for a run whose compute process is still starting",
+        help="how long to wait for the run to take these learners (its compute process starting, its learners' group "
+        "re-forming)",
+    )
+    learn.add_argument(
+        "--rejoin-for",
+        type=float,
+        default=REJOIN_FOR_S,
+        metavar="SECONDS",
+        help="after the learners' group broke, how long to wait for a manager that does not answer (a link down)",
     )
     learn.add_argument("--keys", default=None, metavar="DIR", help="folder with server.key and the client's key_secret")
     learn.add_argument("--key-name", default="client", help="which client pair in --keys to use (NAME.key_secret)")

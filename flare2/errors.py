@@ -77,11 +77,14 @@ class UserCodeError(RemoteError):
 class LearnerDiedError(RemoteError):
     """The learner process ended, or could not start, without being asked to. ``lost``: it was there and is gone (a
     kill, its machine, its link), which a new compute process with a new group of learners may mend; otherwise it
-    could not start, which a restart would not."""
+    could not start, which a restart would not. ``elsewhere``: the one lost was on another machine (or never came)."""
 
-    def __init__(self, message: str, remote_traceback: str = "", *, lost: bool = False) -> None:
+    def __init__(
+        self, message: str, remote_traceback: str = "", *, lost: bool = False, elsewhere: bool = False
+    ) -> None:
         super().__init__(message, remote_traceback)
         self.lost = lost
+        self.elsewhere = elsewhere
 
 
 class LearnersPartedError(FlareError):

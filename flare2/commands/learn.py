@@ -15,9 +15,18 @@ process do (:mod:`flare2.runtime.compute.learner_process`). Ranks it was given
 but could not use (a CT it cannot build here) stay unfilled: the run then stops
 when its learners do not all join within its startup timeout.
 
+The learners' group lives as long as the run's compute process. When it
+breaks (a learner elsewhere gone, the link to the run down past the group's
+timeout) or the run forms a new one (to take in another ``flare2 learn``),
+the learners here end and this command asks the manager for ranks again, for
+up to ``--rejoin-for`` seconds of silence (the run goes on meanwhile with the
+learners beside its compute process), then joins the next group at its next
+update.
+
 It ends with the run: 0 when the run stopped its learners, 1 when one of them
-failed (its traceback is printed here; the run stops too, since the others
-cannot go on without it). Ctrl+C ends the learners here, and with them the run.
+failed in the run's code (its traceback is printed here), MANAGER_LOST when
+the run stayed silent past ``--rejoin-for``. Ctrl+C ends the learners here;
+the run goes on without them.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +42,7 @@ from typing import Any
 from flare2.commands.attach import probe_manager
 from flare2.errors import ConfigError, FlareError, TransportError
 from flare2.runtime import exit_codes
-from flare2.runtime.config import CTConfig
+from flare2.runtime.config import REJOIN_FOR_S, CTConfig
 from flare2.wire.security import CurveClient
 
 logger = logging.getLogger(__name__)
@@ -50,13 +60,17 @@ class LearnConfig:
     curve: CurveClient | None = None
     probe_timeout_s: float = 5.0
     wait_s: float = 120.0
-    """How long to wait for a run whose compute process is still starting."""
+    """How long to wait for a compute process with room for these learners (one starting, a group re-forming)."""
+    rejoin_for_s: float = REJOIN_FOR_S
+    """After the learners' group broke, how long to wait for a manager that does not answer (a link down)."""
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith("tcp://") or ":" not in self.endpoint[len("tcp://") :]:
             raise ConfigError(f"the manager's address must look like tcp://HOST:PORT, got {self.endpoint!r}")
         if self.learners < 1:
             raise ConfigError(f"--learners must be >= 1, got {self.learners}")
+        if self.rejoin_for_s < 0:
+            raise ConfigError(f"--rejoin-for must be >= 0 seconds, got {self.rejoin_for_s}")
 
 
 def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
@@ -105,33 +119,73 @@ def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
     ]
 
 
-def ask_for_ranks(config: LearnConfig) -> dict[str, Any]:
-    """The manager's answer with this machine's learner ranks, once its compute process is up."""
+def ask_for_ranks(config: LearnConfig, learn_id: str, *, run_id: str | None = None) -> dict[str, Any]:
+    """The manager's answer with this machine's learner ranks, once a compute process with room for them is up.
+
+    ``run_id``: the learners were in that run's group, which broke; the manager is given ``rejoin_for_s`` to answer
+    again (a link that is down), and another run answering at the address is refused."""
     import torch  # the GPUs here, which the manager must know of before it gives ranks for cuda learners
 
-    asks = {"learners": config.learners, "gpus": torch.cuda.device_count()}
-    deadline = time.monotonic() + config.wait_s
+    asks = {"learners": config.learners, "gpus": torch.cuda.device_count(), "learn_id": learn_id}
+    if run_id is not None:
+        asks["rejoin"] = True
+    started = time.monotonic()
+    answered = 0.0  # when the manager first answered: wait_s counts from then
     while True:
-        reply = probe_manager(config.endpoint, curve=config.curve, timeout_s=config.probe_timeout_s, asks=asks)
+        try:
+            reply = probe_manager(config.endpoint, curve=config.curve, timeout_s=config.probe_timeout_s, asks=asks)
+        except TransportError as exc:
+            if run_id is None:
+                raise
+            silent_s = time.monotonic() - started
+            if silent_s >= config.rejoin_for_s:
+                raise TransportError(
+                    f"the manager has not answered for {silent_s:.0f}s (--rejoin-for {config.rejoin_for_s:.0f}): the "
+                    f"run is over or out of reach ({exc})"
+                ) from None
+            time.sleep(_STARTING_RETRY_S)
+            continue
+        if run_id is not None and reply.get("run_id") != run_id:
+            raise ConfigError(f"{config.endpoint} now serves another run than the one these learners joined")
         if not (isinstance(reply.get("learners"), dict) and reply["learners"].get("starting")):
             return reply
-        if time.monotonic() > deadline:
+        answered = answered or time.monotonic()
+        if time.monotonic() - answered > config.wait_s:
             raise TransportError(
-                f"the run at {config.endpoint} was still starting its compute process after {config.wait_s:.0f}s"
+                f"the run at {config.endpoint} did not take these learners within {config.wait_s:.0f}s (--wait): its "
+                "compute process is still starting, or its learners' group does not re-form"
             )
         time.sleep(_STARTING_RETRY_S)
 
 
 def learn(config: LearnConfig) -> int:
-    """Take learner ranks of the run, run a learner process for each and wait for them; returns the exit code."""
-    try:
-        plan = learner_plan(ask_for_ranks(config), config.endpoint)
-    except TransportError as exc:
-        logger.error("%s", exc)
-        return exit_codes.UNREACHABLE
-    except FlareError as exc:
-        logger.error("%s", exc)
-        return exit_codes.CONFIG_ERROR
+    """Take learner ranks of the run and run a learner process for each, again each time the run forms a new group
+    of learners; returns the exit code."""
+    learn_id = secrets.token_hex(8)
+    run_id: str | None = None
+    while True:
+        try:
+            reply = ask_for_ranks(config, learn_id, run_id=run_id)
+            plan = learner_plan(reply, config.endpoint)
+        except TransportError as exc:
+            logger.error("%s", exc)
+            return exit_codes.UNREACHABLE if run_id is None else exit_codes.MANAGER_LOST
+        except FlareError as exc:
+            logger.error("%s", exc)
+            return exit_codes.CONFIG_ERROR
+        run_id = str(reply.get("run_id"))
+        code = _run_learners(plan, config.endpoint)
+        if code not in (exit_codes.COMPUTE_RESTARTS, exit_codes.LEARNERS_PARTED):
+            return code
+        logger.info(
+            "the run's learners %s: asking for ranks in its next group",
+            "regroup" if code == exit_codes.COMPUTE_RESTARTS else "lost one another",
+        )
+
+
+def _run_learners(plan: list[Any], endpoint: str) -> int:
+    """One learner process per rank of ``plan``, waited for; the exit code of ``flare2 learn``, or the learners'
+    COMPUTE_RESTARTS / LEARNERS_PARTED when they left a group the run forms again."""
     from flare2.runtime.compute.learner_main import learner_main
 
     spawn = multiprocessing.get_context("spawn")
@@ -143,7 +197,7 @@ def learn(config: LearnConfig) -> int:
         "learners %s of %d join the run at %s (its learners meet at %s)",
         ", ".join(str(settings.rank) for settings in plan),
         plan[0].learners,
-        config.endpoint,
+        endpoint,
         plan[0].rendezvous,
     )
     for process in processes:
@@ -152,14 +206,20 @@ def learn(config: LearnConfig) -> int:
         for process in processes:
             process.join()
     except KeyboardInterrupt:
-        logger.info("interrupted: the learners here stop, and the run with them")
+        logger.info("interrupted: the learners here stop, and the run's group with them")
         for process in processes:
             process.kill()
             process.join()
         return exit_codes.SIGINT
-    failed = [process for process in processes if process.exitcode != 0]
-    if failed:
-        logger.error("%d learner(s) here failed: the run's learners cannot go on without them", len(failed))
+    codes = {process.exitcode for process in processes}
+    if exit_codes.FAILED in codes:
+        logger.error("learner(s) here failed in the run's code (the traceback above): the run stops")
         return exit_codes.FAILED
-    logger.info("the run stopped its learners")
-    return exit_codes.OK
+    if codes == {exit_codes.OK}:
+        logger.info("the run stopped its learners")
+        return exit_codes.OK
+    killed = sorted(exit_codes.describe(code) for code in codes if code is not None and code < 0)
+    if killed:
+        # Killed from outside (the out-of-memory killer, say): the run goes on without it, and it may come back.
+        logger.error("a learner here %s", ", ".join(killed))
+    return exit_codes.COMPUTE_RESTARTS if codes == {exit_codes.COMPUTE_RESTARTS} else exit_codes.LEARNERS_PARTED

@@ -25,7 +25,11 @@ UNREACHABLE = 6
 """``flare2 attach`` found no manager at the address it was given."""
 COMPUTE_RESTARTS = 7
 """The compute process died and the manager starts a new one: the agent's requests in flight died with it, so it left,
-and its supervisor starts a new one that joins once the new compute process serves."""
+and its supervisor starts a new one that joins once the new compute process serves. A learner of ``flare2 learn``
+ends with it when the compute process stops for a new group of learners, which its ``flare2 learn`` asks to join."""
+LEARNERS_PARTED = 8
+"""A learner's group broke (another learner, or the link to it, is gone): its ``flare2 learn`` asks to join the
+group the run forms next."""
 SIGINT = 130
 """Stopped by Ctrl+C."""
 SIGTERM = 143

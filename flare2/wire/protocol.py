@@ -144,6 +144,9 @@ def unpack(
 
 LEARNER_LOST = "learner_lost"
 """The code of the compute process's ERROR when it lost a learner: the manager restarts it with a new group."""
+REMOTE_LEARNER_LOST = "remote_learner_lost"
+"""The same for a learner on another machine (or one that did not join): the new group takes the learners here, and
+those of ``flare2 learn`` that come back join a later one."""
 
 
 def error_payload(reason: str, *, traceback: str = "", code: str = "bad_request") -> dict[str, str]:

@@ -130,8 +130,8 @@ def test_a_remote_agent_that_says_bye_before_the_compute_process_is_up_leaves_th
     assert "r-early" not in run.agents.remotes
 
 
-def learner_probe(count, name: str = "probe-l", gpus: int = 0) -> tuple[bytes, Message]:
-    return name.encode(), Message(HELLO, {"role": "probe", "learners": count, "gpus": gpus}, name, 1)
+def learner_probe(count, name: str = "probe-l", gpus: int = 0, **asks: Any) -> tuple[bytes, Message]:
+    return name.encode(), Message(HELLO, {"role": "probe", "learners": count, "gpus": gpus, **asks}, name, 1)
 
 
 def with_remote_learners(tmp_path) -> tuple[ParallelSchedule, Any]:
@@ -172,7 +172,7 @@ def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_
         "device": "cpu",
         "seed": 5,
     }
-    assert given["rendezvous"] == run.desk.learner_rendezvous
+    assert given["rendezvous"] == run.desk.learner_seats.rendezvous
     assert given["cts"] == [{"name": "RL", "build": build.recipe()}]
     run.desk.on_message(control, *learner_probe(1))
     assert sent.pop()[1].payload["learners"]["first_rank"] == 2
@@ -181,6 +181,40 @@ def test_learner_probes_get_ranks_and_the_recipe_once_the_compute_process_is_up_
     for bad in (0, "1", None):
         run.desk.on_message(control, *learner_probe(bad))
         assert "a learner probe must ask for 1 or more learners" in sent.pop()[1].payload["reason"]
+
+
+def test_a_group_that_lost_a_learner_elsewhere_goes_on_with_the_learners_here_and_grows_for_one_that_comes_back(
+    tmp_path, control, monkeypatch
+):
+    run, _ = with_remote_learners(tmp_path)
+    sent = sent_by_the_desk(monkeypatch)
+    seats = run.desk.learner_seats
+    run.desk.compute_is_up(control, {}, device="cpu")
+    run.desk.on_message(control, *learner_probe(2, learn_id="b"))
+    first_rendezvous = sent.pop()[1].payload["learners"]["rendezvous"]
+    # Its group broke: asking again before the manager heard of it is no refusal.
+    run.desk.on_message(control, *learner_probe(2, learn_id="b", rejoin=True))
+    assert sent.pop()[1].payload["learners"] == {"starting": True}
+
+    seats.new_group(lost_elsewhere=True)
+    assert (seats.learners, seats.remote, seats.wants_to_grow) == (1, 0, False)
+    assert seats.rendezvous == ""  # one learner: no group to meet in
+    run.desk.on_message(control, *learner_probe(2, learn_id="b", rejoin=True))
+    assert sent.pop()[1].payload["learners"] == {"starting": True}  # no compute process up yet
+    run.desk.compute_is_up(control, {}, device="cpu")
+    run.desk.on_message(control, *learner_probe(2, learn_id="b", rejoin=True))
+    run.desk.on_message(control, *learner_probe(2, learn_id="b", rejoin=True))  # asked again: still 2 ranks
+    assert sent.pop()[1].payload["learners"] == {"starting": True} and seats.wants_to_grow
+    run.desk.on_message(control, *learner_probe(1))
+    assert "must carry the id of its flare2 learn" in sent.pop()[1].payload["reason"]
+
+    seats.new_group(lost_elsewhere=False)
+    assert (seats.learners, seats.remote, seats.wants_to_grow) == (3, 2, False)
+    run.desk.compute_is_up(control, {}, device="cpu")
+    run.desk.on_message(control, *learner_probe(2, learn_id="b", rejoin=True))
+    given = sent.pop()[1].payload["learners"]
+    assert (given["first_rank"], given["learners"]) == (1, 3)
+    assert given["rendezvous"] not in ("", first_rendezvous)
 
 
 def test_a_run_that_learns_on_cuda_takes_no_more_learners_from_a_machine_than_it_has_gpus(

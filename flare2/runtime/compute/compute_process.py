@@ -52,6 +52,7 @@ from flare2.wire.protocol import (
     HELLO,
     LEARNER_LOST,
     LIVE,
+    REMOTE_LEARNER_LOST,
     STATS,
     STOP,
     Message,
@@ -145,7 +146,7 @@ def _report_failure(control: zmq.Socket, exc: Exception) -> None:
     if isinstance(exc, UserCodeError):
         payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code="user_code")
     elif isinstance(exc, LearnerDiedError):
-        code = LEARNER_LOST if exc.lost else "crash"
+        code = (REMOTE_LEARNER_LOST if exc.elsewhere else LEARNER_LOST) if exc.lost else "crash"
         payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code=code)
     elif isinstance(exc, FlareError):
         payload = error_payload(str(exc), code="config")
@@ -211,6 +212,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
     counters = resume(cts, settings.resume_dir)
     fronts: list[SocketFront] = []
     learner: Learner = InlineLearner()
+    stop: Message | None = None
     try:
         for index, (ct, config) in enumerate(zip(cts, settings.cts)):
             fronts.append(
@@ -251,7 +253,7 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
         control.send_multipart(pack(Message(HELLO, hello)))
         # The counters a resumed run continues reach the manager before its first progress row.
         _send_stats(control, fronts)
-        _loop(control, fronts, learner, settings, busy_wait / 1e6)
+        stop = _loop(control, fronts, learner, settings, busy_wait / 1e6)
     except Exception as exc:
         # The manager hears of it now, not after the learner process and the sockets are taken down.
         _report_failure(control, exc)
@@ -259,7 +261,8 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
             _checkpoint_at_stop(control, [front.cdp for front in fronts], learner, settings)
         raise _Reported() from exc
     finally:
-        learner.close()
+        # A stop for a new group of learners tells the learners on other machines to ask for their ranks again.
+        learner.close(regroup=stop is not None and stop.payload.get("regroup") is True)
         for front in fronts:
             front.close()
 
@@ -299,7 +302,8 @@ def serve_ready(cdps: list[ComputationDataProcessor], learner: Learner, now: flo
 
 def _loop(
     control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings, busy_wait_s: float
-) -> None:
+) -> Message | None:
+    """Serve until the manager's STOP (returned) or the manager is gone (None)."""
     cdps = [front.cdp for front in fronts]
     poller = zmq.Poller()
     poller.register(control, zmq.POLLIN)
@@ -330,8 +334,8 @@ def _loop(
         # Control first: a LIVE update must reach the CDPs before the requests of the agents it names.
         if control in ready:
             while cast(int, control.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                if _handle_control(control, fronts, learner, settings):
-                    return
+                if (stop := _handle_control(control, fronts, learner, settings)) is not None:
+                    return stop
         if wake in ready:
             learner.deliver()
         for key in ready - {control, wake}:
@@ -342,7 +346,7 @@ def _loop(
             next_stats = now + settings.stats_interval_s
             if os.getppid() != settings.parent_pid:
                 logger.error("the manager is gone; the compute process exits")
-                return
+                return None
             _send_stats(control, fronts)
 
 
@@ -361,20 +365,20 @@ def _counters(message: Message) -> dict[str, Any]:
 
 def _handle_control(
     control: zmq.Socket, fronts: list[SocketFront], learner: Learner, settings: ComputeSettings
-) -> bool:
-    """Apply one manager message; True when the process must stop."""
+) -> Message | None:
+    """Apply one manager message; the STOP message when the process must stop."""
     cdps = [front.cdp for front in fronts]
     try:
         message = unpack(control.recv_multipart(), max_bytes=settings.max_message_bytes)
     except DecodeError as exc:
         logger.warning("dropped a malformed control message: %s", exc)
-        return False
+        return None
     if message.kind == LIVE:
         live = message.payload.get("cts", {})
         for cdp in cdps:
             agents = live.get(cdp.ct.name, [])
             cdp.live = frozenset(a for a in agents if isinstance(a, str))
-        return False
+        return None
     if message.kind == CHECKPOINT:
         written: dict[str, Any] = {"checkpoint_dir": settings.checkpoint_dir}
         try:
@@ -383,12 +387,12 @@ def _handle_control(
             # A periodic checkpoint that cannot be written (a full disk) leaves the one before; the run goes on.
             written["error"] = str(exc)
         control.send_multipart(pack(Message(CHECKPOINT, written, seq=message.seq)))
-        return False
+        return None
     if message.kind == STOP:
         finish_learning(cdps, learner)
         save_checkpoints(cdps, learner, settings.checkpoint_dir, _counters(message))
         _send_stats(control, fronts)
         control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
-        return True
+        return message
     logger.warning("ignored control message of kind %r", message.kind)
-    return False
+    return None

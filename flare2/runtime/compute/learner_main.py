@@ -29,7 +29,8 @@ import torch.distributed as dist
 from flare2.core.computation_task import ComputationTask, copy_tensors
 from flare2.core.learn_requests import check_learn
 from flare2.core.transforms import RunningMoments, statistics_shape
-from flare2.errors import CheckpointError, LearnersPartedError
+from flare2.errors import CheckpointError, LearnersPartedError, TransportError
+from flare2.runtime import exit_codes
 from flare2.runtime.checkpoints import resume_checkpoint_path
 from flare2.runtime.compute.cts import build_cts, resume
 from flare2.runtime.compute.learn_calls import learn_with_lag
@@ -102,13 +103,14 @@ def learner_main(
     settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None
 ) -> NoReturn:
     """Entry point of a learner process (started with the spawn method by the compute process, or by ``flare2
-    learn`` on another machine, which gives it no pipe: it logs what it would have said). Exits 0 when it stopped
-    when asked, 1 when it left on a failure."""
+    learn`` on another machine, which gives it no pipe: it logs what it would have said). Exits OK when it stopped
+    when asked, COMPUTE_RESTARTS when asked to leave for a new group, LEARNERS_PARTED when its group broke (another
+    learner is gone) and FAILED when its own learn() or build failed."""
     die_with_parent(settings.parent_pid)
     ignore_interrupts()
     configure_child_logging()
     try:
-        stopped = _learn_until_stopped(settings, pipe, weights)
+        code = _learn_until_stopped(settings, pipe, weights)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -118,12 +120,13 @@ def learner_main(
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0 if stopped else 1)
+    os._exit(code)
 
 
 def _learn_until_stopped(
     settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None
-) -> bool:
+) -> int:
+    """Learn until stopped; the exit code ``learner_main`` describes."""
     say = _Voice(pipe, settings.rank)
     try:
         group = (
@@ -138,9 +141,13 @@ def _learn_until_stopped(
             else None
         )
         cts = _build(settings, weights, group)
+    except TransportError:
+        # Not all came (or this one could not reach the others): a group may be formed without the missing ones.
+        say({"kind": "build_failed", "traceback": traceback.format_exc(), "joined": False})
+        return exit_codes.LEARNERS_PARTED
     except Exception:  # noqa: BLE001 - user code builds the CTs: its traceback goes to the compute process
         say({"kind": "build_failed", "traceback": traceback.format_exc()})
-        return False
+        return exit_codes.FAILED
     say({"kind": "ready", "rank": settings.rank})
     requests = _Requests(pipe, group)
     while True:
@@ -148,10 +155,10 @@ def _learn_until_stopped(
             request = requests.next()
         except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
             say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return False
+            return exit_codes.LEARNERS_PARTED
         kind = request["kind"]
         if kind == "stop":
-            return True
+            return exit_codes.COMPUTE_RESTARTS if request.get("regroup") is True else exit_codes.OK
         if kind == "save":  # only the first learner is asked
             try:
                 _save(cts, request)
@@ -174,12 +181,12 @@ def _learn_until_stopped(
             result = learn_with_lag(ct, experience, share=(settings.rank, settings.learners))
         except LearnersPartedError:
             say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return False
+            return exit_codes.LEARNERS_PARTED
         except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
             say({"kind": "failed", "traceback": traceback.format_exc()})
             if group is not None:
                 # The others wait in a collective call this one will not join: leaving fails theirs at once.
-                return False
+                return exit_codes.FAILED
             continue
         if settings.rank == 0 and weights is not None:
             copy_tensors(weights[index], ct.weight_tensors())
@@ -195,7 +202,7 @@ def _learn_until_stopped(
             answers = [answer] if group is None else [decode(data) for data in gather_bytes(encode(answer), group)]
         except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
             say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return False
+            return exit_codes.LEARNERS_PARTED
         if settings.rank == 0:
             say({"kind": "learned", "answers": answers})
 

@@ -29,10 +29,11 @@ equal share of the batch's sequences, and ``Algorithm.optimize()`` averages
 their gradients (:mod:`flare2.core.data_parallel`), so their weights stay
 identical. The first one writes the weights to shared memory and the
 checkpoints; the compute process takes the mean of their costs. When one of
-them dies, the others fail in their next collective call, the compute process
+them dies, the others fail in their next collective call and the compute process
 reports which one died and how (a learner on another machine prints its own
-traceback where it was started), and the run stops (``--resume`` goes on from
-the last checkpoint).
+traceback where it was started); the manager then starts a new compute process
+with a new group from the last checkpoint
+(:mod:`flare2.runtime.manager.learner_seats`).
 """
 
 from __future__ import annotations
@@ -187,11 +188,12 @@ class LearnerProcess:
         if "error" in answer:
             raise CheckpointError(str(answer["error"]))
 
-    def close(self) -> None:
-        """Stop the learners: the first one passes the word on to the others."""
+    def close(self, *, regroup: bool = False) -> None:
+        """Stop the learners: the first one passes the word on to the others (``regroup``: those of ``flare2 learn``
+        then ask for ranks in the next group)."""
         if self._processes[0].is_alive():
             try:
-                self._send(encode({"kind": "stop"}))
+                self._send(encode({"kind": "stop", "regroup": regroup}))
             except LearnerDiedError:
                 pass  # it went meanwhile: nothing left to stop
         for process in self._processes:
@@ -256,17 +258,19 @@ class LearnerProcess:
         process.join(_STOP_TIMEOUT_S)
         code = process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        # A new group can be formed here, not with learners on other machines (their flare2 learn does not rejoin).
-        return LearnerDiedError(f"{self._name(rank)} died ({how})", lost=not self._remote)
+        return LearnerDiedError(f"{self._name(rank)} died ({how})", lost=True)
 
     def _on_status(self, answer: dict[str, Any]) -> None:
         if answer["kind"] == "build_failed":
-            # A learner killed while the group formed fails the others' build: that group may be formed again.
+            # A learner killed while the group formed fails the others' build, and learners of flare2 learn that
+            # do not come fail the first one's join: a group may be formed again without them.
             killed = any(process.exitcode is not None and process.exitcode < 0 for process in self._processes)
+            missing = self._remote > 0 and answer.get("joined") is False
             raise LearnerDiedError(
                 f"{self._name()} could not build the CTs or join the other learners",
                 answer["traceback"],
-                lost=killed and not self._remote,
+                lost=killed or missing,
+                elsewhere=missing and not killed,
             )
         if answer.get("rank", 0) == 0:
             logger.info("%s ready", self._name())
@@ -297,7 +301,8 @@ class LearnerProcess:
                 raise LearnerDiedError(
                     f"the {self._name()} lost one another and none here raised{elsewhere}",
                     answer["traceback"],
-                    lost=not self._remote,
+                    lost=True,
+                    elsewhere=self._remote > 0,
                 )
             # One learner's traceback goes as it is; several are each headed by the learner that raised.
             together = "\n".join(f"{self._name(rank)}:\n{text}" for rank, text in failed)

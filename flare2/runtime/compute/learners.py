@@ -52,7 +52,9 @@ class Learner(Protocol):
 
     def save(self, targets: list[tuple[ComputationTask, str]], counters: dict[str, Any]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, *, regroup: bool = False) -> None:
+        """Stop learning (``regroup``: for a new compute process whose learners' group differs)."""
+        ...
 
 
 def save_here(targets: list[tuple[ComputationTask, str]], counters: dict[str, Any]) -> None:
@@ -102,7 +104,7 @@ class InlineLearner:
     def finish(self) -> None:
         """Nothing is ever left running."""
 
-    def close(self) -> None:
+    def close(self, *, regroup: bool = False) -> None:
         """Nothing to stop."""
 
 
@@ -163,7 +165,7 @@ class LearnerThread:
             elif not self._thread.is_alive():
                 return
 
-    def close(self) -> None:
+    def close(self, *, regroup: bool = False) -> None:
         self._batches.put(None)
         self._thread.join(timeout=5)
         self._signal.close(linger=0)

@@ -23,6 +23,7 @@ import zmq
 
 from flare2.errors import ConfigError
 from flare2.runtime.config import RunConfig
+from flare2.runtime.manager.learner_seats import LearnerSeats
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
 from flare2.runtime.manager.totals import RunTotals, episode_from_wire
 from flare2.runtime.processes import COMPUTE_IDENTITY
@@ -40,7 +41,7 @@ from flare2.wire.protocol import (
     error_payload,
     error_text,
 )
-from flare2.wire.sockets import free_port, router_send
+from flare2.wire.sockets import router_send
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +78,12 @@ class AgentDesk:
         }
         """What the run's own agents play, for ``flare2 attach`` to play the same."""
         self._next_remote_slot = own.num_agents
-        self.learner_rendezvous = learner_rendezvous(config)
-        """Where the learners' process group meets (empty for one learner)."""
-        self._next_learner_rank = config.learners - config.remote_learners
-        self._compute_device = ""
+        self.learner_seats = LearnerSeats(config)
 
     def compute_is_up(self, control: zmq.Socket, served: dict[str, Any], *, device: str) -> None:
         """The compute process serves these CTs now, on ``device``: welcome the agents that said hello before."""
         self.served = served
-        self._compute_device = device
+        self.learner_seats.compute_is_up(device)
         pending, self.pending_hellos = self.pending_hellos, []
         for message in pending:
             self._welcome(control, message)
@@ -173,7 +171,10 @@ class AgentDesk:
             reply = {"protocol_version": PROTOCOL_VERSION, "run_id": self.run_id, "cts": cts, "recipe": recipe}
             if "learners" in message.payload:
                 try:
-                    reply["learners"] = self._learner_ranks(message.payload["learners"], message.payload.get("gpus"))
+                    asks = message.payload
+                    reply["learners"] = self.learner_seats.give(
+                        asks["learners"], asks.get("gpus"), asks.get("learn_id"), rejoin=asks.get("rejoin") is True
+                    )
                 except ConfigError as exc:
                     router_send(
                         control, identity, Message(ERROR, error_payload(str(exc), code="config"), seq=message.seq)
@@ -206,46 +207,6 @@ class AgentDesk:
             self.pending_hellos.append(message)
         else:
             self._welcome(control, message)
-
-    def _learner_ranks(self, wanted: Any, gpus: Any) -> dict[str, Any]:
-        """Ranks for ``wanted`` learners of ``flare2 learn`` on a machine of ``gpus`` GPUs and what they need to
-        join: the learners' recipe, or ``{"starting": True}`` until the compute process is up; a ConfigError says
-        why none are given."""
-        config = self.config
-        remote = config.remote_learners
-        if type(wanted) is not int or wanted < 1:
-            raise ConfigError(f"a learner probe must ask for 1 or more learners, got {wanted!r}")
-        if not remote:
-            raise ConfigError(
-                "this run takes no learners from other machines: start it with --learners N --remote-learners K"
-            )
-        left = config.learners - self._next_learner_rank
-        if wanted > left:
-            raise ConfigError(
-                f"the run has {left} of its {remote} remote learner rank(s) left (--remote-learners {remote}): "
-                + (f"start this with --learners {left}" if left else "every one is taken")
-            )
-        if not self._compute_device:
-            return {"starting": True}
-        if self._compute_device.startswith("cuda") and not (type(gpus) is int and gpus >= wanted):
-            raise ConfigError(
-                f"the run learns on cuda, one GPU per learner, and the machine of this flare2 learn has {gpus} GPU(s) "
-                f"for --learners {wanted}: use --learners {gpus} or fewer, or another machine"
-            )
-        first = self._next_learner_rank
-        self._next_learner_rank += wanted
-        logger.info("learner ranks %d..%d go to a flare2 learn on another machine", first, first + wanted - 1)
-        return {
-            "first_rank": first,
-            "count": wanted,
-            "learners": config.learners,
-            "rendezvous": self.learner_rendezvous,
-            "timeout_s": config.startup_timeout_s,
-            "device": self._compute_device,
-            "seed": config.seed,
-            "torch_threads": config.torch_threads,
-            "cts": [{"name": ct.name, "build": ct.build.recipe()} for ct in config.cts],  # type: ignore[attr-defined]
-        }
 
     def _on_agent_stats(self, agent: AgentRecord, identity: bytes, payload: dict[str, Any]) -> None:
         try:
@@ -333,17 +294,6 @@ class AgentDesk:
         self.totals.remote_dropped += 1
         self.agents.drop_remote(agent)
         self.send_live(control)
-
-
-def learner_rendezvous(config: RunConfig) -> str:
-    """Where the run's learners meet: loopback when all run here, else the address other machines reach the run at
-    (on a port free now)."""
-    if config.learners == 1:
-        return ""
-    if not config.remote_learners:
-        return f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
-    listen = "0.0.0.0" if config.bind in ("0.0.0.0", "::", "*") else config.bind
-    return f"tcp://{config.advertise or config.bind}:{free_port(listen)}"
 
 
 def _counted(payload: dict[str, Any], steps_key: str, episodes_key: str) -> tuple[int, list[tuple[float, int, str]]]:

@@ -2,9 +2,13 @@
 socket (its stats, checkpoints, bye and failure), stopped last, and started again when it dies unasked.
 
 A compute process that dies without a word (killed by a signal, by the kernel's out-of-memory killer, or gone in
-a crash below Python), or that lost one of its learners, is restarted, up to ``max_restarts`` times, from the last checkpoint the run wrote (its
-``checkpoints/``; without one yet, from what the run started from). One that reports a failure (an exception in an
-Algorithm or Model, a bad spec) stops the run: a restart would fail the same way.
+a crash below Python), or that lost one of its learners, is restarted, up to ``max_restarts`` times, from the last
+checkpoint the run wrote (its ``checkpoints/``; without one yet, from what the run started from). One that reports a
+failure (an exception in an Algorithm or Model, a bad spec) stops the run: a restart would fail the same way.
+
+One is also stopped and started again on purpose, to give its learners' group room for a ``flare2 learn`` that
+comes (back): it writes its checkpoints as it stops, and the new one starts from them
+(:mod:`flare2.runtime.manager.learner_seats`). Such a regroup is no death: ``max_restarts`` does not count it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ from flare2.runtime.compute.compute_process import ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig
 from flare2.runtime.manager.totals import RunTotals
 from flare2.runtime.processes import COMPUTE_IDENTITY
-from flare2.wire.protocol import BYE, CHECKPOINT, ERROR, LEARNER_LOST, STATS, STOP, Message, error_text
+from flare2.wire.protocol import (
+    BYE,
+    CHECKPOINT,
+    ERROR,
+    LEARNER_LOST,
+    REMOTE_LEARNER_LOST,
+    STATS,
+    STOP,
+    Message,
+    error_text,
+)
 from flare2.wire.sockets import router_send
 
 logger = logging.getLogger(__name__)
@@ -47,6 +61,11 @@ class ComputeProcess:
         """When the process now running was started (it has ``startup_timeout_s`` from then to come up)."""
         self.leaving = False
         """It said it lost a learner, and exits next."""
+        self.lost_elsewhere = False
+        """The learner it lost was on another machine."""
+        self.regrouping = False
+        """It was asked to stop so that a new one takes a new group of learners."""
+        self.deaths = 0
         self.restarted = False
         """The process now running is a restarted one (its hello continues the run, it does not start it)."""
 
@@ -73,28 +92,42 @@ class ComputeProcess:
         """Whether it failed or died: no reply to a request on its way will come."""
         return self.failed or self.died() is not None
 
+    def regroup(self, control: zmq.Socket, counters: dict[str, Any]) -> None:
+        """Ask it to stop with its checkpoints (and its learners to leave for a new group); ``restart`` follows once
+        it has."""
+        router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters, "regroup": True}))
+        self.regrouping = True
+
     def restart(self, how: str) -> None:
-        """Start a new process in place of the one that died (``how``: as ``died()`` says), from the run's last
-        checkpoint; RunFailed past ``max_restarts``."""
+        """Start a new process in place of the one that ended (``how``: as ``died()`` says), from the run's last
+        checkpoint; RunFailed past ``max_restarts`` deaths."""
         self.totals.compute_restarts += 1
-        count, most = self.totals.compute_restarts, self.config.max_restarts
-        if count > most:
-            raise RunFailed(
-                f"the compute process died: it {how}; that is {count} compute process deaths, more than "
-                f"max_restarts={most}: find the cause (the log above, the kernel's log for an out-of-memory kill) or "
-                "raise --max-restarts",
-                exit_codes.FAILED,
-            )
         resume_dir = self._last_checkpoints()
-        logger.error(
-            "the compute process died: it %s; starting a new one from %s (compute restart %d of at most %d); the "
-            "agents rejoin once it serves",
-            how,
-            f"the checkpoint in {resume_dir}" if resume_dir else "fresh weights (the run has written no checkpoint)",
-            count,
-            most,
+        source = (
+            f"the checkpoint in {resume_dir}" if resume_dir else "fresh weights (the run has written no checkpoint)"
         )
+        if self.regrouping and how == exit_codes.describe(exit_codes.OK):
+            logger.info("the compute process stopped for a new group of learners; starting a new one from %s", source)
+        else:
+            self.deaths += 1
+            most = self.config.max_restarts
+            # One that lost a learner said so (the log above) and left; the others died without a word.
+            what = "the compute process lost a learner" if self.leaving else f"the compute process died: it {how}"
+            if self.deaths > most:
+                raise RunFailed(
+                    f"{what}; that is {self.deaths} compute process deaths, more than max_restarts={most}: find the "
+                    "cause (the log above, the kernel's log for an out-of-memory kill) or raise --max-restarts",
+                    exit_codes.FAILED,
+                )
+            logger.error(
+                "%s; starting a new one from %s (compute restart %d of at most %d); the agents rejoin once it serves",
+                what,
+                source,
+                self.deaths,
+                most,
+            )
         self.failed, self.checkpoint_pending, self.leaving, self.restarted = False, False, False, True
+        self.lost_elsewhere = self.regrouping = False
         self.start(resume_dir)
 
     def _last_checkpoints(self) -> str | None:
@@ -116,10 +149,11 @@ class ComputeProcess:
                 logger.info("checkpoint written to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == BYE:
             logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
-        elif message.kind == ERROR and message.payload.get("code") == LEARNER_LOST:
+        elif message.kind == ERROR and message.payload.get("code") in (LEARNER_LOST, REMOTE_LEARNER_LOST):
             # It exits next; a new one, with a new group of learners, starts from the last checkpoint.
             logger.error("the compute process lost a learner: %s", error_text(message))
             self.leaving = True
+            self.lost_elsewhere = message.payload.get("code") == REMOTE_LEARNER_LOST
         elif message.kind == ERROR:
             self.failed = True
             code = exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED

@@ -36,7 +36,7 @@ from flare2.errors import DecodeError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.compute.compute_process import ComputeSettings
 from flare2.runtime.config import RunConfig, is_loopback
-from flare2.runtime.manager.agent_desk import AgentDesk, learner_rendezvous
+from flare2.runtime.manager.agent_desk import AgentDesk
 from flare2.runtime.manager.compute_side import ComputeProcess
 from flare2.runtime.manager.progress import compute_report_interval_s
 from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
@@ -227,7 +227,7 @@ class ParallelSchedule:
     def _compute_settings(self, resume_dir: str | None) -> ComputeSettings:
         """The settings of a compute process that loads its CTs from ``resume_dir`` (None: fresh weights)."""
         config = self.config
-        restarted = self.compute.restarted
+        seats = self.desk.learner_seats
         return ComputeSettings(
             control_endpoint=self.control_endpoint,
             cts=config.cts,
@@ -241,10 +241,9 @@ class ParallelSchedule:
             torch_threads=config.torch_threads,
             predict_threads=config.predict_threads,
             learner=config.learner,
-            learners=config.learners,
-            remote_learners=config.remote_learners,
-            # Where a dead compute process's learners met may not be free yet: the next ones meet elsewhere.
-            learner_rendezvous=learner_rendezvous(config) if restarted else self.desk.learner_rendezvous,
+            learners=seats.learners,
+            remote_learners=seats.remote,
+            learner_rendezvous=seats.rendezvous,
             startup_timeout_s=config.startup_timeout_s,
             busy_wait_us=config.busy_wait_us,
             local_agents=config.agents.num_agents,
@@ -270,10 +269,20 @@ class ParallelSchedule:
     def _restart_compute_if_dead(self, control: zmq.Socket) -> None:
         if (how := self.compute.died()) is not None:
             self._drain(control)  # a failure it reported on its way out ends the run instead
+            self.desk.learner_seats.new_group(lost_elsewhere=self.compute.lost_elsewhere)
             self.compute.restart(how)
             self.desk.compute_restarts(control)
 
+    def _regroup_learners_if_asked(self, control: zmq.Socket) -> None:
+        """A flare2 learn waits for ranks only a new group has: the compute process stops with its checkpoints, and
+        the next one forms that group."""
+        compute = self.compute
+        if self.desk.learner_seats.wants_to_grow and self.desk.served is not None and not compute.regrouping:
+            if not compute.leaving and compute.died() is None:
+                compute.regroup(control, self.totals.counters())
+
     def _supervise(self, control: zmq.Socket) -> None:
+        self._regroup_learners_if_asked(control)
         self._restart_compute_if_dead(control)
         now = time.monotonic()
         for slot in self.supervisor.restart_due(now):

@@ -44,15 +44,19 @@ def train_with_a_remote_learner(log_dir: Path, *options: str, prefix: tuple[str,
     )
 
 
-def run_on_host_a_with_keys(hosts: Hosts, tmp_path: Path, port: int) -> tuple[RunProcess, Path]:
-    """A run of 6000 steps on network-namespace host A, waiting for a learner from another host; and its keys."""
+def run_on_host_a_with_keys(
+    hosts: Hosts, tmp_path: Path, port: int, *options: str, steps: int = 6000
+) -> tuple[RunProcess, Path]:
+    """A run of ``steps`` env steps on network-namespace host A, waiting for a learner from another host; and its
+    keys."""
     keys = tmp_path / "keys"
     subprocess.run([*FLARE2, "keys", str(keys)], check=True, capture_output=True, timeout=60)
     address = hosts.address[hosts.a]
     manager = train_with_a_remote_learner(
         tmp_path / "run",
         "--max-steps",
-        "6000",
+        str(steps),
+        *options,
         "--bind",
         address,
         "--port",

@@ -12,6 +12,7 @@ command typed on B or C.
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -164,6 +165,41 @@ def test_a_learner_on_another_host_joins_the_runs_learners_over_the_link(tmp_pat
         assert manager.wait(timeout_s=180) == exit_codes.OK
         assert learner.wait(timeout_s=30) == exit_codes.OK, learner.text
         assert read_csv(tmp_path / "run" / "progress.csv")[-1]["learn_steps"] > 0
+    finally:
+        for run in [manager, learner]:
+            if run is not None:
+                run.stop()
+
+
+@pytest.mark.slow
+def test_a_learner_whose_link_is_down_for_a_minute_is_left_behind_and_taken_back_when_it_returns(tmp_path, hosts):
+    # The group's collective timeout is --startup-timeout: 20 s takes a 60 s outage for a lost learner.
+    manager, keys = run_on_host_a_with_keys(hosts, tmp_path, PORT, "--startup-timeout", "20", steps=10**7)
+    address = hosts.address[hosts.a]
+    learner = None
+    try:
+        learner = RunProcess.command(
+            hosts.run_in(hosts.b, sys.executable, "-m", "flare2.cli", "learn", f"tcp://{address}:{PORT}")
+            + ["--keys", str(keys)]
+        )
+        learner.wait_for_line(r"learner 1 joined the run's learners", timeout_s=120)
+        hosts.cut(up=False)
+        cut_at = time.monotonic()
+        manager.wait_for_line(r"the compute process lost a learner", timeout_s=60)
+        manager.wait_for_line(r"learn\(\) in a learner process", timeout_s=60)
+        learned_before = read_csv(tmp_path / "run" / "progress.csv")[-1]["learn_steps"]
+        learner.wait_for_line(r"asking for ranks in its next group", timeout_s=60)
+        time.sleep(max(0.0, 60 - (time.monotonic() - cut_at)))  # the outage itself, not a synchronisation
+        hosts.cut(up=True)
+        manager.wait_for_line(r"the compute process stopped for a new group of learners", timeout_s=60)
+        learner.wait_for_line(r"learner 1 joined the run's learners", timeout_s=120)
+        manager.wait_for_line(r"flare2.progress INFO", timeout_s=60)
+        # The run learned on without it, and goes on with it.
+        rows = read_csv(tmp_path / "run" / "progress.csv")
+        assert rows[-1]["learn_steps"] > learned_before and rows[-1]["compute_restarts"] == 2
+        manager.process.send_signal(signal.SIGINT)
+        assert manager.wait(timeout_s=120) == exit_codes.SIGINT
+        assert learner.wait(timeout_s=30) == exit_codes.OK, learner.text
     finally:
         for run in [manager, learner]:
             if run is not None:

@@ -178,6 +178,8 @@ def test_a_compute_process_killed_with_sigkill_is_restarted_from_the_last_checkp
     # The agents played on with the new compute process, which learned on from the checkpoint.
     after = [row for row in rows if row["compute_restarts"] == 1]
     assert after[-1]["env_steps"] > after[0]["env_steps"] and after[-1]["learn_steps"] > 0
+    # What was learned after the last checkpoint died with the process: those steps were played, never learned from.
+    assert 0 < after[-1]["learned_rows"] < after[-1]["env_steps"]
     assert "compute process saved its checkpoints" in run.text
     # The Unix sockets of both compute processes went with the run.
     assert not any(directory.exists() for directory in socket_dirs)
@@ -366,6 +368,7 @@ def test_a_resumed_run_continues_the_counters_and_the_learning(tmp_path, runs):
     assert second_rows[0]["env_steps"] >= first_rows[-1]["env_steps"]
     assert second_rows[0]["episodes"] >= first_rows[-1]["episodes"]
     assert second_rows[0]["learn_steps"] >= first_rows[-1]["learn_steps"]
+    assert second_rows[0]["learned_rows"] >= first_rows[-1]["learned_rows"] > 0
     assert second_rows[-1]["env_steps"] >= 40000
     # Both runs recorded their settings; the resumed one logged what it changed.
     assert json.loads((second_dir / "config.json").read_text())["run"]["max_steps"] == 40000

@@ -136,6 +136,7 @@ class CDPStats:
     predict_batches: int = 0
     learn_requests: int = 0
     learn_calls: int = 0
+    learned_rows: int = 0
     rejected: int = 0
     closed_connections: int = 0
     """Connections of agents on other machines that ZeroMQ closed: the peer left, or sent a message over the limit."""
@@ -160,6 +161,7 @@ class CDPStats:
             "predict_batches": self.predict_batches,
             "learn_requests": self.learn_requests,
             "learn_calls": self.learn_calls,
+            "learned_rows": self.learned_rows,
             "rejected": self.rejected,
             "closed_connections": self.closed_connections,
             "discarded": self.discarded,
@@ -210,7 +212,7 @@ class ComputationDataProcessor:
         self.reply = reply
         self._live: frozenset[str] = frozenset()
         self._evaluating: set[str] = set()
-        self.stats = CDPStats(learn_calls=ct.learn_calls)
+        self.stats = CDPStats(learn_calls=ct.learn_calls, learned_rows=ct.learned_rows)
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
         self._views = ViewsReceiver(ct.specs)
@@ -421,8 +423,9 @@ class ComputationDataProcessor:
     def learned(self, batch: LearnBatch, result: Learned) -> None:
         """Reply to the requests of a learned batch and count it."""
         stats = self.stats
-        # The CT's count, which a resumed run continues.
-        stats.learn_calls = self.ct.learn_calls
+        # The CT's counts, which a resumed run continues.
+        self.ct.learned_rows += result.lag_steps
+        stats.learn_calls, stats.learned_rows = self.ct.learn_calls, self.ct.learned_rows
         stats.policy_lag_sum += result.lag_sum
         stats.policy_lag_steps += result.lag_steps
         stats.learn_seconds += result.seconds

@@ -258,7 +258,8 @@ class _Requests:
 def _save(cts: list[ComputationTask], request: dict[str, Any]) -> None:
     for ct in cts:
         if ct.name in request["paths"]:
-            ct.predict_calls = request["predict_calls"][ct.name]
+            own = request["own_counters"][ct.name]
+            ct.predict_calls, ct.learned_rows = own["predict_calls"], own["learned_rows"]
             ct.statistics = {
                 key: RunningMoments.from_wire(moments, statistics_shape(ct.specs, key), f"statistics of {key!r}")
                 for key, moments in request["statistics"][ct.name].items()

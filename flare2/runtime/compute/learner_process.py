@@ -172,14 +172,14 @@ class LearnerProcess:
     def save(self, targets: list[tuple[ComputationTask, str]], counters: dict[str, Any]) -> None:
         """Checkpoint each CT to its file: the first learner holds the optimizers and the counters learn() keeps."""
         paths = {ct.name: path for ct, path in targets}
-        predict_calls = {ct.name: ct.predict_calls for ct in self._cts}
+        own_counters = {ct.name: ct.own_counters() for ct in self._cts}
         # The agents' observation statistics are merged in the compute process, which serves their trades.
         statistics = {ct.name: {key: m.to_wire() for key, m in ct.statistics_copy().items()} for ct in self._cts}
         request = {
             "kind": "save",
             "paths": paths,
             "counters": counters,
-            "predict_calls": predict_calls,
+            "own_counters": own_counters,
             "statistics": statistics,
         }
         self._send(encode(request))

@@ -44,6 +44,7 @@ PROGRESS_COLUMNS = (
     "predict_rtt_p99_ms",
     "closed_connections",
     "compute_restarts",
+    "learned_rows",
 )
 CT_COLUMNS = (
     "wall_time",
@@ -229,6 +230,7 @@ class ProgressLog:
             "predict_rtt_p99_ms": round(totals.round_trips.quantile(0.99), 3),
             "closed_connections": totals.closed_connections + int(totals.ct_total("closed_connections")),
             "compute_restarts": totals.compute_restarts,
+            "learned_rows": int(totals.ct_total("learned_rows")),
         }
         totals.max_predict_wait_ms = 0.0
         totals.round_trips.take()

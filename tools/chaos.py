@@ -1,27 +1,38 @@
-"""A chaos soak: a ``flare2 train`` run whose own processes are killed at random while it learns.
+"""A chaos soak: a ``flare2 train`` run whose processes are killed, and whose links are cut, at random while it learns.
 
-    python tools/chaos.py --max-steps 300000 --fault-every 4 [--seed 0] [--learners 2] [--no-undisturbed]
+    python tools/chaos.py --max-steps 300000 --fault-every 4 [--seed 0] [--learners 2] [--hosts] [--no-undisturbed]
 
-One run on this machine (CartPole-v1 PPO, 4 agent processes, ``--learners`` learner processes, a checkpoint every
+One run (CartPole-v1 PPO, 4 agent processes, ``--learners`` learner processes, a checkpoint every
 ``--checkpoint-every``) is given faults at random intervals (exponential, ``--fault-every`` seconds on average,
 seeded by ``--seed``), each of a kind drawn in turn from a shuffled deck so that every kind comes as often:
 
-- ``agent``: kill -9 of one agent process (the manager restarts it);
+- ``agent``: kill -9 of one agent process (its supervisor, the manager or ``flare2 attach``, starts another);
 - ``compute``: kill -9 of the compute process (the manager starts a new one from the last checkpoint);
 - ``learner``: kill -9 of one learner process (the compute process is restarted with a new group).
 
-Then the same run, same seed and budget, without faults (``--no-undisturbed`` leaves it out). Reported as a
-Markdown table: the faults injected by kind, the restarts the run counted (agents, compute process), its exit
-code, env steps and final mean return against the undisturbed run's, the peak RSS of its process tree and that of
-its last third against its middle third (a leak grows it), and the processes of its tree left running after it
-exited (killed then, and named). Exits 1 when the run failed or left a process behind.
+With ``--hosts`` (root: hosts made of network namespaces, ``tools/hosts.py``) the run is on host A with 2 agents
+and ``--learners 2 --remote-learners 1``; host B runs ``flare2 attach`` (2 agents) and ``flare2 learn`` (the
+remote learner), host C ``flare2 attach`` (2 agents). Two more kinds of fault come then:
 
-Two machines, ``flare2 attach`` and links taken down are not part of this soak yet.
+- ``attach``: kill -9 of one ``flare2 attach`` (its agents go with it; the soak starts it again, as a node's
+  supervisor would, and its new agents join);
+- ``link``: B's or C's link down for 5-40 s (the agents there are dropped and rejoin; B's learner is left behind
+  and taken back).
+
+Then the same run, same seed and budget, without faults (``--no-undisturbed`` leaves it out). Reported as a
+Markdown table: the faults injected by kind, the restarts the run counted (agents, compute process) and the remote
+agents that rejoined, its exit code, env steps played and how many were never learned from (``env_steps`` less
+``learned_rows``: the unsent tails of fragments, what was learned after the last checkpoint before a compute restart,
+what died with an agent), its final mean return against the undisturbed run's, the peak RSS of all its processes
+and that of its last 10 minutes against the 10 before (last third against middle third in a shorter run: a leak grows
+it), and the processes left running after it exited (killed then, and named). Exits 1 when the run failed or left a
+process behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import random
@@ -31,25 +42,43 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 
-from proctree import rss_bytes, tree_pids  # noqa: E402 - a sibling module of this tool
+from hosts import Hosts, three_hosts  # noqa: E402 - sibling modules of this tool
+from proctree import rss_bytes, tree_pids  # noqa: E402
 
-KINDS = ("agent", "compute", "learner")
+KINDS = ("agent", "compute", "learner", "attach", "link")
 _SAMPLE_S = 1.0
+_PORT = 47390
+_OUTAGE_S = (5.0, 40.0)
+_REJOIN_FOR_S = 45.0
+"""``--rejoin-for`` of the attach and learn commands: longer than any outage, so that only the end of the run ends
+them, and a run that ended meanwhile lets them go within a minute."""
+_GROUP_TIMEOUT_S = 20
+"""The run's ``--startup-timeout``: a learner whose link is down is taken for lost once the group waits this long."""
+_HELPERS_END_S = _REJOIN_FOR_S + 3 * _GROUP_TIMEOUT_S + 15
+"""How long helpers may take to end after the run: a learner joining a group whose first learner is gone waits out
+torch's store (up to twice the group's timeout), then its flare2 learn waits out ``--rejoin-for``."""
+_FLARE2 = [sys.executable, "-m", "flare2.cli"]
 
 
-def train_command(args: argparse.Namespace, log_dir: Path) -> list[str]:
-    command = [sys.executable, "-m", "flare2.cli", "train", "--env", "CartPole-v1", "--algo", "ppo"]
-    command += ["--num-agents", "4", "--envs-per-agent", "2", "--max-steps", str(args.max_steps)]
+def train_command(args: argparse.Namespace, log_dir: Path, hosts: Hosts | None) -> list[str]:
+    agents = "2" if hosts else "4"
+    command = [*_FLARE2, "train", "--env", "CartPole-v1", "--algo", "ppo"]
+    command += ["--num-agents", agents, "--envs-per-agent", "2", "--max-steps", str(args.max_steps)]
     command += ["--seed", str(args.seed), "--log-dir", str(log_dir), "--checkpoint-every", args.checkpoint_every]
     command += ["--max-restarts", "100000", "--progress-interval", "2"]
     if args.learners > 1:
         command += ["--learners", str(args.learners), "--learner", "process"]
-    return command
+    if hosts is None:
+        return command
+    command += ["--remote-learners", "1", "--startup-timeout", str(_GROUP_TIMEOUT_S), "--heartbeat-timeout", "5"]
+    return hosts.run_in(hosts.a, *command, "--bind", hosts.address[hosts.a], "--port", str(_PORT), "--keys", args.keys)
 
 
 def _cmdline(pid: int) -> bytes:
@@ -67,75 +96,193 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in text.split()]
 
 
-def victims(manager: int) -> dict[str, list[int]]:
-    """The run's processes a fault may kill, by kind."""
-    children = _children(manager)
-    compute = [pid for pid in children if b"spawn_main" in _cmdline(pid)]
-    agents = [pid for pid in children if b"agent_process" in _cmdline(pid)]
-    learners = [pid for pid in (_children(compute[0]) if compute else []) if b"spawn_main" in _cmdline(pid)]
-    return {"agent": agents, "compute": compute, "learner": learners}
+class Cluster:
+    """The soak's processes: the run, and with hosts the ``flare2 attach`` of B and C and the ``flare2 learn`` of B,
+    each in a session of its own (what outlives them is found by it, ``proctree.tree_pids``, never a stranger)."""
+
+    def __init__(self, args: argparse.Namespace, log_dir: Path, hosts: Hosts | None) -> None:
+        self.args, self.log_dir, self.hosts = args, log_dir, hosts
+        self.logs = log_dir.parent / f"{log_dir.name}-logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.run = self._start("train", train_command(args, log_dir, hosts))
+        self.helpers: dict[str, subprocess.Popen] = {}
+        self.helper_starts: Counter[str] = Counter()
+        self.down_until: dict[str, float] = {}
+        """Hosts whose link is down, and when it comes up."""
+        if hosts is not None:
+            endpoint = f"tcp://{hosts.address[hosts.a]}:{_PORT}"
+            rejoin = ["--keys", args.keys, "--rejoin-for", str(_REJOIN_FOR_S)]
+            self._commands = {
+                "attach-b": hosts.run_in(hosts.b, *_FLARE2, "attach", endpoint, "--num-agents", "2", *rejoin),
+                "attach-c": hosts.run_in(hosts.c, *_FLARE2, "attach", endpoint, "--num-agents", "2", *rejoin),
+                "learn-b": hosts.run_in(hosts.b, *_FLARE2, "learn", endpoint, *rejoin),
+            }
+            for name in self._commands:
+                self.start_helper(name)
+
+    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
+        with (self.logs / f"{name}.log").open("ab") as log:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_helper(self, name: str) -> None:
+        self.helpers[name] = self._start(name, self._commands[name])
+        self.helper_starts[name] += 1
+
+    def restart_ended_helpers(self) -> None:
+        """An attach or learn that ended while the run goes on (killed, or it gave up on an unreachable run) is
+        started again; one the run stopped (exit 0) is not."""
+        for name, process in self.helpers.items():
+            if process.poll() not in (None, 0):
+                self.start_helper(name)
+
+    def roots(self) -> list[int]:
+        return [self.run.pid, *(process.pid for process in self.helpers.values())]
+
+    def victims(self) -> dict[str, list[Any]]:
+        """What a fault of each kind may hit."""
+        children = _children(self.run.pid)
+        compute = [pid for pid in children if b"spawn_main" in _cmdline(pid)]
+        agents = [pid for pid in children if b"agent_process" in _cmdline(pid)]
+        learners = [pid for pid in (_children(compute[0]) if compute else []) if b"spawn_main" in _cmdline(pid)]
+        attaches = [process.pid for name, process in self.helpers.items() if name.startswith("attach")]
+        for pid in attaches:
+            agents += [child for child in _children(pid) if b"agent_process" in _cmdline(child)]
+        if "learn-b" in self.helpers:
+            learners += [pid for pid in _children(self.helpers["learn-b"].pid) if b"spawn_main" in _cmdline(pid)]
+        hosts = self.hosts
+        links = [host for host in (hosts.b, hosts.c) if host not in self.down_until] if hosts else []
+        return {"agent": agents, "compute": compute, "learner": learners, "attach": attaches, "link": links}
+
+    def hit(self, kind: str, victim: Any, rng: random.Random) -> None:
+        if kind != "link":
+            os.kill(victim, signal.SIGKILL)
+            return
+        assert self.hosts is not None
+        self.hosts.cut_link(victim, up=False)
+        self.down_until[victim] = time.monotonic() + rng.uniform(*_OUTAGE_S)
+
+    def restore_links(self, now: float) -> None:
+        for host, until in list(self.down_until.items()):
+            if now >= until:
+                assert self.hosts is not None
+                self.hosts.cut_link(host, up=True)
+                del self.down_until[host]
+
+    def finish(self) -> tuple[list[int], dict[str, int | None]]:
+        """After the run ended: its helpers get ``_HELPERS_END_S`` to end on their own (the run's stop, or their
+        rejoin limit); what is left then is killed and returned, with each helper's exit code."""
+        self.restore_links(float("inf"))
+        deadline = time.monotonic() + _HELPERS_END_S
+        while any(process.poll() is None for process in self.helpers.values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.0)  # what exits with the run has a moment to go
+        left = sorted(pid for root in self.roots() for pid in tree_pids(root) if pid != self.run.pid)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return left, {name: process.poll() for name, process in self.helpers.items()}
 
 
-def soak(args: argparse.Namespace, log_dir: Path, *, faults: bool) -> dict:
+def soak(args: argparse.Namespace, log_dir: Path, hosts: Hosts | None, *, faults: bool) -> dict:
     """Run ``flare2 train`` to its budget, killing its processes at random when ``faults``; what it did."""
     rng = random.Random(args.seed)
-    kinds = [kind for kind in KINDS if kind != "learner" or args.learners > 1]
+    kinds = [kind for kind in KINDS if (kind != "learner" or args.learners > 1) and (hosts or kind in KINDS[:3])]
     deck: list[str] = []
     injected: Counter[str] = Counter()
     samples: list[tuple[float, int]] = []
     started = time.monotonic()
     log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir.parent / f"{log_dir.name}.log").open("wb") as log:
-        # A session of its own: what outlives the run is found by it (``proctree.tree_pids``), never a stranger.
-        process = subprocess.Popen(
-            train_command(args, log_dir), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    cluster = Cluster(args, log_dir, hosts)
     next_fault = started + rng.expovariate(1 / args.fault_every)
     try:
-        while process.poll() is None:
+        while cluster.run.poll() is None:
             time.sleep(_SAMPLE_S / 4)
             now = time.monotonic()
-            pids = tree_pids(process.pid)
             if not samples or now - started - samples[-1][0] >= _SAMPLE_S:
+                pids = {pid for root in cluster.roots() for pid in tree_pids(root)}
                 samples.append((now - started, sum(rss_bytes(pid) for pid in pids)))
+            cluster.restore_links(now)
+            cluster.restart_ended_helpers()
             if faults and now >= next_fault:
                 next_fault = now + rng.expovariate(1 / args.fault_every)
                 if not deck:
                     deck = rng.sample(kinds, len(kinds))
-                kind = deck.pop()
-                found = victims(process.pid)[kind]
-                if found:
-                    os.kill(rng.choice(found), signal.SIGKILL)
+                if found := cluster.victims()[deck[-1]]:
+                    kind = deck.pop()
+                    cluster.hit(kind, rng.choice(found), rng)
                     injected[kind] += 1
+                else:
+                    next_fault = now + _SAMPLE_S  # nothing of that kind runs now (it restarts): soon again
             if now - started > args.timeout:
-                process.kill()
+                cluster.run.kill()
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-    time.sleep(1.0)  # what exits with the run has a moment to go
-    left = sorted(tree_pids(process.pid) - {process.pid})
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+        if cluster.run.poll() is None:
+            cluster.run.kill()
+        cluster.run.wait()
+    left, helpers = cluster.finish()
     progress = log_dir / "progress.csv"
     rows = list(csv.DictReader(progress.open())) if progress.is_file() else []
     return {
-        "exit": process.returncode,
+        "exit": cluster.run.returncode,
         "seconds": time.monotonic() - started,
         "faults": injected,
+        "kinds": kinds,
         "last": rows[-1] if rows else {},
         "samples": samples,
         "left": left,
+        "helpers": helpers,
+        "helper_starts": cluster.helper_starts,
     }
 
 
-def _rss_drift(samples: list[tuple[float, int]]) -> tuple[float, float]:
-    """Peak RSS (MB) of the run, and the mean of its last third over the mean of its middle third."""
+def _rss_drift(samples: list[tuple[float, int]]) -> tuple[float, float, str]:
+    """Peak RSS (MB) of the run, the mean of its last 10 minutes over the 10 before (of its last third over its
+    middle third when it is shorter than 20 minutes), and which of the two that is."""
     values = [rss for _, rss in samples] or [0]
-    third = max(1, len(values) // 3)
-    middle, last = values[third : 2 * third] or values, values[-third:]
-    ratio = (sum(last) / len(last)) / max(1.0, sum(middle) / len(middle))
-    return max(values) / 1e6, ratio
+    window = int(600 / _SAMPLE_S)
+    if len(values) >= 2 * window:
+        before, last, what = values[-2 * window : -window], values[-window:], "last 10 min / 10 min before"
+    else:
+        third = max(1, len(values) // 3)
+        before, last, what = values[third : 2 * third] or values, values[-third:], "last third / middle third"
+    ratio = (sum(last) / len(last)) / max(1.0, sum(before) / len(before))
+    return max(values) / 1e6, ratio, what
+
+
+def report(args: argparse.Namespace, chaos: dict, calm: dict | None, root: Path) -> None:
+    peak, drift, what = _rss_drift(chaos["samples"])
+    last, faults = chaos["last"], chaos["faults"]
+    where = "hosts A, B, C" if args.hosts else "this machine"
+    print(f"| chaos soak, seed {args.seed}, {where} | |\n|---|---|")
+    print(f"| faults injected | {sum(faults.values())} ({', '.join(f'{k} {faults[k]}' for k in chaos['kinds'])}) |")
+    restarts = f"agents {last.get('restarts')}, compute process {last.get('compute_restarts')}"
+    if args.hosts:
+        restarts += f", remote agents rejoined {last.get('remote_rejoins')}, dropped {last.get('remote_dropped')}"
+        restarts += ", helpers started " + ", ".join(f"{k} {v}" for k, v in sorted(chaos["helper_starts"].items()))
+    print(f"| restarts counted | {restarts} |")
+    print(f"| exit code, minutes | {chaos['exit']}, {chaos['seconds'] / 60:.1f} |")
+    steps, learned = int(last.get("env_steps") or 0), int(last.get("learned_rows") or 0)
+    print(
+        f"| env steps, of them never learned from | {steps}, {steps - learned} ({(steps - learned) / max(1, steps):.1%}) |"
+    )
+    calm_return = calm["last"].get("return_mean") if calm else "not run"
+    print(f"| final return_mean (undisturbed) | {last.get('return_mean')} ({calm_return}) |")
+    print(f"| peak RSS of all its processes, {what} | {peak:.0f} MB, {drift:.3f} |")
+    print(f"| processes left behind | {len(chaos['left'])} {chaos['left'] or ''} |")
+    if chaos["helpers"]:
+        print(f"| attach and learn exit codes | {', '.join(f'{k} {v}' for k, v in sorted(chaos['helpers'].items()))} |")
+    print(f"logs: {root}")
+
+
+@contextlib.contextmanager
+def _maybe_hosts(args: argparse.Namespace, root: Path) -> Iterator[Hosts | None]:
+    if not args.hosts:
+        yield None
+        return
+    args.keys = str(root / "keys")
+    subprocess.run([*_FLARE2, "keys", args.keys], check=True, capture_output=True, timeout=60)
+    with three_hosts(subnet=97) as hosts:
+        yield hosts
 
 
 def main() -> int:
@@ -145,27 +292,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learners", type=int, default=2)
     parser.add_argument("--checkpoint-every", default="5s")
+    parser.add_argument("--hosts", action="store_true", help="hosts A, B and C of network namespaces (root)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a run may take before it is killed")
     parser.add_argument("--undisturbed", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--log-dir", type=Path, help="where the runs write (default: a temporary folder)")
     args = parser.parse_args()
+    if args.hosts and args.learners != 2:
+        parser.error("--hosts runs one learner here and one on host B: leave --learners at 2")
     root = args.log_dir or Path(tempfile.mkdtemp(prefix="flare2-chaos-"))
-    chaos = soak(args, root / "chaos", faults=True)
-    calm = soak(args, root / "undisturbed", faults=False) if args.undisturbed else None
-    peak, drift = _rss_drift(chaos["samples"])
-    last = chaos["last"]
-    faults = chaos["faults"]
-    print(f"| chaos soak, seed {args.seed} | |\n|---|---|")
-    print(f"| faults injected | {sum(faults.values())} ({', '.join(f'{k} {faults[k]}' for k in KINDS)}) |")
-    print(f"| restarts counted | agents {last.get('restarts')}, compute process {last.get('compute_restarts')} |")
-    print(f"| exit code, minutes | {chaos['exit']}, {chaos['seconds'] / 60:.1f} |")
-    print(f"| env steps | {last.get('env_steps')} |")
-    calm_return = calm["last"].get("return_mean") if calm else "not run"
-    print(f"| final return_mean (undisturbed) | {last.get('return_mean')} ({calm_return}) |")
-    print(f"| peak RSS of the tree, last third / middle third | {peak:.0f} MB, {drift:.3f} |")
-    print(f"| processes left behind | {len(chaos['left'])} {chaos['left'] or ''} |")
-    print(f"logs: {root}")
-    return 0 if chaos["exit"] == 0 and not chaos["left"] and (calm is None or calm["exit"] == 0) else 1
+    with _maybe_hosts(args, root) as hosts:
+        chaos = soak(args, root / "chaos", hosts, faults=True)
+        calm = soak(args, root / "undisturbed", hosts, faults=False) if args.undisturbed else None
+    report(args, chaos, calm, root)
+    failed = chaos["exit"] != 0 or chaos["left"] or (calm is not None and calm["exit"] != 0)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,31 +1,50 @@
 """The chaos soak (``tools/chaos.py``) with a short budget: a run whose agents, compute process and learners are
-killed at random every couple of seconds reaches its budget and leaves no process behind (minutes: marked slow)."""
+killed at random every couple of seconds (and, across hosts made of network namespaces, whose attach processes are
+killed and links cut) reaches its budget and leaves no process behind (minutes: marked slow)."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from netns import needs_root
 from tool_modules import TOOLS
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_run_killed_at_random_everywhere_reaches_its_budget_and_leaves_nothing_running(tmp_path):
-    soak = subprocess.run(
-        [sys.executable, str(TOOLS / "chaos.py"), "--max-steps", "20000", "--fault-every", "2"]
-        + ["--no-undisturbed", "--log-dir", str(tmp_path)],
+def soak(tmp_path: Path, *options: str) -> tuple[str, dict[str, int]]:
+    """The report of ``tools/chaos.py OPTIONS`` (which must pass), and the faults it injected by kind."""
+    run = subprocess.run(
+        [sys.executable, str(TOOLS / "chaos.py"), *options, "--no-undisturbed", "--log-dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
-    report = soak.stdout
-    assert soak.returncode == 0, report + (tmp_path / "chaos.log").read_text()[-4000:]
-    faults = {kind: int(count) for kind, count in re.findall(r"(agent|compute|learner) (\d+)", report)}
+    report = run.stdout
+    assert run.returncode == 0, report + run.stderr + (tmp_path / "chaos-logs" / "train.log").read_text()[-4000:]
+    assert "| processes left behind | 0" in report
+    faults = {kind: int(count) for kind, count in re.findall(r"(agent|compute|learner|attach|link) (\d+)", report)}
+    return report, faults
+
+
+def test_a_run_killed_at_random_everywhere_reaches_its_budget_and_leaves_nothing_running(tmp_path):
+    report, faults = soak(tmp_path, "--max-steps", "20000", "--fault-every", "2")
     assert sum(faults.values()) >= 15 and min(faults.values()) >= 3, report
     restarts = re.search(r"agents (\d+), compute process (\d+)", report)
     assert restarts is not None and int(restarts[2]) >= faults["compute"], report
-    assert "| processes left behind | 0" in report
-    assert int(re.search(r"\| env steps \| (\d+)", report)[1]) >= 20000
+    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 20000
+
+
+@needs_root
+def test_a_run_across_three_hosts_takes_a_hundred_faults_of_every_kind_and_leaves_nothing_running(tmp_path):
+    # About three minutes of faults: agents here and attached, attach processes, both learners (one on host B),
+    # the compute process, and the links of B and C cut for 5-40 s.
+    report, faults = soak(tmp_path, "--hosts", "--max-steps", "30000", "--fault-every", "1.5")
+    assert sum(faults.values()) >= 100 and len(faults) == 5 and min(faults.values()) >= 10, report
+    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 30000
+    rejoined = re.search(r"remote agents rejoined (\d+)", report)
+    assert rejoined is not None and int(rejoined[1]) > 0, report

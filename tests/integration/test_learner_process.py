@@ -141,7 +141,8 @@ def test_the_learner_process_writes_the_checkpoint_with_its_own_state(served, tm
     state = torch.load(path, weights_only=True)
     assert state["algorithm"]["learned_in_pid"] not in (0, os.getpid())
     assert state["algorithm"]["model"]["scale"].item() == 3.0
-    assert state["counters"] == {"env_steps": 40, "predict_calls": 1, "learn_calls": 1}
+    # The compute process counts predictions and learned rows (the batch's 6): the learner saves them with its own.
+    assert state["counters"] == {"env_steps": 40, "predict_calls": 1, "learn_calls": 1, "learned_rows": 6}
 
 
 def test_a_killed_learner_process_is_named_as_the_cause(served):

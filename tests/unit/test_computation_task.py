@@ -229,6 +229,7 @@ def test_save_then_load_restores_parameters_optimizer_state_and_counters(tmp_pat
     ct.predict({"obs": np.zeros((3, 4), np.float32)}, {})
     ct.learn(learn_batch(seed=0))
     ct.learn(learn_batch(seed=1))
+    ct.learned_rows = 96  # the compute process's CDP counts them
     path = tmp_path / "checkpoints" / "RL.pt"
     ct.save(path, counters={"env_steps": 1234, "episodes": 7})
 
@@ -236,8 +237,8 @@ def test_save_then_load_restores_parameters_optimizer_state_and_counters(tmp_pat
     assert any(not torch.equal(a, b) for a, b in zip(parameters(ct).values(), parameters(fresh).values()))
     counters = fresh.load(path)
 
-    assert counters == {"env_steps": 1234, "episodes": 7, "predict_calls": 1, "learn_calls": 2}
-    assert (fresh.predict_calls, fresh.learn_calls) == (1, 2)
+    assert counters == {"env_steps": 1234, "episodes": 7, "predict_calls": 1, "learn_calls": 2, "learned_rows": 96}
+    assert (fresh.predict_calls, fresh.learn_calls, fresh.learned_rows) == (1, 2, 96)
     assert_same_state(fresh.algorithm.model.state_dict(), ct.algorithm.model.state_dict(), "model")
     assert_same_state(fresh.algorithm.optimizer.state_dict(), ct.algorithm.optimizer.state_dict(), "optimizer")
 

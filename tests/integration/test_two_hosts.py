@@ -149,16 +149,20 @@ def test_agents_attached_from_two_hosts_ride_out_a_network_outage(tmp_path, host
             run.stop()
 
 
+def learn_on_host_b(hosts: Hosts, keys: Path) -> RunProcess:
+    endpoint = f"tcp://{hosts.address[hosts.a]}:{PORT}"
+    return RunProcess.command(
+        hosts.run_in(hosts.b, sys.executable, "-m", "flare2.cli", "learn", endpoint, "--keys", str(keys))
+    )
+
+
 @pytest.mark.slow  # the same code path as tests/integration/test_remote_learners.py, which runs over loopback
 def test_a_learner_on_another_host_joins_the_runs_learners_over_the_link(tmp_path, hosts):
     manager, keys = run_on_host_a_with_keys(hosts, tmp_path, PORT)
     address = hosts.address[hosts.a]
     learner = None
     try:
-        learner = RunProcess.command(
-            hosts.run_in(hosts.b, sys.executable, "-m", "flare2.cli", "learn", f"tcp://{address}:{PORT}")
-            + ["--keys", str(keys)]
-        )
+        learner = learn_on_host_b(hosts, keys)
         # The learners meet at the run's address, each on the interface that reaches it (not the host name's).
         learner.wait_for_line(rf"its learners meet at tcp://{re.escape(address)}:\d+", timeout_s=60)
         learner.wait_for_line(r"learner 1 joined the run's learners", timeout_s=120)
@@ -175,13 +179,9 @@ def test_a_learner_on_another_host_joins_the_runs_learners_over_the_link(tmp_pat
 def test_a_learner_whose_link_is_down_for_a_minute_is_left_behind_and_taken_back_when_it_returns(tmp_path, hosts):
     # The group's collective timeout is --startup-timeout: 20 s takes a 60 s outage for a lost learner.
     manager, keys = run_on_host_a_with_keys(hosts, tmp_path, PORT, "--startup-timeout", "20", steps=10**7)
-    address = hosts.address[hosts.a]
     learner = None
     try:
-        learner = RunProcess.command(
-            hosts.run_in(hosts.b, sys.executable, "-m", "flare2.cli", "learn", f"tcp://{address}:{PORT}")
-            + ["--keys", str(keys)]
-        )
+        learner = learn_on_host_b(hosts, keys)
         learner.wait_for_line(r"learner 1 joined the run's learners", timeout_s=120)
         hosts.cut(up=False)
         cut_at = time.monotonic()

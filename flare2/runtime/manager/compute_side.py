@@ -66,6 +66,7 @@ class ComputeProcess:
         self.regrouping = False
         """It was asked to stop so that a new one takes a new group of learners."""
         self.deaths = 0
+        """Compute processes that died or lost a learner (a regroup is none): ``max_restarts`` bounds them."""
         self.restarted = False
         """The process now running is a restarted one (its hello continues the run, it does not start it)."""
 

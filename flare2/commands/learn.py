@@ -12,8 +12,9 @@ each builds the CTs, joins the group through torch.distributed's rendezvous,
 takes the first learner's weights (and the checkpoints of a resumed run) and
 then learns its share of every learn batch, as the learners beside the compute
 process do (:mod:`flare2.runtime.compute.learner_process`). Ranks it was given
-but could not use (a CT it cannot build here) stay unfilled: the run then stops
-when its learners do not all join within its startup timeout.
+but could not use (a CT it cannot build here) stay unfilled: the run's first
+learner waits for them up to its startup timeout, then the run goes on with
+the learners beside its compute process.
 
 The learners' group lives as long as the run's compute process. When it
 breaks (a learner elsewhere gone, the link to the run down past the group's

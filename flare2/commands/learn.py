@@ -174,6 +174,10 @@ def learn(config: LearnConfig) -> int:
         except FlareError as exc:
             logger.error("%s", exc)
             return exit_codes.CONFIG_ERROR
+        except KeyboardInterrupt:
+            # Between groups (a rejoin may wait long for a link): no learner runs here to stop.
+            logger.info("interrupted while asking the run for learner ranks")
+            return exit_codes.SIGINT
         run_id = str(reply.get("run_id"))
         code = _run_learners(plan, config.endpoint)
         if code not in (exit_codes.COMPUTE_RESTARTS, exit_codes.LEARNERS_PARTED):

@@ -63,8 +63,6 @@ class AgentDesk:
         self.totals = totals
         self.drop = drop
         self.served: dict[str, Any] | None = None
-        self.compute_generation = 0
-        """How many compute processes the run has started in place of one that died."""
         self.pending_hellos: list[Message] = []
         self.stopping = False
         self.run_id = secrets.token_hex(8)
@@ -93,14 +91,13 @@ class AgentDesk:
         told to leave (its supervisor, the manager or ``flare2 attach``, starts a new one in its place), and hellos
         wait for the new one to serve."""
         self.served = None
-        self.compute_generation += 1
         for agent in self.agents.live():
             router_send(control, agent.agent_id.encode(), Message(STOP, {"compute_gone": True, "rejoin": True}))
 
     def welcomed_by_a_dead_compute_process(self, agent: AgentRecord) -> bool:
         """Whether the endpoints ``agent`` was welcomed with are those of a compute process that has died since: its
         failure to reach them is no error of its own, and a new agent rejoins in its place."""
-        return 0 <= agent.welcomed_by != self.compute_generation
+        return 0 <= agent.welcomed_by != self.totals.compute_restarts
 
     def stop_all(self, control: zmq.Socket, *, compute_gone: bool = False) -> None:
         """The run is over: agents still waiting for their welcome and attached agents are told to stop (and, with
@@ -242,7 +239,7 @@ class AgentDesk:
             "eval_every": self.config.eval_every,
         }
         agent.registered = True
-        agent.welcomed_by = self.compute_generation
+        agent.welcomed_by = self.totals.compute_restarts
         agent.cts = frozenset(wanted)
         envs = hello.payload.get("envs", 1)
         agent.envs = envs if type(envs) is int and envs >= 0 else 0

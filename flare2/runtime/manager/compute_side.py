@@ -44,6 +44,10 @@ from flare2.wire.sockets import router_send
 
 logger = logging.getLogger(__name__)
 
+_SAVING_STOP_FACTOR = 4
+"""A compute process asked to stop writes its checkpoints first (a big model's take a while): it is given this many
+times ``stop_timeout_s``."""
+
 
 class ComputeProcess:
     """The run's compute process, from the manager's side. ``settings(resume_dir)`` gives the settings of a new one
@@ -65,6 +69,8 @@ class ComputeProcess:
         """The learner it lost was on another machine."""
         self.regrouping = False
         """It was asked to stop so that a new one takes a new group of learners."""
+        self.regroup_deadline = 0.0
+        """When a regrouping one that has not stopped yet is killed (as the run's stop would)."""
         self.deaths = 0
         """Compute processes that died or lost a learner (a regroup is none): ``max_restarts`` bounds them."""
         self.restarted = False
@@ -79,11 +85,17 @@ class ComputeProcess:
 
     def died(self) -> str | None:
         """How the process ended ("was killed by SIGKILL") if it has; None while it runs. One that said it lost a
-        learner is on its way out: it is waited for (and killed if it lingers), so that nothing is welcomed to it."""
+        learner is on its way out: it is waited for (and killed if it lingers), so that nothing is welcomed to it; one
+        asked to stop for a regroup is killed past its stop's timeout."""
         process = self.process
         if process is not None and self.leaving and process.exitcode is None:
             process.join(self.config.stop_timeout_s)
             if process.exitcode is None:
+                process.kill()
+                process.join()
+        if process is not None and self.regrouping and process.exitcode is None:
+            if time.monotonic() > self.regroup_deadline:
+                logger.warning("the compute process did not stop for the new group of learners; killing it")
                 process.kill()
                 process.join()
         return None if process is None or process.exitcode is None else exit_codes.describe(process.exitcode)
@@ -98,6 +110,7 @@ class ComputeProcess:
         it has."""
         router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters, "regroup": True}))
         self.regrouping = True
+        self.regroup_deadline = time.monotonic() + self.config.stop_timeout_s * _SAVING_STOP_FACTOR
 
     def restart(self, how: str) -> None:
         """Start a new process in place of the one that ended (``how``: as ``died()`` says), from the run's last
@@ -107,7 +120,7 @@ class ComputeProcess:
         source = (
             f"the checkpoint in {resume_dir}" if resume_dir else "fresh weights (the run has written no checkpoint)"
         )
-        if self.regrouping and how == exit_codes.describe(exit_codes.OK):
+        if self.regrouping and self.process is not None and self.process.exitcode == exit_codes.OK:
             logger.info("the compute process stopped for a new group of learners; starting a new one from %s", source)
         else:
             self.deaths += 1
@@ -171,8 +184,7 @@ class ComputeProcess:
         wait_s = timeout_s
         if serving:
             router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters}))
-            # Saving a checkpoint of a big model takes a while.
-            wait_s = timeout_s * 4
+            wait_s = timeout_s * _SAVING_STOP_FACTOR
         process.join(wait_s)
         if process.exitcode is None:
             logger.warning("the compute process did not stop; killing it")

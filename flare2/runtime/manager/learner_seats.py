@@ -94,9 +94,13 @@ class LearnerSeats:
         if wanted > left:
             if not (isinstance(learn_id, str) and _LEARN_ID.fullmatch(learn_id)):
                 raise ConfigError("a learner probe must carry the id of its flare2 learn: run the same flare2 version")
-            if learn_id not in self._waiting:
-                logger.info("a flare2 learn asks for %d learner rank(s): the learners' group grows to take it", wanted)
-            self._waiting[learn_id] = wanted
+            others = sum(count for waiting, count in self._waiting.items() if waiting != learn_id)
+            if others + wanted <= room:  # the rest wait for a later group: what is kept stays bounded
+                if learn_id not in self._waiting:
+                    logger.info(
+                        "a flare2 learn asks for %d learner rank(s): the learners' group grows to take it", wanted
+                    )
+                self._waiting[learn_id] = wanted
             return {"starting": True}
         first = self._next_rank
         self._next_rank += wanted

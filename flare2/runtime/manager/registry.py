@@ -33,7 +33,8 @@ class AgentRecord:
     envs: int = 0
     """The environments it plays (from its hello)."""
     welcomed_by: int = -1
-    """The compute process (its ``AgentDesk.compute_generation``) whose endpoints its welcome gave; -1: none yet."""
+    """The compute process (the run's ``compute_restarts`` when it started) whose endpoints its welcome gave; -1: none
+    yet."""
 
     @property
     def live(self) -> bool:

@@ -77,14 +77,22 @@ class UserCodeError(RemoteError):
 class LearnerDiedError(RemoteError):
     """The learner process ended, or could not start, without being asked to. ``lost``: it was there and is gone (a
     kill, its machine, its link), which a new compute process with a new group of learners may mend; otherwise it
-    could not start, which a restart would not. ``elsewhere``: the one lost was on another machine (or never came)."""
+    could not start, which a restart would not. ``elsewhere``: the one lost was on another machine (or never came).
+    ``can_save``: the first learner, which holds the optimizers, is still there to write the checkpoints."""
 
     def __init__(
-        self, message: str, remote_traceback: str = "", *, lost: bool = False, elsewhere: bool = False
+        self,
+        message: str,
+        remote_traceback: str = "",
+        *,
+        lost: bool = False,
+        elsewhere: bool = False,
+        can_save: bool = False,
     ) -> None:
         super().__init__(message, remote_traceback)
         self.lost = lost
         self.elsewhere = elsewhere
+        self.can_save = can_save
 
 
 class LearnersPartedError(FlareError):

@@ -217,6 +217,10 @@ def test_a_learner_killed_with_sigkill_restarts_the_compute_process_with_a_new_g
     assert run.wait(timeout_s=120) == 0, run.text[-3000:]
     rows = read_csv(tmp_path / "progress.csv")
     assert rows[-1]["compute_restarts"] == 1 and rows[-1]["env_steps"] >= 15000
+    # The first learner, where it outlived the group, wrote the checkpoints the next group started from: what was
+    # learned since the last periodic one was kept. Killed itself, it took that with it.
+    saved, restarted = run.text.find("compute process saved its checkpoints"), run.text.find("starting a new one")
+    assert saved != -1 and (saved < restarted) == (rank == 1), run.text[-3000:]
 
 
 def test_a_compute_process_that_dies_past_max_restarts_ends_the_run_saying_so(tmp_path, runs):

@@ -104,6 +104,8 @@ def test_a_learner_of_flare2_learn_trains_with_the_run_resumes_with_it_and_rejoi
         # The learner process is the one multiprocessing child of flare2 learn.
         os.kill(compute_pid(learner.process.pid), signal.SIGKILL)
         manager.wait_for_line(r"the compute process lost a learner", timeout_s=60)
+        # The learner beside the compute process outlived the group: the next one starts from what it had learned.
+        manager.wait_for_line(r"compute process saved its checkpoints", timeout_s=60)
         manager.wait_for_line(r"compute process is up on cpu, CTs \['RL'\], learn\(\) in a learner process", 60)
         learner.wait_for_line(r"a learner here was killed by SIGKILL", timeout_s=30)
         manager.wait_for_line(r"the compute process stopped for a new group of learners; starting a new one from", 60)

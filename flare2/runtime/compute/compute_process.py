@@ -148,6 +148,8 @@ def _report_failure(control: zmq.Socket, exc: Exception) -> None:
     elif isinstance(exc, LearnerDiedError):
         code = (REMOTE_LEARNER_LOST if exc.elsewhere else LEARNER_LOST) if exc.lost else "crash"
         payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code=code)
+        if exc.lost and exc.can_save:
+            payload["saving"] = True  # the manager's stop brings the counters for the checkpoints
     elif isinstance(exc, FlareError):
         payload = error_payload(str(exc), code="config")
     else:
@@ -257,7 +259,8 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
     except Exception as exc:
         # The manager hears of it now, not after the learner process and the sockets are taken down.
         _report_failure(control, exc)
-        if isinstance(exc, UserCodeError) and exc.what == "learn":
+        learn_raised = isinstance(exc, UserCodeError) and exc.what == "learn"
+        if learn_raised or (isinstance(exc, LearnerDiedError) and exc.lost and exc.can_save):
             _checkpoint_at_stop(control, [front.cdp for front in fronts], learner, settings)
         raise _Reported() from exc
     finally:
@@ -270,8 +273,9 @@ def _serve(ctx: zmq.Context, control: zmq.Socket, settings: ComputeSettings) -> 
 def _checkpoint_at_stop(
     control: zmq.Socket, cdps: list[ComputationDataProcessor], learner: Learner, settings: ComputeSettings
 ) -> None:
-    """After a learn() that raised (and left the state it found): the checkpoints, with the run's counters the
-    manager's stop brings, so that the run can be resumed from the state before the failing call."""
+    """After a learn() that raised (and left the state it found), or a lost learner whose group's first learner
+    stayed: the checkpoints, with the run's counters the manager's stop brings, so that the run can be resumed (or
+    the next compute process start) from the state the learners had reached."""
     deadline = time.monotonic() + settings.startup_timeout_s
     while time.monotonic() < deadline:
         if not control.poll(100):
@@ -283,8 +287,8 @@ def _checkpoint_at_stop(
         if message.kind == STOP:
             try:
                 save_checkpoints(cdps, learner, settings.checkpoint_dir, _counters(message))
-            except CheckpointError as exc:
-                logger.error("%s", exc)
+            except (CheckpointError, LearnerDiedError) as exc:
+                logger.error("no checkpoint at this stop: %s", exc)
                 return
             control.send_multipart(pack(Message(BYE, {"checkpoint_dir": settings.checkpoint_dir})))
             return

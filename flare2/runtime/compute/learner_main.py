@@ -105,7 +105,8 @@ def learner_main(
     """Entry point of a learner process (started with the spawn method by the compute process, or by ``flare2
     learn`` on another machine, which gives it no pipe: it logs what it would have said). Exits OK when it stopped
     when asked, COMPUTE_RESTARTS when asked to leave for a new group, LEARNERS_PARTED when its group broke (another
-    learner is gone) and FAILED when its own learn() or build failed."""
+    learner is gone; the first learner stays until it is told to stop, to write the checkpoints the next group
+    starts from) and FAILED when its own learn() or build failed."""
     die_with_parent(settings.parent_pid)
     ignore_interrupts()
     configure_child_logging()
@@ -154,18 +155,12 @@ def _learn_until_stopped(
         try:
             request = requests.next()
         except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
-            say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return exit_codes.LEARNERS_PARTED
+            return _parted(say, cts, pipe if settings.rank == 0 else None)
         kind = request["kind"]
         if kind == "stop":
             return exit_codes.COMPUTE_RESTARTS if request.get("regroup") is True else exit_codes.OK
         if kind == "save":  # only the first learner is asked
-            try:
-                _save(cts, request)
-            except CheckpointError as exc:  # the compute process says it: a periodic one lets the run go on
-                say({"kind": "saved", "error": str(exc)})
-            else:
-                say({"kind": "saved"})
+            _answer_save(say, cts, request)
             continue
         index = request["ct"]
         ct = cts[index]
@@ -180,8 +175,7 @@ def _learn_until_stopped(
         try:
             result = learn_with_lag(ct, experience, share=(settings.rank, settings.learners))
         except LearnersPartedError:
-            say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return exit_codes.LEARNERS_PARTED
+            return _parted(say, cts, pipe if settings.rank == 0 else None)
         except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
             say({"kind": "failed", "traceback": traceback.format_exc()})
             if group is not None:
@@ -201,10 +195,36 @@ def _learn_until_stopped(
         try:
             answers = [answer] if group is None else [decode(data) for data in gather_bytes(encode(answer), group)]
         except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
-            say({"kind": "group_failed", "traceback": traceback.format_exc()})
-            return exit_codes.LEARNERS_PARTED
+            return _parted(say, cts, pipe if settings.rank == 0 else None)
         if settings.rank == 0:
             say({"kind": "learned", "answers": answers})
+
+
+def _answer_save(say: _Voice, cts: list[ComputationTask], request: dict[str, Any]) -> None:
+    try:
+        _save(cts, request)
+    except CheckpointError as exc:  # the compute process says it: a periodic one lets the run go on
+        say({"kind": "saved", "error": str(exc)})
+    else:
+        say({"kind": "saved"})
+
+
+def _parted(say: _Voice, cts: list[ComputationTask], first_pipe: Connection | None) -> int:
+    """The group broke (a collective call failed: another learner is gone; call it in the ``except`` block). Each
+    learner says so; the first one (``first_pipe``: its pipe) stays for the compute process's last requests: its state is whole (a step whose
+    gradients were not averaged was not taken), and the checkpoints it writes now let the next group start where
+    this one stopped instead of at the last periodic checkpoint. Learn batches that were on their way are dropped."""
+    say({"kind": "group_failed", "traceback": traceback.format_exc()})
+    while first_pipe is not None:
+        try:
+            request = decode(first_pipe.recv_bytes(), max_bytes=PIPE_MAX_BYTES)
+        except EOFError:
+            break  # the compute process is gone
+        if request["kind"] == "save":
+            _answer_save(say, cts, request)
+        elif request["kind"] == "stop":
+            break
+    return exit_codes.LEARNERS_PARTED
 
 
 class _Voice:

@@ -131,6 +131,8 @@ class LearnerProcess:
             self._processes.append(process)
         self.wake_socket = self._pipes[0].fileno()
         self._in_flight: LearnBatch | None = None
+        self._parted = False
+        """The group broke: the first learner, where it is still there, only writes checkpoints and stops."""
         self.weight_digests: list[str] = []
         """Each learner's digest of its weights after the last batch (empty strings with one learner)."""
         # Not waited for: predictions are served while they import torch and build the CTs, and the first learn
@@ -184,7 +186,8 @@ class LearnerProcess:
         }
         self._send(encode(request))
         while (answer := self._receive(0))["kind"] != "saved":
-            self._on_answer(answer)
+            if not self._parted:  # once parted, the answers to batches the group dropped say nothing more
+                self._on_answer(answer)
         if "error" in answer:
             raise CheckpointError(str(answer["error"]))
 
@@ -225,7 +228,7 @@ class LearnerProcess:
                     pending.append(decode(self._pipes[rank].recv_bytes(), max_bytes=PIPE_MAX_BYTES))
                 except (EOFError, OSError):
                     raise self._died(rank) from None
-            else:
+            elif not self._parted:
                 self._check_the_others(rank)
         return pending.popleft()
 
@@ -258,7 +261,14 @@ class LearnerProcess:
         process.join(_STOP_TIMEOUT_S)
         code = process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return LearnerDiedError(f"{self._name(rank)} died ({how})", lost=True)
+        return self._lost(f"{self._name(rank)} died ({how})")
+
+    def _lost(self, message: str, remote_traceback: str = "", *, elsewhere: bool = False) -> LearnerDiedError:
+        """A learner is gone, and with it the group: the first learner, if it is still there, leaves the group too
+        and stays to write the checkpoints (``learner_main``)."""
+        self._parted = True
+        alive = self._processes[0].is_alive()
+        return LearnerDiedError(message, remote_traceback, lost=True, elsewhere=elsewhere, can_save=alive)
 
     def _on_status(self, answer: dict[str, Any]) -> None:
         if answer["kind"] == "build_failed":
@@ -298,10 +308,9 @@ class LearnerProcess:
             failed = self._failures(answer) if self._learners > 1 else [(0, answer["traceback"])]
             if not failed:
                 elsewhere = ": a learner on another machine left (its `flare2 learn` says why)" if self._remote else ""
-                raise LearnerDiedError(
+                raise self._lost(
                     f"the {self._name()} lost one another and none here raised{elsewhere}",
                     answer["traceback"],
-                    lost=True,
                     elsewhere=self._remote > 0,
                 )
             # One learner's traceback goes as it is; several are each headed by the learner that raised.

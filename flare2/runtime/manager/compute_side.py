@@ -3,7 +3,9 @@ socket (its stats, checkpoints, bye and failure), stopped last, and started agai
 
 A compute process that dies without a word (killed by a signal, by the kernel's out-of-memory killer, or gone in
 a crash below Python), or that lost one of its learners, is restarted, up to ``max_restarts`` times, from the last
-checkpoint the run wrote (its ``checkpoints/``; without one yet, from what the run started from). One that reports a
+checkpoint the run wrote (its ``checkpoints/``; without one yet, from what the run started from). One that lost a
+learner while its first learner stayed writes that checkpoint first, when the manager's stop brings the counters
+(``waits_to_save``). One that reports a
 failure (an exception in an Algorithm or Model, a bad spec) stops the run: a restart would fail the same way.
 
 One is also stopped and started again on purpose, to give its learners' group room for a ``flare2 learn`` that
@@ -67,6 +69,10 @@ class ComputeProcess:
         """It said it lost a learner, and exits next."""
         self.lost_elsewhere = False
         """The learner it lost was on another machine."""
+        self.waits_to_save = False
+        """It lost a learner and waits for a stop with the run's counters to write its checkpoints before it exits."""
+        self.save_deadline: float | None = None
+        """When one that was asked to save before it exits is killed, if it has not exited by then."""
         self.regrouping = False
         """It was asked to stop so that a new one takes a new group of learners."""
         self.regroup_deadline = 0.0
@@ -89,10 +95,12 @@ class ComputeProcess:
         asked to stop for a regroup is killed past its stop's timeout."""
         process = self.process
         if process is not None and self.leaving and process.exitcode is None:
-            process.join(self.config.stop_timeout_s)
-            if process.exitcode is None:
-                process.kill()
-                process.join()
+            if self.save_deadline is None:
+                process.join(self.config.stop_timeout_s)
+            if self.save_deadline is None or time.monotonic() > self.save_deadline:
+                if process.exitcode is None:
+                    process.kill()
+                    process.join()
         if process is not None and self.regrouping and process.exitcode is None:
             if time.monotonic() > self.regroup_deadline:
                 logger.warning("the compute process did not stop for the new group of learners; killing it")
@@ -111,6 +119,13 @@ class ComputeProcess:
         router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters, "regroup": True}))
         self.regrouping = True
         self.regroup_deadline = time.monotonic() + self.config.stop_timeout_s * _SAVING_STOP_FACTOR
+
+    def stop_to_save(self, control: zmq.Socket, counters: dict[str, Any]) -> None:
+        """One that lost a learner and waits to save (``waits_to_save``): the stop that brings the counters its
+        checkpoints carry; it exits once they are written, and ``restart`` starts the next one from them."""
+        router_send(control, COMPUTE_IDENTITY.encode(), Message(STOP, {"counters": counters}))
+        self.waits_to_save = False
+        self.save_deadline = time.monotonic() + self.config.stop_timeout_s * _SAVING_STOP_FACTOR
 
     def restart(self, how: str) -> None:
         """Start a new process in place of the one that ended (``how``: as ``died()`` says), from the run's last
@@ -141,7 +156,8 @@ class ComputeProcess:
                 most,
             )
         self.failed, self.checkpoint_pending, self.leaving, self.restarted = False, False, False, True
-        self.lost_elsewhere = self.regrouping = False
+        self.lost_elsewhere = self.regrouping = self.waits_to_save = False
+        self.save_deadline = None
         self.start(resume_dir)
 
     def _last_checkpoints(self) -> str | None:
@@ -164,10 +180,12 @@ class ComputeProcess:
         elif message.kind == BYE:
             logger.info("compute process saved its checkpoints to %s", message.payload.get("checkpoint_dir"))
         elif message.kind == ERROR and message.payload.get("code") in (LEARNER_LOST, REMOTE_LEARNER_LOST):
-            # It exits next; a new one, with a new group of learners, starts from the last checkpoint.
+            # It exits next (after its checkpoints, where the learners' state is still there to write); a new one,
+            # with a new group of learners, starts from the last checkpoint.
             logger.error("the compute process lost a learner: %s", error_text(message))
             self.leaving = True
             self.lost_elsewhere = message.payload.get("code") == REMOTE_LEARNER_LOST
+            self.waits_to_save = message.payload.get("saving") is True
         elif message.kind == ERROR:
             self.failed = True
             code = exit_codes.CONFIG_ERROR if message.payload.get("code") == "config" else exit_codes.FAILED

@@ -43,12 +43,7 @@ from flare2.runtime.manager.registry import AgentRecord, AgentRegistry
 from flare2.runtime.manager.schedule import Conductor
 from flare2.runtime.processes import COMPUTE_IDENTITY, stop_resource_tracker
 from flare2.runtime.run_files import write_run_file
-from flare2.runtime.supervisor import (
-    SUPERVISE_INTERVAL_S,
-    AgentLaunch,
-    AgentSlot,
-    AgentSupervisor,
-)
+from flare2.runtime.supervisor import SUPERVISE_INTERVAL_S, AgentLaunch, AgentSlot, AgentSupervisor
 from flare2.wire.protocol import (
     CHECKPOINT,
     ERROR,
@@ -267,6 +262,8 @@ class ParallelSchedule:
         self.agents.put_local(AgentRecord(slot.agent_id, last_seen=time.monotonic(), slot=slot.index))
 
     def _restart_compute_if_dead(self, control: zmq.Socket) -> None:
+        if self.compute.waits_to_save:
+            self.compute.stop_to_save(control, self.totals.counters())
         if (how := self.compute.died()) is not None:
             self._drain(control)  # a failure it reported on its way out ends the run instead
             self.desk.learner_seats.new_group(lost_elsewhere=self.compute.lost_elsewhere)

@@ -143,6 +143,7 @@ class _Reported(Exception):
 
 def _report_failure(control: zmq.Socket, exc: Exception) -> None:
     """Tell the manager why this process fails (call it in the ``except`` block that caught ``exc``)."""
+    payload: dict[str, Any]
     if isinstance(exc, UserCodeError):
         payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code="user_code")
     elif isinstance(exc, LearnerDiedError):

@@ -150,7 +150,7 @@ def _report_failure(control: zmq.Socket, exc: Exception) -> None:
         code = (REMOTE_LEARNER_LOST if exc.elsewhere else LEARNER_LOST) if exc.lost else "crash"
         payload = error_payload(exc.args[0], traceback=exc.remote_traceback, code=code)
         if exc.lost and exc.can_save:
-            payload["saving"] = True  # the manager's stop brings the counters for the checkpoints
+            payload = {**payload, "saving": True}  # the manager's stop brings the counters for the checkpoints
     elif isinstance(exc, FlareError):
         payload = error_payload(str(exc), code="config")
     else:

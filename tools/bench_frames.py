@@ -4,16 +4,19 @@
 
 An agent process of N envs sends each step's frame stacks, ``[N, 4, 84, 84]`` uint8 (Atari's), to the compute
 process, which needs them in an array of its own to batch them. Each way is timed as the agent sees it (send,
-then wait for a small reply), in two real processes, through the functions a run calls on each side: the agent
-port's ``ViewsSender`` and ``Requester`` (a Unix stream), the compute process's ``StreamServer``, ``unpack``
-with the connection's shared-array reader and the CDP's ``ViewsReceiver``, and the copy into the batch (the
-model is left out):
+then wait for a small reply), in two real processes, through the functions a run calls on each side: the agent's
+``ViewRows`` (the stacks it hands out, moved on by a new frame before the clock starts) and its port's
+``ViewsSender`` and ``Requester`` (a Unix stream), the compute process's ``StreamServer``, ``unpack`` with the
+connection's shared-array reader and the CDP's ``ViewsReceiver``, and the copy into the batch of what the CDP did not
+rebuild itself (the model is left out):
 
 - ``whole stacks``: every stack of 4 frames in the request, through the stream;
 - ``each frame once``: each env's new frame, the stacks that move on by one frame crossing as a flag
-  (flare2.core.predict_requests) and rebuilt on the compute side, through the stream;
-- ``shared memory``: the request as a run's local agents send it: whole stacks, through shared memory
-  (flare2.wire.shared_arrays), rows that continue found by nobody.
+  (flare2.core.predict_requests) and rebuilt on the compute side, through the stream (agents of other machines);
+- ``shared memory, whole stacks``: the frames and every stack through shared memory (flare2.wire.shared_arrays),
+  as local agents sent them before each frame crossed once;
+- ``shared memory, each frame once``: each env's new frame through shared memory, the stacks as a flag: the way
+  of local agents.
 
 ``tiny`` sends one int per env: what any round trip costs. Prints the median round trip of each, in
 microseconds, and each way's cost above ``tiny``.
@@ -34,13 +37,14 @@ import numpy as np
 
 from flare2.core.predict_requests import ViewsReceiver, ViewsSender
 from flare2.core.specs import CTSpecs, Spec, View
+from flare2.core.views import ViewRows
 from flare2.wire.protocol import PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.sockets import Requester
 from flare2.wire.streams import SCHEME, StreamServer
 
 FRAMES = (4, 84, 84)
 MAX_BYTES = 1 << 28
-WAYS = ("tiny", "whole stacks", "each frame once", "shared memory")
+WAYS = ("tiny", "whole stacks", "each frame once", "shared memory, whole stacks", "shared memory, each frame once")
 SPECS = CTSpecs(
     inputs={"obs": Spec(FRAMES[1:], "uint8"), "obs_frames": Spec(FRAMES, "uint8")},
     actions={"action": Spec((), "int64")},
@@ -56,8 +60,8 @@ def serve(path: str, ready: Any) -> None:
 
     def receive(connection: Any, frames: list[bytes], now: float) -> None:
         message = unpack(frames, max_bytes=MAX_BYTES, shared=connection.shared_arrays)
-        payload = views.unpack(message.agent_id, message.payload)
-        _batch = {key: np.array(value) for key, value in payload["inputs"].items()}
+        payload, own = views.unpack(message.agent_id, message.payload)
+        _batch = {key: value if key in own else np.array(value) for key, value in payload["inputs"].items()}
         rows = len(next(iter(_batch.values())))
         reply = {"actions": {"action": np.zeros(rows, np.int64)}}
         connection.shared_arrays.release(message.seq)  # as the CDP's reply does (SocketFront._send)
@@ -71,18 +75,23 @@ def serve(path: str, ready: Any) -> None:
 
 def round_trips(requester: Requester, way: str, envs: int, requests: int) -> list[float]:
     rng = np.random.default_rng(0)
-    stacks = rng.integers(0, 256, (envs, *FRAMES), dtype=np.uint8)
+    rows = ViewRows(SPECS, envs)
+    new = rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8)
+    rows.start_all({"obs": new})
     sender = ViewsSender(SPECS, whole=requester.shares_arrays)
     seconds = []
     for _ in range(requests):
-        # The envs played a step: each stack moves on by a new frame (made before the clock starts).
+        # The envs played a step: each stack moves on by a new frame (before the clock starts, as an agent's does).
         new = rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8)
-        stacks = np.concatenate([stacks[:, 1:], new[:, None]], axis=1)
+        rows.advance({"obs": new}, {}, {})
+        stacks = rows.current()["obs_frames"]
         started = time.perf_counter()
         if way == "tiny":
             payload: dict[str, Any] = {"inputs": {"count": np.zeros(envs, np.int64)}, "states": {}}
         elif way == "whole stacks":
             payload = {"inputs": {"obs_frames": stacks}, "states": {}}
+        elif way == "shared memory, whole stacks":
+            payload = {"inputs": {"obs": new, "obs_frames": stacks}, "states": {}}
         else:
             payload = sender.pack({"inputs": {"obs": new, "obs_frames": stacks}, "states": {}})
         requester.wait_reply(requester.send_request(PREDICT, payload), timeout_s=10.0, what="predict")

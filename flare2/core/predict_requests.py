@@ -9,19 +9,23 @@ previous request's views of the same row moved on by one step and ending with
 this step's observation (its env played on) crosses as a flag:
 
 - ``continued``: bool ``[N]``, the rows whose views the CDP makes from those it
-  rebuilt for the agent's last request and the row's observation
-  (``inputs[view.key]``);
+  holds of the agent's last request and the row's observation
+  (``inputs[view.key]``); all False starts the agent's views afresh;
 - ``inputs[name]``: the views of the other rows only, ``[K, frames, ...]`` (an
   episode that started, views a custom agent made otherwise), in row order.
 
-The sender (``ViewsSender``, in the agent's port) compares each view with the
-one it sent last (on a local stream, where arrays cross through shared memory,
-it sends whole views: ``ViewsSender(whole=True)``), so nothing is assumed from episode flags and a custom agent's
-views arrive exactly; a request without ``continued`` carries every view. The
-receiver (``ViewsReceiver``, in the CDP) keeps the last views of each agent and
-refuses a request that continues views it does not hold. Views of actions and
-rewards are small and cross whole. The serial runner's in-process port hands
-over the views as they are.
+The sender (``ViewsSender``, in the agent's port) learns which rows continue
+from the views themselves where ``ViewRows`` handed them out as they are
+(``flare2.core.views.continuation_of``: the stock agents' way, on every
+stream, shared memory included); other views it compares with those it sent
+last, so a custom agent's views arrive exactly, or, through shared memory,
+where a copy costs less than comparing, sends as they are without
+``continued``: the CDP then keeps nothing of them. The receiver
+(``ViewsReceiver``, in the CDP) keeps a copy of the last views of each agent as
+a ring of frames, rebuilds each request's views from it in one pass into an
+array the CT may take as it is, and refuses a request that continues views it
+does not hold. Views of actions and rewards are small and cross whole. The
+serial runner's in-process port hands over the views as they are.
 """
 
 from __future__ import annotations
@@ -32,14 +36,22 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from flare2.core.specs import CTSpecs, View
+from flare2.core.views import continuation_of
 from flare2.errors import SpecError
-from flare2.wire.shared_arrays import in_shared_block
 
 CONTINUED = "continued"
 """The key of the rows whose views continue the request before (see the module docstring)."""
 
+VIEWS_OF = "views_of"
+"""The key of which of the agent's streams of views a request's continue (an int; 0 where it is left out): the
+views of each ``ViewRows`` of the agent (two, where its envs play in two alternating halves), and 0 for views it
+compares."""
+
 MOST_AGENTS_HELD = 1024
-"""The CDP keeps the last views of at most this many agents; the longest silent one is forgotten first."""
+"""The CDP keeps the last views of at most this many streams of views (see ``VIEWS_OF``) of all its agents; the
+longest silent one is forgotten first."""
+MOST_STREAMS = 64
+"""The most streams of views one agent's port keeps apart (``VIEWS_OF`` from 1 to this)."""
 
 
 def _observation_views(specs: CTSpecs) -> dict[str, View]:
@@ -49,13 +61,19 @@ def _observation_views(specs: CTSpecs) -> dict[str, View]:
 class ViewsSender:
     """The agent's side for one CT: drops the views of rows that continue the request before (module docstring).
 
-    ``whole``: send every view as it is. An agent whose requests cross through shared memory does: there a copy of
-    the views costs less than finding the rows that continue (at 64 Atari envs, 0.1 ms against 0.9 ms).
+    Views that ``ViewRows.current`` handed out say which rows continue (``continuation_of``), and those rows cross
+    as a flag on any stream. Other views (copies, concatenations, a custom agent's) are compared with those sent
+    before, row by row; ``whole``: sent as they are instead, where a copy costs less than the comparison (through
+    shared memory: at 64 Atari envs, 0.1 ms against 0.9 ms).
     """
 
     def __init__(self, specs: CTSpecs, *, whole: bool = False) -> None:
-        self.views = {} if whole else _observation_views(specs)
+        self.views = _observation_views(specs)
+        self._compare = not whole
         self._sent: dict[str, np.ndarray] = {}
+        """Copies of the views last sent, when the next request's may have to be compared with them."""
+        self._streams: OrderedDict[int, tuple[int, int | None]] = OrderedDict()
+        """By the source of views ``ViewRows`` handed out: its stream (``VIEWS_OF``) and the generation last sent."""
 
     def pack(self, payload: dict[str, Any]) -> dict[str, Any]:
         """``payload`` as it crosses: the same, or the views of the rows that do not continue and ``continued``."""
@@ -63,20 +81,72 @@ class ViewsSender:
             return payload
         inputs = payload["inputs"]
         views = {name: np.asarray(inputs[name]) for name in self.views}
+        rows = len(next(iter(views.values())))
+        marks = {continuation_of(inputs[name]) for name in self.views}
+        mark = marks.pop() if len(marks) == 1 else None
+        if mark is not None:
+            stream, last = self._stream_of(mark.source)
+            self._streams[mark.source] = (stream, mark.generation)
+            continued = mark.continued
+            if last is None or last != mark.generation - 1 or continued is None:
+                continued = np.zeros(rows, bool)
+            return {**_with_continued(payload, self.views, continued), VIEWS_OF: stream}
+        if not self._compare:
+            return payload  # nothing will continue these views: the CDP need not keep them
         previous, self._sent = self._sent, {name: view.copy() for name, view in views.items()}
-        if not previous or any(views[name].shape != previous[name].shape for name in self.views):
-            return payload
-        continued = np.ones(len(next(iter(views.values()))), bool)
-        for name, view in self.views.items():
-            moved_on = _rows_equal(views[name][:, :-1], previous[name][:, 1:])
-            ends_with_observation = _rows_equal(views[name][:, -1], np.asarray(inputs[view.key]))
-            continued &= moved_on & ends_with_observation
-        if not continued.any():
-            return payload
-        restarted = ~continued
-        sent_inputs = {key: value for key, value in inputs.items() if key not in self.views}
-        sent_inputs.update({name: view[restarted] for name, view in views.items()})
-        return {**payload, "inputs": sent_inputs, CONTINUED: continued}
+        continued = np.zeros(rows, bool)
+        if previous and all(views[name].shape == previous[name].shape for name in self.views):
+            continued[:] = True
+            for name, view in self.views.items():
+                moved_on = _rows_equal(views[name][:, :-1], previous[name][:, 1:])
+                ends_with_observation = _rows_equal(views[name][:, -1], np.asarray(inputs[view.key]))
+                continued &= moved_on & ends_with_observation
+        return _with_continued(payload, self.views, continued)
+
+    def _stream_of(self, source: int) -> tuple[int, int | None]:
+        """The stream of views of ``source`` and the generation it last sent (None yet): a new source takes the
+        stream of the one longest silent once every stream is taken."""
+        if source in self._streams:
+            self._streams.move_to_end(source)
+            return self._streams[source]
+        taken = {stream for stream, _ in self._streams.values()}
+        if len(taken) >= MOST_STREAMS:
+            taken.discard(self._streams.popitem(last=False)[1][0])
+        return min(set(range(1, MOST_STREAMS + 1)) - taken), None
+
+
+def _with_continued(payload: dict[str, Any], views: dict[str, View], continued: np.ndarray) -> dict[str, Any]:
+    """``payload`` with ``continued`` and the views of the other rows only (all of them, as they are, where no row
+    continues: the CDP keeps them for the next request to continue)."""
+    if not continued.any():
+        return {**payload, CONTINUED: continued}
+    inputs, restarted = payload["inputs"], ~continued
+    sent_inputs = {key: value for key, value in inputs.items() if key not in views}
+    sent_inputs.update({name: np.asarray(inputs[name])[restarted] for name in views})
+    return {**payload, "inputs": sent_inputs, CONTINUED: continued}
+
+
+class _Ring:
+    """One agent's last views of one name, ``[rows, frames, ...]``, kept as a ring: the oldest frame of every row
+    at ``head``. Moving on writes the new frames in place of the oldest; the views come out in one pass."""
+
+    def __init__(self, views: np.ndarray) -> None:
+        self.frames = np.array(views)  # a copy: the CT never gets (or changes) what the next request continues
+        self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def moved_on(self, observation: np.ndarray, restarted: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+        """Every row moved on by ``observation``, then the ``restarted`` rows' views replaced by ``fresh``: the
+        views, oldest frame first, in an array of their own."""
+        count = self.frames.shape[1]
+        self.frames[:, self.head] = observation
+        self.head = (self.head + 1) % count
+        order = (self.head + np.arange(count)) % count
+        if restarted.any():
+            self.frames[np.ix_(np.flatnonzero(restarted), order)] = fresh
+        return np.take(self.frames, order, axis=1)
 
 
 class ViewsReceiver:
@@ -85,30 +155,36 @@ class ViewsReceiver:
     def __init__(self, specs: CTSpecs) -> None:
         self.specs = specs
         self.views = _observation_views(specs)
-        self._last: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._last: OrderedDict[tuple[str, int], dict[str, _Ring]] = OrderedDict()
+        """By agent and stream of views (``VIEWS_OF``): the last views, as rings."""
 
-    def unpack(self, agent_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """``payload`` with every view spelled out (raises ``SpecError`` naming what does not fit); keeps its views
-        for the agent's next request."""
+    def unpack(self, agent_id: str, payload: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+        """``payload`` with every view spelled out (raises ``SpecError`` naming what does not fit), and the names of
+        the views rebuilt here: arrays of their own, which the CT may take without a copy. Keeps the views for the
+        agent's next request."""
         if not self.views:
-            return payload
-        previous = self._last.pop(agent_id, None)
+            return payload, frozenset()
         inputs = payload.get("inputs")
         if not isinstance(inputs, dict):
-            return payload  # the CDP's check names what is wrong with it
+            return payload, frozenset()  # the CDP's check names what is wrong with it
         if CONTINUED not in payload:
-            self._keep(agent_id, {name: inputs.get(name) for name in self.views})
-            return payload
+            return payload, frozenset()  # the agent will not continue these views
+        stream = payload.get(VIEWS_OF, 0)
+        if type(stream) is not int or not 0 <= stream <= MOST_STREAMS:
+            raise SpecError(f"{VIEWS_OF!r} must be an int from 0 to {MOST_STREAMS}, got {stream!r}")
+        key = (agent_id, stream)
+        previous = self._last.pop(key, None)
         continued = payload[CONTINUED]
         if not isinstance(continued, np.ndarray) or continued.dtype != np.bool_ or continued.ndim != 1:
             raise SpecError(f"{CONTINUED!r} must be a 1-d bool array, got {_describe(continued)}")
         rows, restarted = len(continued), ~continued
+        if not continued.any():
+            return self._start(key, payload, rows), frozenset()
         if previous is None or len(next(iter(previous.values()))) != rows:
             raise SpecError(
                 f"the request continues the views of {rows} rows, but the CT holds none of this agent's of that many: "
                 "an agent's first request (or one after its rows changed) must carry every view"
             )
-        rebuilt = {}
         for name, view in self.views.items():
             spec = self.specs.inputs[name]
             observation, fresh = inputs.get(view.key), inputs.get(name)
@@ -123,41 +199,42 @@ class ViewsReceiver:
                     f"inputs[{name!r}] must hold the views of the rows that do not continue, {spec.dtype} "
                     f"{list(expected)}, got {_describe(fresh)}"
                 )
-            # Every row moved on by one frame, then the restarted rows overwritten: one pass over the stacks (a
-            # boolean index on the continued rows would copy them twice).
-            views = np.empty_like(previous[name])
-            views[:, :-1] = previous[name][:, 1:]
-            views[:, -1] = observation
-            views[restarted] = fresh
-            rebuilt[name] = views
-        self._hold(agent_id, rebuilt)
-        spelled_out = {key: value for key, value in payload.items() if key != CONTINUED}
+        rebuilt = {
+            name: previous[name].moved_on(inputs[view.key], restarted, inputs[name])
+            for name, view in self.views.items()
+        }
+        self._hold(key, previous)
+        spelled_out = _spelled_out(payload)
         spelled_out["inputs"] = {**inputs, **rebuilt}
-        return spelled_out
+        return spelled_out, frozenset(rebuilt)
 
     def forget(self, agent_ids: set[str] | frozenset[str]) -> None:
         """Agents that left: their views go."""
-        for agent_id in agent_ids:
-            self._last.pop(agent_id, None)
+        for key in [key for key in self._last if key[0] in agent_ids]:
+            del self._last[key]
 
-    def _keep(self, agent_id: str, views: dict[str, Any]) -> None:
-        """Keep a request's views when they are as the specs say and of one row count; others are refused by the
-        CDP's check, and nothing can continue them. Kept as they are, not copied: a decoded message's arrays are
-        read-only views of its bytes or copies of its own (``flare2.wire.codec``), and the model gets a batch made of
-        copies (``ComputationDataProcessor``)."""
-        specs = self.specs.inputs
-        if not all(isinstance(views[name], np.ndarray) and views[name].ndim >= 1 for name in self.views):
-            return
-        if any(in_shared_block(views[name]) for name in self.views):
-            return  # its region is reused once it is answered; an agent that shares arrays sends whole views anyway
-        rows = len(next(iter(views.values())))
-        if all(_fits(views[name], (rows, *specs[name].fixed_shape), specs[name].dtype) for name in self.views):
-            self._hold(agent_id, dict(views))
+    def _start(self, key: tuple[str, int], payload: dict[str, Any], rows: int) -> dict[str, Any]:
+        """A request none of whose rows continue: its views as they are, and a copy of them kept for the next request
+        to continue (an array of a decoded message is a view of its bytes, or of a shared block reused once the
+        request is answered)."""
+        inputs = payload["inputs"]
+        for name, spec in self.specs.inputs.items():
+            if name in self.views and not _fits(inputs.get(name), (rows, *spec.fixed_shape), spec.dtype):
+                raise SpecError(
+                    f"inputs[{name!r}] must hold the views of every row when none continues, {spec.dtype} "
+                    f"{[rows, *spec.fixed_shape]}, got {_describe(inputs.get(name))}"
+                )
+        self._hold(key, {name: _Ring(inputs[name]) for name in self.views})
+        return _spelled_out(payload)
 
-    def _hold(self, agent_id: str, views: dict[str, np.ndarray]) -> None:
-        self._last[agent_id] = views
+    def _hold(self, key: tuple[str, int], rings: dict[str, _Ring]) -> None:
+        self._last[key] = rings
         while len(self._last) > MOST_AGENTS_HELD:
             self._last.popitem(last=False)
+
+
+def _spelled_out(payload: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in payload.items() if key not in (CONTINUED, VIEWS_OF)}
 
 
 def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -17,7 +17,10 @@ views a step is learned with are exactly those its action was chosen from.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,39 @@ import numpy as np
 from flare2.core.spaces import regrouped_rows
 from flare2.core.specs import CTSpecs
 from flare2.wire.ragged import Ragged
+
+
+@dataclass(frozen=True, eq=False)  # one per handing out: the views of one step share it
+class Continuation:
+    """What the views ``ViewRows.current`` handed out continue: ``continued`` marks the rows whose views are those
+    of the views taken before (``generation - 1`` of the same ``source``), moved on by one step and ending with this
+    step's observation; None where no row's are (the first views, two steps or none since, rows regrouped)."""
+
+    source: int
+    generation: int
+    continued: np.ndarray | None
+
+
+_handed_out: dict[int, tuple[weakref.ref[np.ndarray], Continuation]] = {}
+"""By the id of a view array ``ViewRows.current`` handed out (while it lives): what it continues."""
+_sources = itertools.count(1)
+
+
+def continuation_of(view: Any) -> Continuation | None:
+    """What ``view`` continues, if it is an array ``ViewRows.current`` handed out as it is; None for any other (a
+    copy, a concatenation, a custom agent's views): then only comparing its rows would tell."""
+    entry = _handed_out.get(id(view))
+    return entry[1] if entry is not None and entry[0]() is view else None
+
+
+def _hand_out(view: np.ndarray, continuation: Continuation) -> None:
+    key = id(view)
+
+    def forget(ref: weakref.ref[np.ndarray]) -> None:
+        if (entry := _handed_out.get(key)) is not None and entry[0] is ref:
+            del _handed_out[key]
+
+    _handed_out[key] = (weakref.ref(view, forget), continuation)
 
 
 class ViewRows:
@@ -36,12 +72,16 @@ class ViewRows:
         self._frames = {
             name: np.zeros((count, *specs.inputs[name].fixed_shape), specs.inputs[name].dtype) for name in self.views
         }
+        # Since the views were last handed out: the steps every row moved on, and the rows that started afresh.
+        self._source, self._generation = next(_sources), 0
+        self._advances, self._fresh = 0, np.ones(count, bool)
 
     def __bool__(self) -> bool:
         return bool(self.views)
 
     def start(self, index: int, inputs: dict[str, Any]) -> None:
         """Env ``index`` starts an episode with ``inputs`` (its observation, by key): zeros, then that observation."""
+        self._fresh[index] = True
         for name, view in self.views.items():
             frames = self._frames[name]
             frames[index] = 0
@@ -57,17 +97,25 @@ class ViewRows:
         """The views of the current step, ``[count, frames, ...]`` each: read-only views of the frames, valid until
         the next ``advance`` or ``start``. The agent sends them at once and moves on only after the reply, by when
         the CDP has copied them into its batch; a copy here would be one more pass over every stack, each step
-        (0.05 ms for 64 Atari envs)."""
+        (0.05 ms for 64 Atari envs). Each says what it continues (``continuation_of``), so that the agent's port
+        sends the rows that moved on as a flag without comparing them (``flare2.core.predict_requests``)."""
+        self._generation += 1
+        fresh = self._fresh
+        continued = ~fresh if self._advances == 1 and not fresh.all() else None
+        continuation = Continuation(self._source, self._generation, continued)
+        self._advances, self._fresh = 0, np.zeros_like(fresh)
         views = {}
         for name, frames in self._frames.items():
             view = frames.view()
             view.flags.writeable = False
+            _hand_out(view, continuation)
             views[name] = view
         return views
 
     def regroup(self, kept: np.ndarray, added: int) -> None:
         """Keep rows ``kept`` (in that order), then ``added`` new rows, which ``start`` starts."""
         self._frames = {name: regrouped_rows(frames, kept, added) for name, frames in self._frames.items()}
+        self._fresh = np.ones(len(kept) + added, bool)  # their order changed: nothing continues
 
     def advance(
         self,
@@ -77,6 +125,7 @@ class ViewRows:
     ) -> None:
         """The envs made a step: each view takes its next frame (the next observation, or this step's action or reward)."""
         # A view's source has a fixed shape (CTSpecs checks it): never a Ragged.
+        self._advances += 1
         sources: dict[str, Mapping[str, Any]] = {"inputs": next_inputs, "actions": actions, "rewards": rewards}
         for name, view in self.views.items():
             frames = self._frames[name]

@@ -68,14 +68,6 @@ _REFERENCE = struct.Struct("<QQQ")  # block number, region offset, message numbe
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
-def in_shared_block(array: np.ndarray) -> bool:
-    """Whether ``array`` views a shared block (a decoded request's array, valid until its reply)."""
-    base = array.base
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
-
-
 def _aligned(size: int) -> int:
     return (size + _ALIGN - 1) // _ALIGN * _ALIGN
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from doubles import ATARI_SPECS
 
-from flare2.core.predict_requests import CONTINUED, ViewsReceiver, ViewsSender
+from flare2.core import predict_requests
+from flare2.core.predict_requests import CONTINUED, VIEWS_OF, ViewsReceiver, ViewsSender
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.core.views import ViewRows
 from flare2.errors import SpecError
@@ -57,12 +58,12 @@ def test_rows_that_play_on_cross_as_a_flag_and_the_cdp_rebuilds_every_view_exact
         sent = sender.pack(payload)
         sizes.append(len(encode(sent)))
         if t == 0:
-            assert CONTINUED not in sent  # nothing to continue yet
+            assert not sent[CONTINUED].any()  # nothing to continue yet: every view crosses, for the CDP to keep
         else:
             restarted = {3: [1], 5: [0, 2]}.get(t, [])
             assert np.flatnonzero(~sent[CONTINUED]).tolist() == restarted
             assert len(sent["inputs"]["obs_frames"]) == len(restarted)
-        spelled_out = receiver.unpack("agent-1", crossed(sent))
+        spelled_out, _ = receiver.unpack("agent-1", crossed(sent))
         assert CONTINUED not in spelled_out
         for key, value in payload["inputs"].items():
             np.testing.assert_array_equal(spelled_out["inputs"][key], value)
@@ -79,8 +80,88 @@ def test_views_a_custom_agent_made_otherwise_cross_whole_for_those_rows():
     sent = sender.pack(second)
     assert sent[CONTINUED].tolist() == [True, True, False]
     np.testing.assert_array_equal(
-        receiver.unpack("a", crossed(sent))["inputs"]["obs_frames"], second["inputs"]["obs_frames"]
+        receiver.unpack("a", crossed(sent))[0]["inputs"]["obs_frames"], second["inputs"]["obs_frames"]
     )
+
+
+def acted(rows: ViewRows, sender: ViewsSender, receiver: ViewsReceiver, steps: int, starts: dict[int, set[int]]):
+    """As an agent's port sends what ``rows`` hands out (and moves on only after the reply): for each step, what
+    crossed, the views the agent had and what the CDP rebuilt (and which of them are arrays of its own)."""
+    rng = np.random.default_rng(1)
+    obs = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
+    rows.start_all({"obs": obs})
+    steps_seen = []
+    for t in range(steps):
+        views = rows.current()
+        sent = sender.pack({"inputs": {"obs": obs, **views}, "states": {}})
+        spelled_out, own = receiver.unpack("a", crossed(sent))
+        steps_seen.append((sent, views["obs_frames"].copy(), spelled_out["inputs"]["obs_frames"], own))
+        obs = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
+        rows.advance({"obs": obs}, {"action": np.zeros(ENVS, np.int64)}, {"reward": np.zeros(ENVS, np.float32)})
+        for env in starts.get(t + 1, ()):
+            rows.start(env, {"obs": obs[env]})
+    return steps_seen
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_views_the_agent_hands_out_say_which_rows_continue_so_nothing_is_compared(monkeypatch, whole):
+    # Through shared memory (whole) as on a stream: the rows that played on cross as a flag, found without comparing.
+    monkeypatch.setattr(predict_requests, "_rows_equal", None)
+    seen = acted(ViewRows(specs(), ENVS), ViewsSender(specs(), whole=whole), ViewsReceiver(specs()), 6, {3: {1}})
+    for t, (sent, views, rebuilt, own) in enumerate(seen):
+        np.testing.assert_array_equal(rebuilt, views)
+        if t == 0:
+            assert not sent[CONTINUED].any() and own == frozenset()
+        else:
+            assert np.flatnonzero(~sent[CONTINUED]).tolist() == ([1] if t == 3 else [])
+            assert own == {"obs_frames"} and rebuilt.flags.writeable and rebuilt.flags.owndata
+            rebuilt[...] = 7  # the CT may change its inputs: the next request still continues what the agent sent
+
+
+def test_views_that_skip_a_step_or_change_their_rows_cross_whole():
+    rows, sender, receiver = ViewRows(specs(), ENVS), ViewsSender(specs(), whole=True), ViewsReceiver(specs())
+    acted(rows, sender, receiver, 2, {})
+    obs = np.ones((ENVS, *SMALL), np.uint8)
+
+    def sent(views):
+        return sender.pack({"inputs": {"obs": obs, **views}, "states": {}})
+
+    rows.current()  # handed out, never sent: the next views continue views the CDP does not hold
+    rows.advance({"obs": obs}, {}, {})
+    assert not sent(rows.current())[CONTINUED].any()
+    rows.advance({"obs": obs}, {}, {})
+    rows.regroup(np.array([2, 0, 1]), 0)
+    assert not sent(rows.current())[CONTINUED].any()
+    # A copy (or a concatenation, as evaluation rows make) says nothing: through shared memory it crosses whole, and
+    # the CDP keeps nothing of it.
+    rows.advance({"obs": obs}, {}, {})
+    copied = sent({name: view.copy() for name, view in rows.current().items()})
+    assert CONTINUED not in copied
+    assert receiver.unpack("b", crossed(copied))[1] == frozenset()
+    continuing = {"inputs": {"obs": obs, "obs_frames": np.zeros((0, 4, *SMALL), np.uint8)}, CONTINUED: np.ones(3, bool)}
+    with pytest.raises(SpecError, match="holds none of this agent's"):
+        receiver.unpack("b", continuing)
+
+
+def test_two_halves_of_an_agents_envs_that_take_turns_each_continue_their_own_views():
+    # Double-buffered envs: two ViewRows whose requests alternate through one port.
+    sender, receiver = ViewsSender(specs(), whole=True), ViewsReceiver(specs())
+    rng = np.random.default_rng(2)
+    halves, observations = [ViewRows(specs(), ENVS), ViewRows(specs(), ENVS)], []
+    for rows in halves:
+        observations.append(rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8))
+        rows.start_all({"obs": observations[-1]})
+    for step in range(6):
+        half = step % 2
+        rows = halves[half]
+        if step >= 2:  # the half played the step it asked for two requests ago
+            observations[half] = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
+            rows.advance({"obs": observations[half]}, {}, {})
+        views = rows.current()
+        sent = sender.pack({"inputs": {"obs": observations[half], **views}, "states": {}})
+        assert sent[CONTINUED].all() == (step >= 2) and sent[VIEWS_OF] == 1 + half
+        spelled_out, _ = receiver.unpack("a", crossed(sent))
+        np.testing.assert_array_equal(spelled_out["inputs"]["obs_frames"], views["obs_frames"])
 
 
 def test_atari_views_of_8_envs_cross_in_a_fifth_of_the_bytes():
@@ -103,6 +184,8 @@ def test_atari_views_of_8_envs_cross_in_a_fifth_of_the_bytes():
         (lambda sent: sent.update({CONTINUED: np.ones(5, bool)}), "continues the views of 5 rows, but the CT holds"),
         (lambda sent: sent["inputs"].update(obs=sent["inputs"]["obs"][:, :2]), "inputs['obs'] must be uint8 [3, ...]"),
         (lambda sent: sent["inputs"].update(obs_frames=np.zeros((2, 4, *SMALL), np.uint8)), "do not continue"),
+        (lambda sent: sent.update({CONTINUED: np.zeros(3, bool)}), "must hold the views of every row when none"),
+        (lambda sent: sent.update({VIEWS_OF: 65}), "'views_of' must be an int from 0 to 64, got 65"),
     ],
 )
 def test_a_request_that_continues_what_the_cdp_cannot_is_refused_naming_what_is_wrong(change, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 import select
 import time
@@ -16,11 +17,19 @@ from flare2.runtime.agents.socket_port import SocketPort
 from flare2.runtime.latency import LatencyHistogram
 from flare2.wire.codec import decode, encode
 from flare2.wire.protocol import PREDICT, Message, pack, unpack
-from flare2.wire.shared_arrays import MIN_SHARED_BYTES, SharedArraysReader, SharedArraysWriter, in_shared_block
+from flare2.wire.shared_arrays import MIN_SHARED_BYTES, SharedArraysReader, SharedArraysWriter
 from flare2.wire.streams import StreamClient, StreamServer
 
 LIMIT = 1 << 24
 FRAMES = (64, 84, 84)
+
+
+def in_shared_block(array: np.ndarray) -> bool:
+    """Whether ``array`` views a shared block (a decoded request's array, valid until its reply)."""
+    base = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
 def frames(seed: int) -> np.ndarray:

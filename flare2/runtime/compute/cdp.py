@@ -76,6 +76,8 @@ class _Request:
     payload: dict[str, Any]
     arrived: float
     size: int  # rows of a predict request, sequences of a learn request
+    own_inputs: frozenset[str] = frozenset()
+    """Inputs made for this request alone (views the CDP rebuilt): the CT may take them as they are."""
 
 
 def check_finite(payload: dict[str, Any]) -> None:
@@ -279,13 +281,13 @@ class ComputationDataProcessor:
         if message.kind == STATISTICS:
             self._on_statistics(message, reply_to)
             return
-        payload = message.payload
+        payload, own_inputs = message.payload, frozenset[str]()
         try:
             if learn:
                 size, steps = check_learn(self.ct.specs, payload)
                 check_finite(payload)
             else:
-                payload = self._views.unpack(message.agent_id, payload)
+                payload, own_inputs = self._views.unpack(message.agent_id, payload)
                 size, steps = self.ct.specs.check_predict(payload), 0
         except SpecError as exc:
             self.reject(reply_to, learn, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
@@ -311,7 +313,7 @@ class ComputationDataProcessor:
         else:
             self.stats.predict_requests += 1
             self._note_evaluation(message.agent_id, payload.get("evaluation"))
-        queue.add(_Request(reply_to, message.agent_id, message.seq, payload, now, size))
+        queue.add(_Request(reply_to, message.agent_id, message.seq, payload, now, size, own_inputs))
 
     def _note_evaluation(self, agent_id: str, evaluation: np.ndarray | None) -> None:
         """An agent whose request holds evaluation rows only plays no training env: learn batches do not wait for it
@@ -384,8 +386,11 @@ class ComputationDataProcessor:
 
     def _serve_predict(self, batch: list[_Request], now: float) -> None:
         specs = self.ct.specs
-        # Concatenated even for one request: the model gets writable arrays of its own, not views of a message.
-        inputs = {key: concat_rows([r.payload["inputs"][key] for r in batch]) for key in specs.inputs}
+        # Concatenated even for one request, but for the views the CDP rebuilt for it: the model gets writable
+        # arrays of its own, not views of a message.
+        own = batch[0].own_inputs if len(batch) == 1 else frozenset()
+        rows = {key: [r.payload["inputs"][key] for r in batch] for key in specs.inputs}
+        inputs = {key: parts[0] if key in own else concat_rows(parts) for key, parts in rows.items()}
         states = {key: concat_rows([r.payload["states"][key] for r in batch]) for key in specs.states}
         # Rows of evaluation episodes get the action without exploration.
         greedy: bool | np.ndarray = False

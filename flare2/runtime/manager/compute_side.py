@@ -92,12 +92,14 @@ class ComputeProcess:
     def died(self) -> str | None:
         """How the process ended ("was killed by SIGKILL") if it has; None while it runs. One that said it lost a
         learner is on its way out: it is waited for (and killed if it lingers), so that nothing is welcomed to it; one
-        asked to stop for a regroup is killed past its stop's timeout."""
+        that writes its checkpoints first, and one asked to stop for a regroup, are killed past their stop's timeout
+        (an agent welcomed meanwhile finds it gone, and rejoins the next one)."""
         process = self.process
         if process is not None and self.leaving and process.exitcode is None:
-            if self.save_deadline is None:
+            saving = self.waits_to_save or self.save_deadline is not None
+            if not saving:
                 process.join(self.config.stop_timeout_s)
-            if self.save_deadline is None or time.monotonic() > self.save_deadline:
+            if not saving or (self.save_deadline is not None and time.monotonic() > self.save_deadline):
                 if process.exitcode is None:
                     process.kill()
                     process.join()

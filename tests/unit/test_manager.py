@@ -130,6 +130,30 @@ def test_a_remote_agent_that_says_bye_before_the_compute_process_is_up_leaves_th
     assert "r-early" not in run.agents.remotes
 
 
+def test_agents_that_say_hello_while_the_compute_process_is_on_its_way_out_are_welcomed_by_the_next_one(
+    tmp_path, control, monkeypatch
+):
+    run = manager(tmp_path)
+    sent = sent_by_the_desk(monkeypatch)
+    ct = {"specs": {}, "learn_ahead": 0, "predict_endpoint": "tcp://127.0.0.1:1", "learn_endpoint": "tcp://127.0.0.1:2"}
+
+    def welcomes() -> list[bytes]:
+        return [identity for identity, message in sent if message.kind == WELCOME]
+
+    run.desk.compute_is_up(control, {"RL": ct}, device="cpu")
+    run.desk.on_message(control, b"r-before", remote_hello("r-before"))
+    assert welcomes() == [b"r-before"]
+    # Asked to stop for a new group of learners (or leaving after it lost one): it takes no new agent, and one it
+    # welcomed that cannot reach it is no error of its own.
+    run.compute.regrouping = True
+    run._supervise(control)
+    run.desk.on_message(control, b"r-during", remote_hello("r-during"))
+    assert welcomes() == [b"r-before"] and [hello.agent_id for hello in run.desk.pending_hellos] == ["r-during"]
+    assert run.desk.welcomed_by_a_gone_compute_process(run.agents.remotes["r-before"])
+    run.desk.compute_is_up(control, {"RL": ct}, device="cpu")  # the next one serves
+    assert welcomes() == [b"r-before", b"r-during"]
+
+
 def learner_probe(count, name: str = "probe-l", gpus: int = 0, **asks: Any) -> tuple[bytes, Message]:
     return name.encode(), Message(HELLO, {"role": "probe", "learners": count, "gpus": gpus, **asks}, name, 1)
 

@@ -63,6 +63,8 @@ class AgentDesk:
         self.totals = totals
         self.drop = drop
         self.served: dict[str, Any] | None = None
+        self.holding = False
+        """The compute process is on its way out (``ComputeProcess.going``): hellos wait for the next one."""
         self.pending_hellos: list[Message] = []
         self.stopping = False
         self.run_id = secrets.token_hex(8)
@@ -80,7 +82,7 @@ class AgentDesk:
 
     def compute_is_up(self, control: zmq.Socket, served: dict[str, Any], *, device: str) -> None:
         """The compute process serves these CTs now, on ``device``: welcome the agents that said hello before."""
-        self.served = served
+        self.served, self.holding = served, False
         self.learner_seats.compute_is_up(device)
         pending, self.pending_hellos = self.pending_hellos, []
         for message in pending:
@@ -94,10 +96,11 @@ class AgentDesk:
         for agent in self.agents.live():
             router_send(control, agent.agent_id.encode(), Message(STOP, {"compute_gone": True, "rejoin": True}))
 
-    def welcomed_by_a_dead_compute_process(self, agent: AgentRecord) -> bool:
-        """Whether the endpoints ``agent`` was welcomed with are those of a compute process that has died since: its
-        failure to reach them is no error of its own, and a new agent rejoins in its place."""
-        return 0 <= agent.welcomed_by != self.totals.compute_restarts
+    def welcomed_by_a_gone_compute_process(self, agent: AgentRecord) -> bool:
+        """Whether the endpoints ``agent`` was welcomed with are those of a compute process that has died since, or
+        is on its way out (``holding``): its failure to reach them is no error of its own, and a new agent rejoins
+        in its place."""
+        return 0 <= agent.welcomed_by != self.totals.compute_restarts or (self.holding and agent.welcomed_by >= 0)
 
     def stop_all(self, control: zmq.Socket, *, compute_gone: bool = False) -> None:
         """The run is over: agents still waiting for their welcome and attached agents are told to stop (and, with
@@ -127,7 +130,7 @@ class AgentDesk:
             if self.stopping:
                 # Answer in place of the welcome, so an agent still starting up leaves at once.
                 router_send(control, identity, Message(STOP, {}, seq=message.seq))
-            elif self.served is None:
+            elif self.served is None or self.holding:
                 self.pending_hellos.append(message)
             else:
                 self._welcome(control, message)
@@ -200,7 +203,7 @@ class AgentDesk:
             message.payload.get("host"),
             "rejoined in place of one that had lost the manager" if rejoining else "attached",
         )
-        if self.served is None:
+        if self.served is None or self.holding:
             self.pending_hellos.append(message)
         else:
             self._welcome(control, message)

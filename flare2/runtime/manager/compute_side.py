@@ -111,6 +111,11 @@ class ComputeProcess:
         return None if process is None or process.exitcode is None else exit_codes.describe(process.exitcode)
 
     @property
+    def going(self) -> bool:
+        """Asked to stop for a regroup, or leaving after it lost a learner: no new agent is welcomed to it."""
+        return self.regrouping or self.leaving
+
+    @property
     def gone(self) -> bool:
         """Whether it failed or died: no reply to a request on its way will come."""
         return self.failed or self.died() is not None

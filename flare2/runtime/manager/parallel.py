@@ -280,6 +280,7 @@ class ParallelSchedule:
 
     def _supervise(self, control: zmq.Socket) -> None:
         self._regroup_learners_if_asked(control)
+        self.desk.holding = self.compute.going
         self._restart_compute_if_dead(control)
         now = time.monotonic()
         for slot in self.supervisor.restart_due(now):
@@ -290,9 +291,9 @@ class ParallelSchedule:
                 # Its report, and a compute process that died meanwhile (which it may have failed to reach), first.
                 self._drain(control)
                 self._restart_compute_if_dead(control)
-            if code == exit_codes.COMPUTE_RESTARTS or self.desk.welcomed_by_a_dead_compute_process(agent):
+            if code == exit_codes.COMPUTE_RESTARTS or self.desk.welcomed_by_a_gone_compute_process(agent):
                 # It left while the compute process restarts (or could not reach the one that welcomed it, dead
-                # since); its successor starts once the new one serves.
+                # or going since); its successor starts once the new one serves.
                 self.agents.stop_listening(agent)
                 self.supervisor.hold(slot)
                 self._release_held()

@@ -1,6 +1,6 @@
 """A chaos soak: a ``flare2 train`` run whose processes are killed, and whose links are cut, at random while it learns.
 
-    python tools/chaos.py --max-steps 300000 --fault-every 4 [--seed 0] [--learners 2] [--hosts] [--no-undisturbed]
+    python tools/chaos.py --max-steps 300000 --fault-every 4 [--seed 0] [--learners 2] [--hosts] [--no-undisturbed | --beside]
 
 One run (CartPole-v1 PPO, 4 agent processes, ``--learners`` learner processes, a checkpoint every
 ``--checkpoint-every``) is given faults at random intervals (exponential, ``--fault-every`` seconds on average,
@@ -19,7 +19,8 @@ remote learner), host C ``flare2 attach`` (2 agents). Two more kinds of fault co
 - ``link``: B's or C's link down for 5-40 s (the agents there are dropped and rejoin; B's learner is left behind
   and taken back).
 
-Then the same run, same seed and budget, without faults (``--no-undisturbed`` leaves it out). Reported as a
+Then the same run, same seed and budget, without faults (``--no-undisturbed`` leaves it out; ``--beside`` runs it at the
+same time, on hosts of its own). Reported as a
 Markdown table: the faults injected by kind, the restarts the run counted (agents, compute process) and the remote
 agents that rejoined, its exit code, env steps played and how many were never learned from (``env_steps`` less
 ``learned_rows``: the unsent tails of fragments, what was learned after the last checkpoint before a compute restart,
@@ -43,6 +44,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -275,14 +277,22 @@ def report(args: argparse.Namespace, chaos: dict, calm: dict | None, root: Path)
 
 
 @contextlib.contextmanager
-def _maybe_hosts(args: argparse.Namespace, root: Path) -> Iterator[Hosts | None]:
+def _maybe_hosts(args: argparse.Namespace, root: Path, subnet: int) -> Iterator[Hosts | None]:
     if not args.hosts:
         yield None
         return
     args.keys = str(root / "keys")
-    subprocess.run([*_FLARE2, "keys", args.keys], check=True, capture_output=True, timeout=60)
-    with three_hosts(subnet=97) as hosts:
+    if not Path(args.keys).exists():
+        subprocess.run([*_FLARE2, "keys", args.keys], check=True, capture_output=True, timeout=60)
+    with three_hosts(subnet=subnet) as hosts:
         yield hosts
+
+
+def _both_at_once(args: argparse.Namespace, root: Path, hosts: Hosts | None) -> tuple[dict, dict]:
+    """The soak and the undisturbed run at the same time (``--beside``), the undisturbed one on hosts of its own."""
+    with _maybe_hosts(args, root, subnet=98) as calm_hosts, ThreadPoolExecutor(1) as pool:
+        calm = pool.submit(soak, args, root / "undisturbed", calm_hosts, faults=False)
+        return soak(args, root / "chaos", hosts, faults=True), calm.result()
 
 
 def main() -> int:
@@ -295,14 +305,24 @@ def main() -> int:
     parser.add_argument("--hosts", action="store_true", help="hosts A, B and C of network namespaces (root)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds a run may take before it is killed")
     parser.add_argument("--undisturbed", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--beside",
+        action="store_true",
+        help="run the undisturbed run at the same time as the soak, not after it: half the wall time, each on half "
+        "the cores",
+    )
     parser.add_argument("--log-dir", type=Path, help="where the runs write (default: a temporary folder)")
     args = parser.parse_args()
     if args.hosts and args.learners != 2:
         parser.error("--hosts runs one learner here and one on host B: leave --learners at 2")
     root = args.log_dir or Path(tempfile.mkdtemp(prefix="flare2-chaos-"))
-    with _maybe_hosts(args, root) as hosts:
-        chaos = soak(args, root / "chaos", hosts, faults=True)
-        calm = soak(args, root / "undisturbed", hosts, faults=False) if args.undisturbed else None
+    calm: dict | None
+    with _maybe_hosts(args, root, subnet=97) as hosts:
+        if args.beside and args.undisturbed:
+            chaos, calm = _both_at_once(args, root, hosts)
+        else:
+            chaos = soak(args, root / "chaos", hosts, faults=True)
+            calm = soak(args, root / "undisturbed", hosts, faults=False) if args.undisturbed else None
     report(args, chaos, calm, root)
     failed = chaos["exit"] != 0 or chaos["left"] or (calm is not None and calm["exit"] != 0)
     return 1 if failed else 0

@@ -151,11 +151,12 @@ def _learn_until_stopped(
         return exit_codes.FAILED
     say({"kind": "ready", "rank": settings.rank})
     requests = _Requests(pipe, group)
+    first_pipe = pipe if settings.rank == 0 else None  # the learner that stays when the group breaks
     while True:
         try:
             request = requests.next()
         except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
-            return _parted(say, cts, pipe if settings.rank == 0 else None)
+            return _parted(say, cts, first_pipe)
         kind = request["kind"]
         if kind == "stop":
             return exit_codes.COMPUTE_RESTARTS if request.get("regroup") is True else exit_codes.OK
@@ -175,7 +176,7 @@ def _learn_until_stopped(
         try:
             result = learn_with_lag(ct, experience, share=(settings.rank, settings.learners))
         except LearnersPartedError:
-            return _parted(say, cts, pipe if settings.rank == 0 else None)
+            return _parted(say, cts, first_pipe)
         except Exception:  # noqa: BLE001 - user code: its traceback goes back with the batch
             say({"kind": "failed", "traceback": traceback.format_exc()})
             if group is not None:
@@ -195,7 +196,7 @@ def _learn_until_stopped(
         try:
             answers = [answer] if group is None else [decode(data) for data in gather_bytes(encode(answer), group)]
         except Exception:  # noqa: BLE001 - a collective call failed: another learner is gone
-            return _parted(say, cts, pipe if settings.rank == 0 else None)
+            return _parted(say, cts, first_pipe)
         if settings.rank == 0:
             say({"kind": "learned", "answers": answers})
 

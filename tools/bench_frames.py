@@ -7,16 +7,16 @@ process, which needs them in an array of its own to batch them. Each way is time
 then wait for a small reply), in two real processes, through the functions a run calls on each side: the agent's
 ``ViewRows`` (the stacks it hands out, moved on by a new frame before the clock starts) and its port's
 ``ViewsSender`` and ``Requester`` (a Unix stream), the compute process's ``StreamServer``, ``unpack`` with the
-connection's shared-array reader and the CDP's ``ViewsReceiver``, and the copy into the batch of what the CDP did not
-rebuild itself (the model is left out):
+connection's shared-array reader and the CDP's ``ViewsReceiver``, and the copy into the batch of what the CT may not
+take as it is (the model is left out):
 
 - ``whole stacks``: every stack of 4 frames in the request, through the stream;
 - ``each frame once``: each env's new frame, the stacks that move on by one frame crossing as a flag
   (flare2.core.predict_requests) and rebuilt on the compute side, through the stream (agents of other machines);
-- ``shared memory, whole stacks``: the frames and every stack through shared memory (flare2.wire.shared_arrays),
-  as local agents sent them before each frame crossed once;
-- ``shared memory, each frame once``: each env's new frame through shared memory, the stacks as a flag: the way
-  of local agents.
+- ``shared memory, whole stacks``: the frames and a copy of every stack written into the shared block
+  (flare2.wire.shared_arrays), as local agents sent them before;
+- ``shared memory, stacks in place``: the new frames through the block, the stacks named where the agent's
+  ``ViewRows`` keeps them (a view buffer) and read there: the way of local agents.
 
 ``tiny`` sends one int per env: what any round trip costs. Prints the median round trip of each, in
 microseconds, and each way's cost above ``tiny``.
@@ -39,12 +39,13 @@ from flare2.core.predict_requests import ViewsReceiver, ViewsSender
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.core.views import ViewRows
 from flare2.wire.protocol import PREDICT, PREDICTION, Message, pack, unpack
+from flare2.wire.shared_arrays import in_shared_memory
 from flare2.wire.sockets import Requester
 from flare2.wire.streams import SCHEME, StreamServer
 
 FRAMES = (4, 84, 84)
 MAX_BYTES = 1 << 28
-WAYS = ("tiny", "whole stacks", "each frame once", "shared memory, whole stacks", "shared memory, each frame once")
+WAYS = ("tiny", "whole stacks", "each frame once", "shared memory, whole stacks", "shared memory, stacks in place")
 SPECS = CTSpecs(
     inputs={"obs": Spec(FRAMES[1:], "uint8"), "obs_frames": Spec(FRAMES, "uint8")},
     actions={"action": Spec((), "int64")},
@@ -61,7 +62,10 @@ def serve(path: str, ready: Any) -> None:
     def receive(connection: Any, frames: list[bytes], now: float) -> None:
         message = unpack(frames, max_bytes=MAX_BYTES, shared=connection.shared_arrays)
         payload, own = views.unpack(message.agent_id, message.payload)
-        _batch = {key: value if key in own else np.array(value) for key, value in payload["inputs"].items()}
+        _batch = {
+            key: value if key in own or in_shared_memory(value) else np.array(value)
+            for key, value in payload["inputs"].items()
+        }
         rows = len(next(iter(_batch.values())))
         reply = {"actions": {"action": np.zeros(rows, np.int64)}}
         connection.shared_arrays.release(message.seq)  # as the CDP's reply does (SocketFront._send)
@@ -85,6 +89,8 @@ def round_trips(requester: Requester, way: str, envs: int, requests: int) -> lis
         new = rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8)
         rows.advance({"obs": new}, {}, {})
         stacks = rows.current()["obs_frames"]
+        if way == "shared memory, whole stacks":
+            stacks = np.ascontiguousarray(stacks)  # not in a view buffer: the writer copies it into the block
         started = time.perf_counter()
         if way == "tiny":
             payload: dict[str, Any] = {"inputs": {"count": np.zeros(envs, np.int64)}, "states": {}}

@@ -7,6 +7,7 @@ import inspect
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -43,11 +44,9 @@ def copy_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> No
 class _ActingView:
     """The Algorithm as ``predict`` sees it while ``learn`` runs in another thread.
 
-    Every attribute and method is the algorithm's own (so counters that
-    ``predict`` keeps, such as an exploration schedule, stay one), except its
-    nn.Module attributes, which are the acting copies: ``learn`` may change
-    the learning weights at any moment, the acting ones change only between
-    two predictions.
+    Every attribute and method is the algorithm's own (so counters that ``predict`` keeps, such as an exploration
+    schedule, stay one), except its nn.Module attributes, which are the acting copies: ``learn`` may change the
+    learning weights at any moment, the acting ones change only between two predictions.
     """
 
     __slots__ = ("_algorithm", "_modules")
@@ -159,11 +158,15 @@ class ComputationTask:
         return self._to_device(array)
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        if array.flags.writeable:
+            tensor = torch.from_numpy(array)
+        else:  # handed over as it is (shared memory, the CDP's rings): read, never written, so torch's warning is moot
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                tensor = torch.from_numpy(array)
         if self._pinned:
-            return torch.from_numpy(array).pin_memory().to(self.device, non_blocking=True)
-        if self.device.type == "cpu":
-            return torch.from_numpy(array)
-        return torch.from_numpy(array).to(self.device)
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)
 
     def _arrays(self, group: str, specs: dict[str, Spec], tensors: Any, rows: int) -> dict[str, np.ndarray | Ragged]:
         if not isinstance(tensors, dict) or tensors.keys() != specs.keys():

@@ -1,4 +1,4 @@
-"""Predict requests as they cross from an agent to its CDP: each new frame once.
+"""Predict requests as they cross from an agent on another machine to its CDP: each new frame once.
 
 A CT with trajectory views of its observations (``View.last_observations``:
 Atari's last 4 frames, ``obs_frames``) takes those views with every predict
@@ -16,14 +16,16 @@ this step's observation (its env played on) crosses as a flag:
 
 The sender (``ViewsSender``, in the agent's port) learns which rows continue
 from the views themselves where ``ViewRows`` handed them out as they are
-(``flare2.core.views.continuation_of``: the stock agents' way, on every
-stream, shared memory included); other views it compares with those it sent
-last, so a custom agent's views arrive exactly, or, through shared memory,
-where a copy costs less than comparing, sends as they are without
-``continued``: the CDP then keeps nothing of them. The receiver
+(``flare2.core.views.continuation_of``: the stock agents' way); other views it
+compares with those it sent last, so a custom agent's views arrive exactly.
+A local agent's views go through shared memory as they are, without
+``continued``, and the CDP keeps nothing of them: ``ViewRows`` keeps its
+frames where the compute process reads them in place
+(``flare2.wire.shared_arrays``), and other views are copied, which costs less
+than comparing them. The receiver
 (``ViewsReceiver``, in the CDP) keeps a copy of the last views of each agent as
-a ring of frames, rebuilds each request's views from it in one pass into an
-array the CT may take as it is, and refuses a request that continues views it
+a ring of frames (``flare2.core.views.FrameRing``), hands each request's views
+to the CT as a view of it, and refuses a request that continues views it
 does not hold. Views of actions and rewards are small and cross whole. The
 serial runner's in-process port hands over the views as they are.
 """
@@ -36,7 +38,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from flare2.core.specs import CTSpecs, View
-from flare2.core.views import continuation_of
+from flare2.core.views import FrameRing, continuation_of
 from flare2.errors import SpecError
 
 CONTINUED = "continued"
@@ -62,14 +64,14 @@ class ViewsSender:
     """The agent's side for one CT: drops the views of rows that continue the request before (module docstring).
 
     Views that ``ViewRows.current`` handed out say which rows continue (``continuation_of``), and those rows cross
-    as a flag on any stream. Other views (copies, concatenations, a custom agent's) are compared with those sent
-    before, row by row; ``whole``: sent as they are instead, where a copy costs less than the comparison (through
-    shared memory: at 64 Atari envs, 0.1 ms against 0.9 ms).
+    as a flag. Other views (copies, concatenations, a custom agent's) are compared with those sent before, row by
+    row. ``whole`` (through shared memory): every view is sent as it is, read in place or copied (at 64 Atari envs a
+    copy takes 0.1 ms, the comparison 0.9 ms).
     """
 
     def __init__(self, specs: CTSpecs, *, whole: bool = False) -> None:
         self.views = _observation_views(specs)
-        self._compare = not whole
+        self._whole = whole
         self._sent: dict[str, np.ndarray] = {}
         """Copies of the views last sent, when the next request's may have to be compared with them."""
         self._streams: OrderedDict[int, tuple[int, int | None]] = OrderedDict()
@@ -77,7 +79,7 @@ class ViewsSender:
 
     def pack(self, payload: dict[str, Any]) -> dict[str, Any]:
         """``payload`` as it crosses: the same, or the views of the rows that do not continue and ``continued``."""
-        if not self.views:
+        if not self.views or self._whole:
             return payload
         inputs = payload["inputs"]
         views = {name: np.asarray(inputs[name]) for name in self.views}
@@ -91,8 +93,6 @@ class ViewsSender:
             if last is None or last != mark.generation - 1 or continued is None:
                 continued = np.zeros(rows, bool)
             return {**_with_continued(payload, self.views, continued), VIEWS_OF: stream}
-        if not self._compare:
-            return payload  # nothing will continue these views: the CDP need not keep them
         previous, self._sent = self._sent, {name: view.copy() for name, view in views.items()}
         continued = np.zeros(rows, bool)
         if previous and all(views[name].shape == previous[name].shape for name in self.views):
@@ -126,42 +126,19 @@ def _with_continued(payload: dict[str, Any], views: dict[str, View], continued: 
     return {**payload, "inputs": sent_inputs, CONTINUED: continued}
 
 
-class _Ring:
-    """One agent's last views of one name, ``[rows, frames, ...]``, kept as a ring: the oldest frame of every row
-    at ``head``. Moving on writes the new frames in place of the oldest; the views come out in one pass."""
-
-    def __init__(self, views: np.ndarray) -> None:
-        self.frames = np.array(views)  # a copy: the CT never gets (or changes) what the next request continues
-        self.head = 0
-
-    def __len__(self) -> int:
-        return len(self.frames)
-
-    def moved_on(self, observation: np.ndarray, restarted: np.ndarray, fresh: np.ndarray) -> np.ndarray:
-        """Every row moved on by ``observation``, then the ``restarted`` rows' views replaced by ``fresh``: the
-        views, oldest frame first, in an array of their own."""
-        count = self.frames.shape[1]
-        self.frames[:, self.head] = observation
-        self.head = (self.head + 1) % count
-        order = (self.head + np.arange(count)) % count
-        if restarted.any():
-            self.frames[np.ix_(np.flatnonzero(restarted), order)] = fresh
-        return np.take(self.frames, order, axis=1)
-
-
 class ViewsReceiver:
     """The CDP's side: rebuilds the views of each agent's requests from its last ones (module docstring)."""
 
     def __init__(self, specs: CTSpecs) -> None:
         self.specs = specs
         self.views = _observation_views(specs)
-        self._last: OrderedDict[tuple[str, int], dict[str, _Ring]] = OrderedDict()
+        self._last: OrderedDict[tuple[str, int], dict[str, FrameRing]] = OrderedDict()
         """By agent and stream of views (``VIEWS_OF``): the last views, as rings."""
 
     def unpack(self, agent_id: str, payload: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
         """``payload`` with every view spelled out (raises ``SpecError`` naming what does not fit), and the names of
-        the views rebuilt here: arrays of their own, which the CT may take without a copy. Keeps the views for the
-        agent's next request."""
+        the views rebuilt here: read-only views of the rings, valid until the agent's next request, which the CT
+        takes without a copy. Keeps the views for the agent's next request."""
         if not self.views:
             return payload, frozenset()
         inputs = payload.get("inputs")
@@ -179,7 +156,7 @@ class ViewsReceiver:
             raise SpecError(f"{CONTINUED!r} must be a 1-d bool array, got {_describe(continued)}")
         rows, restarted = len(continued), ~continued
         if not continued.any():
-            return self._start(key, payload, rows), frozenset()
+            return self._start(key, payload, rows)
         if previous is None or len(next(iter(previous.values()))) != rows:
             raise SpecError(
                 f"the request continues the views of {rows} rows, but the CT holds none of this agent's of that many: "
@@ -199,21 +176,20 @@ class ViewsReceiver:
                     f"inputs[{name!r}] must hold the views of the rows that do not continue, {spec.dtype} "
                     f"{list(expected)}, got {_describe(fresh)}"
                 )
-        rebuilt = {
-            name: previous[name].moved_on(inputs[view.key], restarted, inputs[name])
-            for name, view in self.views.items()
-        }
+        for name, view in self.views.items():
+            ring = previous[name]
+            ring.push(inputs[view.key])
+            if restarted.any():
+                ring.replace(np.flatnonzero(restarted), inputs[name])
         self._hold(key, previous)
-        spelled_out = _spelled_out(payload)
-        spelled_out["inputs"] = {**inputs, **rebuilt}
-        return spelled_out, frozenset(rebuilt)
+        return self._from_rings(payload, previous)
 
     def forget(self, agent_ids: set[str] | frozenset[str]) -> None:
         """Agents that left: their views go."""
         for key in [key for key in self._last if key[0] in agent_ids]:
             del self._last[key]
 
-    def _start(self, key: tuple[str, int], payload: dict[str, Any], rows: int) -> dict[str, Any]:
+    def _start(self, key: tuple[str, int], payload: dict[str, Any], rows: int) -> tuple[dict[str, Any], frozenset[str]]:
         """A request none of whose rows continue: its views as they are, and a copy of them kept for the next request
         to continue (an array of a decoded message is a view of its bytes, or of a shared block reused once the
         request is answered)."""
@@ -224,10 +200,23 @@ class ViewsReceiver:
                     f"inputs[{name!r}] must hold the views of every row when none continues, {spec.dtype} "
                     f"{[rows, *spec.fixed_shape]}, got {_describe(inputs.get(name))}"
                 )
-        self._hold(key, {name: _Ring(inputs[name]) for name in self.views})
-        return _spelled_out(payload)
+        rings = {name: FrameRing(inputs[name]) for name in self.views}
+        self._hold(key, rings)
+        return self._from_rings(payload, rings)
 
-    def _hold(self, key: tuple[str, int], rings: dict[str, _Ring]) -> None:
+    def _from_rings(
+        self, payload: dict[str, Any], rings: dict[str, FrameRing]
+    ) -> tuple[dict[str, Any], frozenset[str]]:
+        """``payload`` spelled out with the rings' views in place of the views, and their names: read-only views the
+        CT reads during its ``predict`` as they are, with no copy into the batch."""
+        taken = {name: ring.window() for name, ring in rings.items()}
+        for window in taken.values():
+            window.flags.writeable = False  # the next request continues them
+        spelled_out = _spelled_out(payload)
+        spelled_out["inputs"] = {**payload["inputs"], **taken}
+        return spelled_out, frozenset(taken)
+
+    def _hold(self, key: tuple[str, int], rings: dict[str, FrameRing]) -> None:
         self._last[key] = rings
         while len(self._last) > MOST_AGENTS_HELD:
             self._last.popitem(last=False)

@@ -28,6 +28,7 @@ import numpy as np
 from flare2.core.spaces import regrouped_rows
 from flare2.core.specs import CTSpecs
 from flare2.wire.ragged import Ragged
+from flare2.wire.shared_arrays import shared_zeros
 
 
 @dataclass(frozen=True, eq=False)  # one per handing out: the views of one step share it
@@ -63,14 +64,65 @@ def _hand_out(view: np.ndarray, continuation: Continuation) -> None:
     _handed_out[key] = (weakref.ref(view, forget), continuation)
 
 
+class FrameRing:
+    """The last ``frames`` values of each of ``rows`` rows, kept so that moving on writes the new values and moves
+    nothing else: each value lies in two slots ``frames`` apart, so every row's last ``frames`` values, oldest
+    first, are one run of memory, and ``window`` hands all of them out as a view ``[rows, frames, ...]`` (strided
+    from row to row; a model's first conversion to floats reads it as it would a copy). A stack that shifts on
+    instead moves every frame each step: 0.22 ms at 64 Atari envs, against 0.04 ms for the new frames twice."""
+
+    def __init__(self, windows: np.ndarray, *, shared: bool = False) -> None:
+        """A ring holding ``windows`` ``[rows, frames, ...]`` (a copy); ``shared``: in shared memory, where a local
+        compute process reads the windows of a request in place (``flare2.wire.shared_arrays.shared_zeros``)."""
+        self.frames = windows.shape[1]
+        shape = (len(windows), 2 * self.frames, *windows.shape[2:])
+        self._slots = shared_zeros(shape, windows.dtype) if shared else np.empty(shape, windows.dtype)
+        self._slots[:, : self.frames] = windows
+        self._slots[:, self.frames :] = windows
+        self._newest = self.frames - 1
+        """The slot of each row's newest value in the first half; its twin is ``frames`` slots on."""
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def window(self) -> np.ndarray:
+        """Every row's last ``frames`` values, oldest first: a view, valid until the ring moves on."""
+        start = self._newest + 1
+        return self._slots[:, start : start + self.frames]
+
+    def newest(self) -> np.ndarray:
+        """Every row's newest value: a view, valid until the ring moves on."""
+        return self._slots[:, self._newest]
+
+    def push(self, values: np.ndarray) -> None:
+        """Every row moves on by its value in ``values`` ``[rows, ...]``, in place of its oldest."""
+        self._newest = (self._newest + 1) % self.frames
+        self._slots[:, self._newest] = values
+        self._slots[:, self._newest + self.frames] = values
+
+    def replace(self, rows: np.ndarray, windows: np.ndarray) -> None:
+        """Rows ``rows`` (indices) hold ``windows`` ``[len(rows), frames, ...]`` instead, oldest first."""
+        slots = self._newest + 1 + np.arange(self.frames)
+        for twins in (slots, (slots + self.frames) % (2 * self.frames)):
+            self._slots[np.ix_(rows, twins)] = windows
+
+    def restart(self, row: int, value: Any = None) -> None:
+        """Row ``row`` holds zeros, then ``value`` as its newest where one is given."""
+        self._slots[row] = 0
+        if value is not None:
+            self._slots[row, self._newest] = value
+            self._slots[row, self._newest + self.frames] = value
+
+
 class ViewRows:
     """The trajectory views of ``count`` envs for one CT (see the module docstring)."""
 
     def __init__(self, specs: CTSpecs, count: int) -> None:
         self.views = specs.views
         # A view's spec has a fixed shape (CTSpecs checks it), so its frames are one array.
-        self._frames = {
-            name: np.zeros((count, *specs.inputs[name].fixed_shape), specs.inputs[name].dtype) for name in self.views
+        self._rings = {
+            name: FrameRing(np.zeros((count, *specs.inputs[name].fixed_shape), specs.inputs[name].dtype), shared=True)
+            for name in self.views
         }
         # Since the views were last handed out: the steps every row moved on, and the rows that started afresh.
         self._source, self._generation = next(_sources), 0
@@ -83,30 +135,27 @@ class ViewRows:
         """Env ``index`` starts an episode with ``inputs`` (its observation, by key): zeros, then that observation."""
         self._fresh[index] = True
         for name, view in self.views.items():
-            frames = self._frames[name]
-            frames[index] = 0
-            if view.group == "inputs":
-                frames[index, -1] = inputs[view.key]
+            self._rings[name].restart(index, inputs[view.key] if view.group == "inputs" else None)
 
     def start_all(self, inputs: Mapping[str, np.ndarray | Ragged]) -> None:
         """Every env starts an episode; ``inputs`` holds their observations as rows."""
-        for index in range(len(next(iter(self._frames.values()), ()))):
+        for index in range(len(next(iter(self._rings.values()), ()))):
             self.start(index, {key: value[index] for key, value in inputs.items()})
 
     def current(self) -> dict[str, np.ndarray]:
-        """The views of the current step, ``[count, frames, ...]`` each: read-only views of the frames, valid until
-        the next ``advance`` or ``start``. The agent sends them at once and moves on only after the reply, by when
-        the CDP has copied them into its batch; a copy here would be one more pass over every stack, each step
-        (0.05 ms for 64 Atari envs). Each says what it continues (``continuation_of``), so that the agent's port
-        sends the rows that moved on as a flag without comparing them (``flare2.core.predict_requests``)."""
+        """The views of the current step, ``[count, frames, ...]`` each: read-only views of the frames (in shared
+        memory), valid until the next ``advance`` or ``start``. The agent sends them at once and moves on only after
+        the reply, by when the CT has read them: a local compute process reads them where they are. Each says what it
+        continues (``continuation_of``), so that a port to another machine sends the rows that moved on as a flag
+        without comparing them (``flare2.core.predict_requests``)."""
         self._generation += 1
         fresh = self._fresh
         continued = ~fresh if self._advances == 1 and not fresh.all() else None
         continuation = Continuation(self._source, self._generation, continued)
         self._advances, self._fresh = 0, np.zeros_like(fresh)
         views = {}
-        for name, frames in self._frames.items():
-            view = frames.view()
+        for name, ring in self._rings.items():
+            view = ring.window()
             view.flags.writeable = False
             _hand_out(view, continuation)
             views[name] = view
@@ -114,7 +163,10 @@ class ViewRows:
 
     def regroup(self, kept: np.ndarray, added: int) -> None:
         """Keep rows ``kept`` (in that order), then ``added`` new rows, which ``start`` starts."""
-        self._frames = {name: regrouped_rows(frames, kept, added) for name, frames in self._frames.items()}
+        self._rings = {
+            name: FrameRing(regrouped_rows(ring.window(), kept, added), shared=True)
+            for name, ring in self._rings.items()
+        }
         self._fresh = np.ones(len(kept) + added, bool)  # their order changed: nothing continues
 
     def advance(
@@ -128,9 +180,8 @@ class ViewRows:
         self._advances += 1
         sources: dict[str, Mapping[str, Any]] = {"inputs": next_inputs, "actions": actions, "rewards": rewards}
         for name, view in self.views.items():
-            frames = self._frames[name]
-            frames[:, :-1] = frames[:, 1:]
-            frames[:, -1] = sources[view.group][view.key][: len(frames)]
+            ring = self._rings[name]
+            ring.push(sources[view.group][view.key][: len(ring)])
 
 
 def view_context(specs: CTSpecs) -> int:

@@ -10,7 +10,7 @@ count must match the shape exactly, nesting is bounded, and any other type
 (msgpack timestamps, unknown ext codes) is rejected with a DecodeError.
 
 On a local agent's predict stream a large array may instead travel as a
-reference into shared memory (ext code 2, ``flare2.wire.shared_arrays``),
+reference into shared memory (ext codes 2 and 3, ``flare2.wire.shared_arrays``),
 decoded only with that stream's reader: anywhere else it is an unknown ext code.
 """
 
@@ -26,7 +26,12 @@ import numpy as np
 
 from flare2.errors import DecodeError, EncodeError
 from flare2.wire.ragged import Ragged
-from flare2.wire.shared_arrays import SHARED_ARRAY_EXT_CODE, SharedArraysReader, SharedArraysWriter
+from flare2.wire.shared_arrays import (
+    SHARED_ARRAY_EXT_CODE,
+    SHARED_VIEW_EXT_CODE,
+    SharedArraysReader,
+    SharedArraysWriter,
+)
 
 ARRAY_EXT_CODE = 1
 MAX_NDIM = 32
@@ -132,7 +137,7 @@ def _pack(value: Any, default: Any) -> bytes:
 
 
 def _ext_to_array(code: int, data: bytes, shared: SharedArraysReader | None = None) -> np.ndarray:
-    if code != ARRAY_EXT_CODE and (code != SHARED_ARRAY_EXT_CODE or shared is None):
+    if code != ARRAY_EXT_CODE and (code not in (SHARED_ARRAY_EXT_CODE, SHARED_VIEW_EXT_CODE) or shared is None):
         raise DecodeError(f"unknown msgpack ext type {code}")
     if len(data) < 2:
         raise DecodeError("array header is truncated")
@@ -152,6 +157,9 @@ def _ext_to_array(code: int, data: bytes, shared: SharedArraysReader | None = No
     if code == SHARED_ARRAY_EXT_CODE:
         assert shared is not None  # checked above
         return shared.array(data[head_len:], dtype, shape, expected)
+    if code == SHARED_VIEW_EXT_CODE:
+        assert shared is not None  # checked above
+        return shared.view(data[head_len:], dtype, shape, expected)
     if len(data) - head_len != expected:
         raise DecodeError(
             f"array of shape {shape} and dtype {dtype.name} needs {expected} bytes, got {len(data) - head_len}"

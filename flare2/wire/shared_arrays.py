@@ -4,9 +4,8 @@ A predict request of 64 Atari envs carries 0.45 MB of new frames a step (more
 when games restart); written to a Unix stream it is copied five times on its
 way (into the message, into the kernel, out of it, out of the message, into
 the batch) and cost 1.4 ms a step more than a request of one int per env
-(``tools/bench_frames.py``). Through shared memory it is copied twice: by the
-agent into a block both processes map, and by the compute process out of it
-into the batch the model gets.
+(``tools/bench_frames.py``). Through shared memory the agent copies it into a
+block both processes map, and the CT reads it there.
 
 How it goes:
 
@@ -22,8 +21,8 @@ How it goes:
   version stamp), written with the array.
 - The compute process's ``SharedArraysReader`` (one per connection) checks the
   reference against the block's bounds and the stamp and gives the array as a
-  read-only view of the block. The request is answered only after the CDP
-  copied it into a batch; with the reply (``release``) the reader writes to
+  read-only view of the block, read in place (or copied into a batch) before
+  the request is answered; with the reply (``release``) the reader writes to
   the block's ``consumed`` word the last message before the oldest one still
   unanswered (a refused message is done with at once).
 - The writer reuses a region only once ``consumed`` has reached the message
@@ -32,6 +31,14 @@ How it goes:
   slow compute process never makes an agent wait for room.
 - A connection's blocks are unmapped when it closes; the kernel frees them
   once the agent is gone too, whatever way it went.
+
+Arrays an agent keeps from step to step can live in shared memory from the
+start (``shared_zeros``: the frame rings of its trajectory views,
+``flare2.core.views.FrameRing``). A request that holds a view of one names it
+(ext code ``SHARED_VIEW_EXT_CODE``: the head, the buffer's number, the view's
+offset and strides); the buffer's fd crosses once per connection. The CT
+reads the view in place; the agent changes it only after the reply. At 64
+Atari envs a step's frame stacks cross with no copy at all.
 
 Only what the stream carries changes: decoding is as strict as ever (a
 reference that does not fit its block is a ``DecodeError``), and a message's
@@ -42,11 +49,14 @@ Agents of other machines keep the wire; the reader exists only on streams.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import mmap
 import os
 import stat
 import struct
-from collections import deque
+import weakref
+from collections import OrderedDict, deque
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -54,6 +64,7 @@ import numpy as np
 from flare2.errors import DecodeError
 
 SHARED_ARRAY_EXT_CODE = 2
+SHARED_VIEW_EXT_CODE = 3
 MIN_SHARED_BYTES = 16 * 1024
 """Smaller arrays cross inline: below this, the bookkeeping costs more than the copies it saves."""
 FIRST_BLOCK_BYTES = 1 << 20
@@ -65,6 +76,11 @@ _STAMP = struct.Struct("<Q")  # at the start of each region: the number of the m
 _DATA_START = 64
 _ALIGN = 64
 _REFERENCE = struct.Struct("<QQQ")  # block number, region offset, message number
+_VIEW_REFERENCE = struct.Struct("<QQ")  # view buffer number, offset; the strides follow, an int64 per dim
+_VIEW_BUFFER_MARK = struct.Struct("<Q")  # at offset 16 of a view buffer (a block has zeros there)
+_VIEW_BUFFER = 0x7765_6976_3265_7261
+MOST_VIEW_BUFFERS = 16  # a reader keeps the last sent mapped; the writer sends an older one's fd again
+MOST_FDS = 4  # that one message brings: a new block's and view buffers'
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
@@ -87,12 +103,78 @@ class _Block:
         os.close(self.fd)
 
 
+_view_numbers = itertools.count(1)
+_view_buffers: dict[int, tuple[int, int, int]] = {}
+"""This process's view buffers by number, while they live: the fd, and the addresses of the first byte of data and
+of the end."""
+
+
+def shared_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An array of zeros in a view buffer of its own (module docstring): where a request holds a view of it, a local
+    compute process reads the view in place. It goes, with its fd, when the last view of it does."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = (_DATA_START + max(nbytes, 1) + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+    if size > MOST_BLOCK_BYTES:
+        return np.zeros(shape, dtype)  # no reader maps it: its views cross as any array does
+    number = next(_view_numbers)
+    fd = os.memfd_create(f"flare2-views-{number}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        buffer = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    _BLOCK_NUMBER.pack_into(buffer, 8, number)
+    _VIEW_BUFFER_MARK.pack_into(buffer, 16, _VIEW_BUFFER)
+    array = np.ndarray(shape, dtype, buffer=buffer, offset=_DATA_START)
+    start = array.__array_interface__["data"][0]
+    _view_buffers[number] = (fd, start, start + nbytes)
+    weakref.finalize(buffer, _forget_view_buffer, number)
+    return array
+
+
+def _forget_view_buffer(number: int) -> None:
+    os.close(_view_buffers.pop(number)[0])
+
+
+def _in_view_buffer(array: np.ndarray) -> tuple[int, int, int] | None:
+    """The view buffer ``array`` lies in (number, fd, offset of its first element from the buffer's start), or None."""
+    if not _view_buffers or any(stride < 0 for stride in array.strides):
+        return None
+    first = array.__array_interface__["data"][0]
+    last = first + _extent(array.shape, array.strides, array.itemsize)
+    for number, (fd, start, end) in _view_buffers.items():
+        if start <= first and last <= end:
+            return number, fd, first - start + _DATA_START
+    return None
+
+
+def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """The bytes from an array's first element to the end of its last (0 for an empty one)."""
+    return 0 if 0 in shape else sum((dim - 1) * stride for dim, stride in zip(shape, strides)) + itemsize
+
+
+def in_shared_memory(array: Any) -> bool:
+    """Whether ``array`` is a view a reader gave of shared memory: valid while the request it came with is served,
+    and read-only (the CDP hands it to the CT as it is, where it would copy an array of a message's bytes)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)
+
+
 class SharedArraysWriter:
     """The agent's side of one stream: places large arrays in its block (module docstring)."""
 
     def __init__(self) -> None:
         self._block: _Block | None = None
         self._unsent_fd: int | None = None
+        self._unsent_views: list[tuple[int, int, int]] = []
+        """The view buffers whose fd goes with the next message sent: (the message that named it, number, fd)."""
+        self._views_sent: OrderedDict[int, None] = OrderedDict()
+        """The view buffers the reader holds, as it holds them: the most recent ``MOST_VIEW_BUFFERS`` fds sent."""
         self._message = 0
         self._head = _DATA_START
         # (message number, start, end) of the regions not yet known to be read, oldest first.
@@ -109,21 +191,35 @@ class SharedArraysWriter:
         self.placed_bytes = 0
 
     def cancel(self) -> None:
-        """The message begun last will not be sent: its regions are free again."""
+        """The message begun last will not be sent: its regions are free again, its view buffers still unsent."""
         while self._in_flight and self._in_flight[-1][0] == self._message:
             self._head = self._in_flight.pop()[1]
+        while self._unsent_views and self._unsent_views[-1][0] == self._message:
+            os.close(self._unsent_views.pop()[2])
         self.placed_bytes = 0
 
-    def take_fd(self) -> int | None:
-        """The fd of a block the reader has not been sent yet: to go with the message just encoded."""
-        fd, self._unsent_fd = self._unsent_fd, None
-        return fd
+    def take_fds(self) -> list[int]:
+        """The fds the reader has not been sent yet (a new block's, view buffers'): to go with the message just
+        encoded; the caller closes them once sent."""
+        fds = [] if self._unsent_fd is None else [self._unsent_fd]
+        for _, number, fd in self._unsent_views:
+            # The reader keeps the view buffers it was sent last, as many as this: so does the writer, in the same
+            # order, and sends the fd of one it let go again where a message names it.
+            self._views_sent[number] = None
+            if len(self._views_sent) > MOST_VIEW_BUFFERS:
+                self._views_sent.popitem(last=False)
+            fds.append(fd)
+        self._unsent_fd, self._unsent_views = None, []
+        return fds
 
     def place(self, array: np.ndarray, head: bytes) -> msgpack.ExtType | None:
         """The reference to ``array`` (already of its wire dtype) written into the block, or None: it crosses
         inline. ``head`` is the array's wire head (dtype code, ndim, dims)."""
         if array.nbytes < MIN_SHARED_BYTES:
             return None
+        in_view_buffer = _in_view_buffer(array)
+        if in_view_buffer is not None and (named := self._name(array, head, *in_view_buffer)) is not None:
+            return named
         need = _aligned(_STAMP.size + array.nbytes)
         start = self._allocate(need)
         if start is None:
@@ -137,6 +233,16 @@ class SharedArraysWriter:
         self._in_flight.append((self._message, start, start + need))
         self.placed_bytes += array.nbytes
         return msgpack.ExtType(SHARED_ARRAY_EXT_CODE, head + _REFERENCE.pack(block.number, start, self._message))
+
+    def _name(self, array: np.ndarray, head: bytes, number: int, fd: int, offset: int) -> msgpack.ExtType | None:
+        """The reference to ``array``, a view of view buffer ``number``: its bytes stay where they are."""
+        if number not in self._views_sent and all(number != unsent for _, unsent, _ in self._unsent_views):
+            if len(self._unsent_views) + 1 >= MOST_FDS:
+                return None  # no room for its fd beside the others': this once it is copied
+            self._unsent_views.append((self._message, number, os.dup(fd)))
+        self.placed_bytes += array.nbytes
+        strides = struct.pack(f"<{array.ndim}q", *array.strides)
+        return msgpack.ExtType(SHARED_VIEW_EXT_CODE, head + _VIEW_REFERENCE.pack(number, offset) + strides)
 
     def _allocate(self, need: int) -> int | None:
         block = self._block
@@ -181,11 +287,18 @@ class SharedArraysWriter:
             os.close(fd)
             raise
         _BLOCK_NUMBER.pack_into(block.map, 8, number)
-        self.close()
+        self._close_block()
         self._block, self._unsent_fd = block, os.dup(fd)
         return True
 
     def close(self) -> None:
+        self._close_block()
+        for _, _, fd in self._unsent_views:
+            os.close(fd)
+        self._unsent_views = []
+        self._views_sent.clear()
+
+    def _close_block(self) -> None:
         if self._unsent_fd is not None:
             os.close(self._unsent_fd)
             self._unsent_fd = None
@@ -204,6 +317,8 @@ class SharedArraysReader:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._blocks: dict[int, _Block] = {}
+        self._view_buffers: OrderedDict[int, _Block] = OrderedDict()
+        """The last ``MOST_VIEW_BUFFERS`` view buffers the agent sent, in order (its writer counts them the same)."""
         self._read_bytes = 0
         self._decoding: int | None = None
         """The message number of the shared arrays of the message being decoded (None while it has none)."""
@@ -238,12 +353,23 @@ class SharedArraysReader:
             os.close(fd)
             raise DecodeError(f"cannot map the memory file sent with a message ({exc})") from None
         block.number = _BLOCK_NUMBER.unpack_from(block.map, 8)[0]
+        if _VIEW_BUFFER_MARK.unpack_from(block.map, 16)[0] == _VIEW_BUFFER:
+            self._keep_view_buffer(block)
+            return
         previous = self._blocks.pop(block.number, None)
         if previous is not None:
             previous.close()
         self._blocks[block.number] = block
         for number in sorted(self._blocks)[: -self._KEPT_BLOCKS]:
             self._blocks.pop(number).close()
+
+    def _keep_view_buffer(self, buffer: _Block) -> None:
+        previous = self._view_buffers.pop(buffer.number, None)
+        if previous is not None:
+            previous.close()
+        self._view_buffers[buffer.number] = buffer
+        while len(self._view_buffers) > MOST_VIEW_BUFFERS:
+            self._view_buffers.popitem(last=False)[1].close()
 
     def begin(self) -> None:
         """A message is about to be decoded (``codec.decode``; ``protocol.unpack`` then calls ``finish``)."""
@@ -273,6 +399,31 @@ class SharedArraysReader:
         self._last_message = max(self._last_message, message)
         return view
 
+    def view(self, reference: bytes, dtype: np.dtype, shape: tuple[int, ...], nbytes: int) -> np.ndarray:
+        """The view of ``dtype`` and ``shape`` that ``reference`` names in one of the agent's view buffers: read-only,
+        valid while its request is served (the agent changes it only after the reply)."""
+        if len(reference) != _VIEW_REFERENCE.size + 8 * len(shape):
+            raise DecodeError(
+                f"a shared view's reference has {len(reference)} bytes, not {_VIEW_REFERENCE.size + 8 * len(shape)}"
+            )
+        number, offset = _VIEW_REFERENCE.unpack_from(reference)
+        strides = struct.unpack_from(f"<{len(shape)}q", reference, _VIEW_REFERENCE.size)
+        buffer = self._view_buffers.get(number)
+        if buffer is None:
+            raise DecodeError(f"a shared view names view buffer {number}, which this connection was not sent")
+        if (
+            any(stride < 0 for stride in strides)
+            or offset < _DATA_START
+            or offset + _extent(shape, strides, dtype.itemsize) > buffer.size
+        ):
+            raise DecodeError(f"a shared view of shape {shape} at offset {offset} does not fit its view buffer")
+        self._read_bytes += nbytes
+        if self._read_bytes > self.max_bytes:
+            raise DecodeError(f"a message's shared arrays hold more than the limit of {self.max_bytes} bytes")
+        view = np.ndarray(shape, dtype, buffer=buffer.map, offset=offset, strides=strides)
+        view.flags.writeable = False
+        return view
+
     def finish(self, seq: int | None) -> None:
         """The message is decoded, ``seq`` its sequence number: its shared arrays stay in use until ``release(seq)``;
         or refused (None): its regions may be reused now."""
@@ -293,6 +444,7 @@ class SharedArraysReader:
             _CONSUMED.pack_into(block.map, 0, consumed)
 
     def close(self) -> None:
-        for block in self._blocks.values():
+        for block in [*self._blocks.values(), *self._view_buffers.values()]:
             block.close()
         self._blocks.clear()
+        self._view_buffers.clear()

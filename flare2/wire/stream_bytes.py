@@ -9,6 +9,7 @@ import struct
 import threading
 
 from flare2.errors import DecodeError
+from flare2.wire.shared_arrays import MOST_FDS
 
 # The lengths of the header frame and of the payload frame.
 _LENGTHS = struct.Struct("<II")
@@ -18,7 +19,7 @@ _MAX_HEADER_BYTES = 4096
 _READ_BYTES = 1 << 20
 # Room for the fds one read may bring: one block's with a message; more close the connection.
 _FD_BYTES = array.array("i").itemsize
-_FDS_SPACE = socket.CMSG_SPACE(4 * _FD_BYTES)
+_FDS_SPACE = socket.CMSG_SPACE(MOST_FDS * _FD_BYTES)
 
 
 class OversizeError(DecodeError):

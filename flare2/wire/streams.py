@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 
 from flare2.errors import ConfigError, DecodeError, TransportError
-from flare2.wire.shared_arrays import SharedArraysReader, SharedArraysWriter
+from flare2.wire.shared_arrays import MOST_FDS, SharedArraysReader, SharedArraysWriter
 from flare2.wire.stream_bytes import OversizeError, StreamDecoder, read_buffer, stream_chunks
 
 logger = logging.getLogger(__name__)
@@ -167,11 +167,17 @@ class StreamServer:
         data, fds = read_buffer().read_with_fds(connection.sock)
         if fds:
             try:
-                if len(fds) > 1:
+                if len(fds) > MOST_FDS:
                     for fd in fds:
                         os.close(fd)
-                    raise DecodeError(f"{len(fds)} fds came in one read, where one block's may")
-                connection.shared_arrays.attach(fds[0])
+                    raise DecodeError(f"{len(fds)} fds came in one read, where a message brings at most {MOST_FDS}")
+                for index, fd in enumerate(fds):
+                    try:
+                        connection.shared_arrays.attach(fd)
+                    except DecodeError:
+                        for rest in fds[index + 1 :]:
+                            os.close(rest)
+                        raise
             except DecodeError as exc:
                 self._drop(connection, str(exc))
                 return
@@ -268,17 +274,18 @@ class StreamClient:
 
     def send(self, frames: list[bytes]) -> None:
         """Send one message (packed with ``self.shared_arrays`` where there is one)."""
-        fd = self.shared_arrays.take_fd() if self.shared_arrays is not None else None
+        fds = self.shared_arrays.take_fds() if self.shared_arrays is not None else []
         try:
             if not self._ended:
-                self._send(stream_chunks(frames), fd)
+                self._send(stream_chunks(frames), fds)
         finally:
-            if fd is not None:
+            for fd in fds:
                 os.close(fd)
 
-    def _send(self, chunks: list[bytes], fd: int | None) -> None:
-        # A new block's fd goes with the message's first byte, so it arrives before the message is read.
-        ancillary = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+    def _send(self, chunks: list[bytes], fds: list[int]) -> None:
+        # The fds of new blocks and view buffers go with the message's first byte, so they arrive before the message
+        # is read.
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
             try:
                 sent = self._sock.sendmsg(chunks, ancillary)

@@ -86,7 +86,8 @@ def test_views_a_custom_agent_made_otherwise_cross_whole_for_those_rows():
 
 def acted(rows: ViewRows, sender: ViewsSender, receiver: ViewsReceiver, steps: int, starts: dict[int, set[int]]):
     """As an agent's port sends what ``rows`` hands out (and moves on only after the reply): for each step, what
-    crossed, the views the agent had and what the CDP rebuilt (and which of them are arrays of its own)."""
+    crossed, the views the agent had and what the CDP rebuilt (and which of them the CT takes as they are, and which of
+    those it could write)."""
     rng = np.random.default_rng(1)
     obs = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
     rows.start_all({"obs": obs})
@@ -95,7 +96,10 @@ def acted(rows: ViewRows, sender: ViewsSender, receiver: ViewsReceiver, steps: i
         views = rows.current()
         sent = sender.pack({"inputs": {"obs": obs, **views}, "states": {}})
         spelled_out, own = receiver.unpack("a", crossed(sent))
-        steps_seen.append((sent, views["obs_frames"].copy(), spelled_out["inputs"]["obs_frames"], own))
+        received = spelled_out["inputs"]["obs_frames"]
+        own_and_writable = {name for name in own if spelled_out["inputs"][name].flags.writeable}
+        # Copies: the views on both sides are valid until the next request.
+        steps_seen.append((sent, views["obs_frames"].copy(), received.copy(), (own, own_and_writable)))
         obs = rng.integers(0, 256, (ENVS, *SMALL), dtype=np.uint8)
         rows.advance({"obs": obs}, {"action": np.zeros(ENVS, np.int64)}, {"reward": np.zeros(ENVS, np.float32)})
         for env in starts.get(t + 1, ()):
@@ -103,23 +107,29 @@ def acted(rows: ViewRows, sender: ViewsSender, receiver: ViewsReceiver, steps: i
     return steps_seen
 
 
-@pytest.mark.parametrize("whole", [False, True])
-def test_views_the_agent_hands_out_say_which_rows_continue_so_nothing_is_compared(monkeypatch, whole):
-    # Through shared memory (whole) as on a stream: the rows that played on cross as a flag, found without comparing.
+def test_views_the_agent_hands_out_say_which_rows_continue_so_nothing_is_compared(monkeypatch):
+    # The rows that played on cross as a flag, found without comparing.
     monkeypatch.setattr(predict_requests, "_rows_equal", None)
-    seen = acted(ViewRows(specs(), ENVS), ViewsSender(specs(), whole=whole), ViewsReceiver(specs()), 6, {3: {1}})
+    seen = acted(ViewRows(specs(), ENVS), ViewsSender(specs()), ViewsReceiver(specs()), 6, {3: {1}})
     for t, (sent, views, rebuilt, own) in enumerate(seen):
         np.testing.assert_array_equal(rebuilt, views)
-        if t == 0:
-            assert not sent[CONTINUED].any() and own == frozenset()
-        else:
+        assert own == ({"obs_frames"}, set())  # views of the CDP's ring, read-only: the CT reads them as they are
+        if t > 0:
             assert np.flatnonzero(~sent[CONTINUED]).tolist() == ([1] if t == 3 else [])
-            assert own == {"obs_frames"} and rebuilt.flags.writeable and rebuilt.flags.owndata
-            rebuilt[...] = 7  # the CT may change its inputs: the next request still continues what the agent sent
+        else:
+            assert not sent[CONTINUED].any()
+
+
+def test_through_shared_memory_views_cross_as_they_are_and_the_cdp_keeps_nothing():
+    rows, sender, receiver = ViewRows(specs(), ENVS), ViewsSender(specs(), whole=True), ViewsReceiver(specs())
+    for sent, views, received, own in acted(rows, sender, receiver, 3, {2: {0}}):
+        assert CONTINUED not in sent and own == (frozenset(), set())
+        np.testing.assert_array_equal(received, views)
+    assert not receiver._last
 
 
 def test_views_that_skip_a_step_or_change_their_rows_cross_whole():
-    rows, sender, receiver = ViewRows(specs(), ENVS), ViewsSender(specs(), whole=True), ViewsReceiver(specs())
+    rows, sender, receiver = ViewRows(specs(), ENVS), ViewsSender(specs()), ViewsReceiver(specs())
     acted(rows, sender, receiver, 2, {})
     obs = np.ones((ENVS, *SMALL), np.uint8)
 
@@ -132,12 +142,11 @@ def test_views_that_skip_a_step_or_change_their_rows_cross_whole():
     rows.advance({"obs": obs}, {}, {})
     rows.regroup(np.array([2, 0, 1]), 0)
     assert not sent(rows.current())[CONTINUED].any()
-    # A copy (or a concatenation, as evaluation rows make) says nothing: through shared memory it crosses whole, and
-    # the CDP keeps nothing of it.
+    # A copy (or a concatenation, as evaluation rows make) says nothing: it is compared with the copies compared
+    # before (none here, so every row crosses), on a stream of views of its own.
     rows.advance({"obs": obs}, {}, {})
     copied = sent({name: view.copy() for name, view in rows.current().items()})
-    assert CONTINUED not in copied
-    assert receiver.unpack("b", crossed(copied))[1] == frozenset()
+    assert not copied[CONTINUED].any() and VIEWS_OF not in copied
     continuing = {"inputs": {"obs": obs, "obs_frames": np.zeros((0, 4, *SMALL), np.uint8)}, CONTINUED: np.ones(3, bool)}
     with pytest.raises(SpecError, match="holds none of this agent's"):
         receiver.unpack("b", continuing)
@@ -145,7 +154,7 @@ def test_views_that_skip_a_step_or_change_their_rows_cross_whole():
 
 def test_two_halves_of_an_agents_envs_that_take_turns_each_continue_their_own_views():
     # Double-buffered envs: two ViewRows whose requests alternate through one port.
-    sender, receiver = ViewsSender(specs(), whole=True), ViewsReceiver(specs())
+    sender, receiver = ViewsSender(specs()), ViewsReceiver(specs())
     rng = np.random.default_rng(2)
     halves, observations = [ViewRows(specs(), ENVS), ViewRows(specs(), ENVS)], []
     for rows in halves:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import mmap
 import os
 import select
 import time
@@ -17,19 +16,19 @@ from flare2.runtime.agents.socket_port import SocketPort
 from flare2.runtime.latency import LatencyHistogram
 from flare2.wire.codec import decode, encode
 from flare2.wire.protocol import PREDICT, Message, pack, unpack
-from flare2.wire.shared_arrays import MIN_SHARED_BYTES, SharedArraysReader, SharedArraysWriter
+from flare2.wire.shared_arrays import (
+    MIN_SHARED_BYTES,
+    MOST_FDS,
+    MOST_VIEW_BUFFERS,
+    SharedArraysReader,
+    SharedArraysWriter,
+    in_shared_memory,
+    shared_zeros,
+)
 from flare2.wire.streams import StreamClient, StreamServer
 
 LIMIT = 1 << 24
 FRAMES = (64, 84, 84)
-
-
-def in_shared_block(array: np.ndarray) -> bool:
-    """Whether ``array`` views a shared block (a decoded request's array, valid until its reply)."""
-    base = array.base
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
 def frames(seed: int) -> np.ndarray:
@@ -37,9 +36,8 @@ def frames(seed: int) -> np.ndarray:
 
 
 def handed_over(writer: SharedArraysWriter, reader: SharedArraysReader) -> None:
-    """What the stream does with a new block's fd: the reader gets its own."""
-    fd = writer.take_fd()
-    if fd is not None:
+    """What the stream does with the fds of a new block and of view buffers: the reader gets its own."""
+    for fd in writer.take_fds():
         reader.attach(os.dup(fd))
         os.close(fd)
 
@@ -77,8 +75,8 @@ def test_large_arrays_cross_as_references_and_small_ones_inline(pair):
     decoded = decode(data, shared=reader)
     np.testing.assert_array_equal(decoded["obs"], big)
     np.testing.assert_array_equal(decoded["flags"], small)
-    assert in_shared_block(decoded["obs"]) and not decoded["obs"].flags.writeable, "a read-only view of the block"
-    assert not in_shared_block(decoded["flags"])
+    assert in_shared_memory(decoded["obs"]) and not decoded["obs"].flags.writeable, "a read-only view of the block"
+    assert not in_shared_memory(decoded["flags"])
 
 
 def test_a_region_is_reused_only_once_the_request_that_used_it_was_answered(pair):
@@ -257,3 +255,76 @@ def test_an_agents_port_sends_its_predict_requests_frames_through_shared_memory_
         port.close()
         predict.close()
         learn.close()
+
+
+def test_a_view_of_a_view_buffer_is_named_not_copied_and_read_where_the_agent_keeps_it(pair):
+    writer, reader = pair
+    ring = shared_zeros((8, 4 * 2, 84, 84), np.uint8)
+    ring[:] = np.arange(8 * 8, dtype=np.uint8).reshape(8, 8, 1, 1)
+    window = ring[:, 3:7]  # strided from row to row, as FrameRing hands its windows out
+    data = encode({"obs_frames": window}, shared=writer)
+    assert len(data) < 200, "a reference, not the frames"
+    handed_over(writer, reader)
+    decoded = decode(data, shared=reader)["obs_frames"]
+    np.testing.assert_array_equal(decoded, window)
+    assert in_shared_memory(decoded) and not decoded.flags.writeable
+    ring[0, 3] = 255  # the same memory: what the agent writes (after the reply) is what the next request names
+    assert decoded[0, 0, 0, 0] == 255
+    # The buffer's fd went with the first message only; a message that fails to encode leaves it unsent.
+    assert len(encode({"obs_frames": window}, shared=writer)) < 200 and writer.take_fds() == []
+    other = shared_zeros((8, 4, 84, 84), np.uint8)
+    with pytest.raises(Exception, match="cannot send a value of type object"):
+        encode({"obs_frames": other, "z": object()}, shared=writer)
+    assert writer.take_fds() == []
+    encode({"obs_frames": other}, shared=writer)
+    fds = writer.take_fds()
+    assert len(fds) == 1
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_view_named_wrongly_is_refused_not_read(pair):
+    writer, reader = pair
+    ring = shared_zeros((4, 8, 84, 84), np.uint8)
+    data = encode({"obs_frames": ring[:, 1:5]}, shared=writer)
+    handed_over(writer, reader)
+    strides = len(ring.shape) * 8
+    for where, value, message in [
+        (slice(-strides - 16, -strides - 8), 9, "names view buffer 9"),  # the buffer's number
+        (slice(-strides - 8, -strides), 1 << 40, "does not fit its view buffer"),  # the offset
+        (slice(-strides, -strides + 8), -1, "does not fit its view buffer"),  # a negative stride
+        (slice(-strides, -strides + 8), 1 << 30, "does not fit its view buffer"),  # rows past the end
+    ]:
+        tampered = bytearray(data)
+        tampered[where] = value.to_bytes(8, "little", signed=True)
+        with pytest.raises(DecodeError, match=message):
+            decode(bytes(tampered), shared=reader)
+    with pytest.raises(DecodeError, match="unknown msgpack ext type 3"):
+        decode(data)
+    np.testing.assert_array_equal(decode(data, shared=reader)["obs_frames"], ring[:, 1:5])
+
+
+def test_a_reader_keeps_the_view_buffers_used_last_and_a_message_brings_a_bounded_number_of_fds(pair):
+    writer, reader = pair
+    rings = [shared_zeros((4, 8, 84, 84), np.uint8) for _ in range(MOST_VIEW_BUFFERS + 1)]
+    for index, ring in enumerate(rings):
+        data = encode({"obs_frames": ring[:, 1:5]}, shared=writer)
+        handed_over(writer, reader)
+        decode(data, shared=reader)
+    assert len(reader._view_buffers) == MOST_VIEW_BUFFERS
+    # The first was let go on both sides: naming it again sends its fd again.
+    data = encode({"obs_frames": rings[0][:, 1:5]}, shared=writer)
+    handed_over(writer, reader)
+    np.testing.assert_array_equal(decode(data, shared=reader)["obs_frames"], rings[0][:, 1:5])
+    # A reader that let go of one the writer thinks it holds (the oldest, now the third) refuses to read it.
+    reader._view_buffers.popitem(last=False)
+    data = encode({"obs_frames": rings[2][:, 1:5]}, shared=writer)
+    assert writer.take_fds() == []
+    with pytest.raises(DecodeError, match="names view buffer"):
+        decode(data, shared=reader)
+    many = {f"v{index}": shared_zeros((4, 4, 84, 84), np.uint8) for index in range(MOST_FDS + 2)}
+    encode(many, shared=writer)
+    fds = writer.take_fds()
+    assert len(fds) <= MOST_FDS  # the views past that are copied into the block this once
+    for fd in fds:
+        os.close(fd)

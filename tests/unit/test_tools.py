@@ -174,7 +174,7 @@ def test_bench_frames_times_every_way_a_local_agent_can_send_its_frames():
     )
     assert result.returncode == 0, result.stderr
     header, _, row = result.stdout.strip().splitlines()
-    assert "shared memory, each frame once − tiny µs" in header
+    assert "shared memory, stacks in place − tiny µs" in header
     assert row.startswith("| 2 | 0.06 MB |") and len(row.split("|")) == len(header.split("|"))
 
 

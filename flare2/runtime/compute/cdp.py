@@ -13,15 +13,15 @@ requests: an ``evaluation`` array marks the rows of evaluation episodes
 request to this CT holds marked rows only is not waited for until one holds
 a training row again.
 
-Requests are validated against the CT's specs before they join a batch; a bad
-one gets an ERROR reply naming the key, what was expected and what arrived.
+Requests are validated against the CT's specs before they join a batch; a bad one gets an ERROR reply naming the
+key, what was expected and what arrived.
 
 The batching does not know how requests arrive: ``SocketFront``
-(:mod:`flare2.runtime.compute.cdp_sockets`) feeds it
-from the CT's two ROUTER sockets in the compute process, the serial runner
-from in-process ports. A ready learn batch goes to a learner
-(:mod:`flare2.runtime.compute.learners`), which may run ``learn()`` in another thread
-while predictions go on; its reply comes back through ``learned``.
+(:mod:`flare2.runtime.compute.cdp_sockets`) feeds it from the CT's two ROUTER
+sockets in the compute process, the serial runner from in-process ports. A
+ready learn batch goes to a learner (:mod:`flare2.runtime.compute.learners`),
+which may run ``learn()`` in another thread while predictions go on; its
+reply comes back through ``learned``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from flare2.wire.protocol import (
     error_payload,
 )
 from flare2.wire.ragged import Ragged, concat_rows
+from flare2.wire.shared_arrays import in_shared_memory
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
@@ -77,7 +78,7 @@ class _Request:
     arrived: float
     size: int  # rows of a predict request, sequences of a learn request
     own_inputs: frozenset[str] = frozenset()
-    """Inputs made for this request alone (views the CDP rebuilt): the CT may take them as they are."""
+    """Inputs the CT takes as they are (read-only, valid until the reply): views rebuilt here, shared memory's."""
 
 
 def check_finite(payload: dict[str, Any]) -> None:
@@ -289,6 +290,7 @@ class ComputationDataProcessor:
             else:
                 payload, own_inputs = self._views.unpack(message.agent_id, payload)
                 size, steps = self.ct.specs.check_predict(payload), 0
+                own_inputs |= {key for key, value in payload["inputs"].items() if in_shared_memory(value)}
         except SpecError as exc:
             self.reject(reply_to, learn, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return
@@ -386,8 +388,7 @@ class ComputationDataProcessor:
 
     def _serve_predict(self, batch: list[_Request], now: float) -> None:
         specs = self.ct.specs
-        # Concatenated even for one request, but for the views the CDP rebuilt for it: the model gets writable
-        # arrays of its own, not views of a message.
+        # Concatenated even for one request (not views of a message's bytes), but for the inputs it may take as they are.
         own = batch[0].own_inputs if len(batch) == 1 else frozenset()
         rows = {key: [r.payload["inputs"][key] for r in batch] for key in specs.inputs}
         inputs = {key: parts[0] if key in own else concat_rows(parts) for key, parts in rows.items()}

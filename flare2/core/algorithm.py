@@ -119,7 +119,8 @@ class Algorithm:
         self.device = torch.device("cpu")
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        """Actions and next states for a batch of ``[B, ...]`` inputs and states."""
+        """Actions and next states for a batch of ``[B, ...]`` inputs and states. The inputs may view memory the
+        agents keep (their frame stacks, through shared memory): read them during the call, never write or keep them."""
         raise NotImplementedError(f"{type(self).__name__} must define predict()")
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:

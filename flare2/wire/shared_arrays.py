@@ -145,7 +145,7 @@ def _in_view_buffer(array: np.ndarray) -> tuple[int, int, int] | None:
         return None
     first = array.__array_interface__["data"][0]
     last = first + _extent(array.shape, array.strides, array.itemsize)
-    for number, (fd, start, end) in _view_buffers.items():
+    for number, (fd, start, end) in list(_view_buffers.items()):  # a collection may drop one meanwhile
         if start <= first and last <= end:
             return number, fd, first - start + _DATA_START
     return None

@@ -39,7 +39,6 @@ from flare2.core.predict_requests import ViewsReceiver, ViewsSender
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.core.views import ViewRows
 from flare2.wire.protocol import PREDICT, PREDICTION, Message, pack, unpack
-from flare2.wire.shared_arrays import in_shared_memory
 from flare2.wire.sockets import Requester
 from flare2.wire.streams import SCHEME, StreamServer
 
@@ -62,10 +61,7 @@ def serve(path: str, ready: Any) -> None:
     def receive(connection: Any, frames: list[bytes], now: float) -> None:
         message = unpack(frames, max_bytes=MAX_BYTES, shared=connection.shared_arrays)
         payload, own = views.unpack(message.agent_id, message.payload)
-        _batch = {
-            key: value if key in own or in_shared_memory(value) else np.array(value)
-            for key, value in payload["inputs"].items()
-        }
+        _batch = {key: value if key in own else np.array(value) for key, value in payload["inputs"].items()}
         rows = len(next(iter(_batch.values())))
         reply = {"actions": {"action": np.zeros(rows, np.int64)}}
         connection.shared_arrays.release(message.seq)  # as the CDP's reply does (SocketFront._send)

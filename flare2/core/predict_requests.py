@@ -40,6 +40,7 @@ import numpy as np
 from flare2.core.specs import CTSpecs, View
 from flare2.core.views import FrameRing, continuation_of
 from flare2.errors import SpecError
+from flare2.wire.shared_arrays import in_shared_memory
 
 CONTINUED = "continued"
 """The key of the rows whose views continue the request before (see the module docstring)."""
@@ -137,8 +138,17 @@ class ViewsReceiver:
 
     def unpack(self, agent_id: str, payload: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
         """``payload`` with every view spelled out (raises ``SpecError`` naming what does not fit), and the names of
-        the views rebuilt here: read-only views of the rings, valid until the agent's next request, which the CT
-        takes without a copy. Keeps the views for the agent's next request."""
+        the inputs the CT takes as they are, without a copy into the batch: read-only, valid until the reply (the
+        views rebuilt here, views of the rings, and arrays in shared memory). Keeps the views for the agent's next
+        request."""
+        payload, rebuilt = self._with_views(agent_id, payload)
+        inputs = payload.get("inputs")
+        if not isinstance(inputs, dict):
+            return payload, rebuilt
+        return payload, rebuilt | {key for key, value in inputs.items() if in_shared_memory(value)}
+
+    def _with_views(self, agent_id: str, payload: dict[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+        """``payload`` with every view spelled out, and the names of the views rebuilt here."""
         if not self.views:
             return payload, frozenset()
         inputs = payload.get("inputs")
@@ -176,11 +186,12 @@ class ViewsReceiver:
                     f"inputs[{name!r}] must hold the views of the rows that do not continue, {spec.dtype} "
                     f"{list(expected)}, got {_describe(fresh)}"
                 )
+        restarted_rows = np.flatnonzero(restarted)
         for name, view in self.views.items():
             ring = previous[name]
             ring.push(inputs[view.key])
-            if restarted.any():
-                ring.replace(np.flatnonzero(restarted), inputs[name])
+            if restarted_rows.size:
+                ring.replace(restarted_rows, inputs[name])
         self._hold(key, previous)
         return self._from_rings(payload, previous)
 
@@ -190,9 +201,8 @@ class ViewsReceiver:
             del self._last[key]
 
     def _start(self, key: tuple[str, int], payload: dict[str, Any], rows: int) -> tuple[dict[str, Any], frozenset[str]]:
-        """A request none of whose rows continue: its views as they are, and a copy of them kept for the next request
-        to continue (an array of a decoded message is a view of its bytes, or of a shared block reused once the
-        request is answered)."""
+        """A request none of whose rows continue: its views kept as rings (copies: an array of a decoded message is a
+        view of its bytes, or of a shared block reused once the request is answered) and handed out from them."""
         inputs = payload["inputs"]
         for name, spec in self.specs.inputs.items():
             if name in self.views and not _fits(inputs.get(name), (rows, *spec.fixed_shape), spec.dtype):

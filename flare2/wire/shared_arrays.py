@@ -105,8 +105,7 @@ class _Block:
 
 _view_numbers = itertools.count(1)
 _view_buffers: dict[int, tuple[int, int, int]] = {}
-"""This process's view buffers by number, while they live: the fd, and the addresses of the first byte of data and
-of the end."""
+"""This process's live view buffers by number: the fd, and the addresses where their data starts and ends."""
 
 
 def shared_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -388,9 +387,7 @@ class SharedArraysReader:
             raise DecodeError(f"a shared array names block {block_number}, which this connection was not sent")
         if start < _DATA_START or start % _ALIGN or start + _STAMP.size + nbytes > block.size:
             raise DecodeError(f"a shared array of {nbytes} bytes at offset {start} does not fit its block")
-        self._read_bytes += nbytes
-        if self._read_bytes > self.max_bytes:
-            raise DecodeError(f"a message's shared arrays hold more than the limit of {self.max_bytes} bytes")
+        self._count(nbytes)
         if _STAMP.unpack_from(block.map, start)[0] != message:
             raise DecodeError(f"a shared array's region does not hold message {message}'s array")
         view = np.frombuffer(block.map, dtype, nbytes // dtype.itemsize, start + _STAMP.size).reshape(shape)
@@ -417,12 +414,15 @@ class SharedArraysReader:
             or offset + _extent(shape, strides, dtype.itemsize) > buffer.size
         ):
             raise DecodeError(f"a shared view of shape {shape} at offset {offset} does not fit its view buffer")
-        self._read_bytes += nbytes
-        if self._read_bytes > self.max_bytes:
-            raise DecodeError(f"a message's shared arrays hold more than the limit of {self.max_bytes} bytes")
+        self._count(nbytes)
         view = np.ndarray(shape, dtype, buffer=buffer.map, offset=offset, strides=strides)
         view.flags.writeable = False
         return view
+
+    def _count(self, nbytes: int) -> None:
+        self._read_bytes += nbytes
+        if self._read_bytes > self.max_bytes:
+            raise DecodeError(f"a message's shared arrays hold more than the limit of {self.max_bytes} bytes")
 
     def finish(self, seq: int | None) -> None:
         """The message is decoded, ``seq`` its sequence number: its shared arrays stay in use until ``release(seq)``;

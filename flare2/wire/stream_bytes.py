@@ -17,7 +17,7 @@ _LENGTHS = struct.Struct("<II")
 _MAX_HEADER_BYTES = 4096
 # Bytes taken from one connection per wake-up, so one flooding peer cannot starve the others.
 _READ_BYTES = 1 << 20
-# Room for the fds one read may bring: one block's with a message; more close the connection.
+# Room for the fds one read may bring: a message's (a new block's, view buffers'); more close the connection.
 _FD_BYTES = array.array("i").itemsize
 _FDS_SPACE = socket.CMSG_SPACE(MOST_FDS * _FD_BYTES)
 

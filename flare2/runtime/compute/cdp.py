@@ -54,7 +54,6 @@ from flare2.wire.protocol import (
     error_payload,
 )
 from flare2.wire.ragged import Ragged, concat_rows
-from flare2.wire.shared_arrays import in_shared_memory
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
@@ -290,7 +289,6 @@ class ComputationDataProcessor:
             else:
                 payload, own_inputs = self._views.unpack(message.agent_id, payload)
                 size, steps = self.ct.specs.check_predict(payload), 0
-                own_inputs |= {key for key, value in payload["inputs"].items() if in_shared_memory(value)}
         except SpecError as exc:
             self.reject(reply_to, learn, message.seq, f"CT {self.ct.name!r}: {exc}", "spec")
             return

@@ -1,11 +1,11 @@
 """What frames cost on the way from a local agent to the compute process: through the stream or shared memory.
 
-    python tools/bench_frames.py [--envs 8 32 64] [--requests 300]
+    python tools/bench_frames.py [--envs 8 32 64] [--requests 1000]
 
 An agent process of N envs sends each step's frame stacks, ``[N, 4, 84, 84]`` uint8 (Atari's), to the compute
 process, which needs them in an array of its own to batch them. Each way is timed as the agent sees it (send,
 then wait for a small reply), in two real processes, through the functions a run calls on each side: the agent's
-``ViewRows`` (the stacks it hands out, moved on by a new frame before the clock starts) and its port's
+``Acting`` (the request it builds, its stacks moved on by a new frame before the clock starts) and its port's
 ``ViewsSender`` and ``Requester`` (a Unix stream), the compute process's ``StreamServer``, ``unpack`` with the
 connection's shared-array reader and the CDP's ``ViewsReceiver``, and the copy into the batch of what the CT may not
 take as it is (the model is left out):
@@ -15,8 +15,8 @@ take as it is (the model is left out):
   (flare2.core.predict_requests) and rebuilt on the compute side, through the stream (agents of other machines);
 - ``shared memory, whole stacks``: the frames and a copy of every stack written into the shared block
   (flare2.wire.shared_arrays), as local agents sent them before;
-- ``shared memory, stacks in place``: the new frames through the block, the stacks named where the agent's
-  ``ViewRows`` keeps them (a view buffer) and read there: the way of local agents.
+- ``shared memory, stacks in place``: the stacks and the new frames named where the agent's ``ViewRows`` keeps
+  them (a view buffer) and read there: the way of local agents.
 
 ``tiny`` sends one int per env: what any round trip costs. Prints the median round trip of each, in
 microseconds, and each way's cost above ``tiny``.
@@ -33,11 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
+from flare2.core.acting import Acting
 from flare2.core.predict_requests import ViewsReceiver, ViewsSender
 from flare2.core.specs import CTSpecs, Spec, View
-from flare2.core.views import ViewRows
+from flare2.core.transforms import Transforms
 from flare2.wire.protocol import PREDICT, PREDICTION, Message, pack, unpack
 from flare2.wire.sockets import Requester
 from flare2.wire.streams import SCHEME, StreamServer
@@ -75,27 +77,34 @@ def serve(path: str, ready: Any) -> None:
 
 def round_trips(requester: Requester, way: str, envs: int, requests: int) -> list[float]:
     rng = np.random.default_rng(0)
-    rows = ViewRows(SPECS, envs)
-    new = rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8)
-    rows.start_all({"obs": new})
+    acting = Acting(
+        specs=SPECS,
+        observation_space=gym.spaces.Box(0, 255, FRAMES[1:], np.uint8),
+        action_space=gym.spaces.Discrete(4),
+        transforms=Transforms(),
+        count=envs,
+    )
+    acting.start(rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8))
     sender = ViewsSender(SPECS, whole=requester.shares_arrays)
+    actions, rewards = {"action": np.zeros(envs, np.int64)}, np.zeros(envs, np.float32)
     seconds = []
     for _ in range(requests):
         # The envs played a step: each stack moves on by a new frame (before the clock starts, as an agent's does).
-        new = rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8)
-        rows.advance({"obs": new}, {}, {})
-        stacks = rows.current()["obs_frames"]
-        if way == "shared memory, whole stacks":
-            stacks = np.ascontiguousarray(stacks)  # not in a view buffer: the writer copies it into the block
+        next_rows = acting.next_rows()
+        next_rows.only_array[...] = rng.integers(0, 256, (envs, *FRAMES[1:]), dtype=np.uint8)
+        acting.stepped(next_rows, rewards, actions, {})
+        observations, inputs, _ = acting.request()
         started = time.perf_counter()
         if way == "tiny":
             payload: dict[str, Any] = {"inputs": {"count": np.zeros(envs, np.int64)}, "states": {}}
         elif way == "whole stacks":
-            payload = {"inputs": {"obs_frames": stacks}, "states": {}}
+            payload = {"inputs": {"obs_frames": inputs["obs_frames"]}, "states": {}}
         elif way == "shared memory, whole stacks":
-            payload = {"inputs": {"obs": new, "obs_frames": stacks}, "states": {}}
+            # Not in a view buffer: the writer copies both into the block.
+            stacks = np.ascontiguousarray(inputs["obs_frames"])
+            payload = {"inputs": {"obs": observations["obs"], "obs_frames": stacks}, "states": {}}
         else:
-            payload = sender.pack({"inputs": {"obs": new, "obs_frames": stacks}, "states": {}})
+            payload = sender.pack({"inputs": inputs, "states": {}})
         requester.wait_reply(requester.send_request(PREDICT, payload), timeout_s=10.0, what="predict")
         seconds.append(time.perf_counter() - started)
     return seconds
@@ -131,7 +140,7 @@ def measure(envs: int, requests: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", type=int, nargs="+", default=[8, 32, 64])
-    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--requests", type=int, default=1000)
     args = parser.parse_args(argv)
     print("| envs | stacks a request | tiny µs | " + " | ".join(f"{way} − tiny µs" for way in WAYS[1:]) + " |")
     print("|---:|---:|---:|" + "---:|" * (len(WAYS) - 1))

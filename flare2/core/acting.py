@@ -89,8 +89,12 @@ class Acting:
     def request(self) -> tuple[Arrays, Arrays, Arrays]:
         """This step's observations as they are stored, the inputs to send (with the views), and the states."""
         inputs: Arrays = self.obs.arrays()
-        # Stored steps hold no views: the helper assembles them again for learning.
-        return inputs, ({**inputs, **self.views.current()} if self.views else inputs), self.states
+        if not self.views:
+            return inputs, inputs, self.states
+        # Stored steps hold no views: the helper assembles them again for learning. Each row's observation went
+        # into the views as it became the row's (``start``, ``stepped``, ``restart``, ``regroup``): the request
+        # names those frames, which a local compute process reads in place.
+        return inputs, {**inputs, **self.views.newest_inputs(), **self.views.current()}, self.states
 
     def env_actions(self, actions: Arrays) -> Sequence[Any] | np.ndarray:
         """Each env's action from the rows of a reply, as the env takes it."""

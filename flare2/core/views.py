@@ -161,6 +161,19 @@ class ViewRows:
             views[name] = view
         return views
 
+    def newest_inputs(self) -> dict[str, np.ndarray]:
+        """By the key of each observation a view is made of: every row's newest frame of it, read-only (in shared
+        memory), valid until the next ``advance`` or ``start``. Where the caller gave each row's observation as it took
+        it (``Acting`` does), these are the current step's observations, and sent in place of them they are read
+        where they lie, not from a copy: 0.45 MB a step at 64 Atari envs."""
+        newest = {}
+        for name, view in self.views.items():
+            if view.group == "inputs" and view.key not in newest:
+                frames = self._rings[name].newest()
+                frames.flags.writeable = False
+                newest[view.key] = frames
+        return newest
+
     def regroup(self, kept: np.ndarray, added: int) -> None:
         """Keep rows ``kept`` (in that order), then ``added`` new rows, which ``start`` starts."""
         self._rings = {

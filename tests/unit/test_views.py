@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 from doubles import AnsweringPort, KeepingHelper, received
 
+from flare2.core.acting import Acting
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.envs import GymAgent
 from flare2.core.helpers import ExpReplayHelper, OnlineHelper
 from flare2.core.model import Model
 from flare2.core.specs import CTSpecs, Spec, View
+from flare2.core.transforms import Transform, Transforms
 from flare2.errors import ConfigError, SpecError
 from flare2.runtime.agents.playing import StopRequested, make_envs
 
@@ -184,3 +186,44 @@ def test_complete_episodes_carry_the_views_their_actions_were_chosen_from():
         for t, obs in enumerate(payload["inputs"]["obs"][0, :, 0]):
             env, step = int(obs) // 100, int(obs) % 100
             assert step == t % EPISODE and as_lists(payload["inputs"], (0, t)) == expected_views(env, step)
+
+
+class AddOne(Transform):
+    """Changes observations in place, as normalising them does."""
+
+    def observations(self, inputs, rows, *, count):
+        inputs["obs"][slice(None) if rows is None else rows] += 1
+
+
+def test_a_request_names_each_rows_observation_where_its_views_keep_it():
+    # Through steps, episode ends and regroups (agents of a multi-agent env leaving and joining), with a transform
+    # changing the observations in place, the frames a request names are the rows' own observations.
+    rng = np.random.default_rng(0)
+    count = 4
+
+    def observations(n):
+        return list(rng.integers(0, 100, (n, 1)).astype(np.float32))
+
+    acting = Acting(
+        specs=view_specs(),
+        observation_space=Counter.observation_space,
+        action_space=Counter.action_space,
+        transforms=Transforms([AddOne()]),
+        count=count,
+    )
+    acting.start(observations(count))
+    for step in range(60):
+        stored, request, _ = acting.request()
+        assert not request["obs"].flags.writeable, "named in the views, not the rows' own array"
+        np.testing.assert_array_equal(request["obs"], stored["obs"], err_msg=f"step {step}")
+        np.testing.assert_array_equal(request["stack"][:, -1], stored["obs"])
+        next_rows = acting.next_rows()
+        for index, observation in enumerate(observations(acting.count)):
+            next_rows.set(index, observation)
+        actions = {"action": rng.integers(0, 1000, acting.count)}
+        acting.stepped(next_rows, rng.random(acting.count, np.float32), actions, {})
+        ended = np.flatnonzero(rng.random(acting.count) < 0.2)
+        acting.restart(ended, observations(len(ended)))
+        if step % 7 == 6:
+            kept = rng.permutation(acting.count)[: rng.integers(0, acting.count + 1)]
+            acting.regroup(kept, observations(int(rng.integers(0, 3))))

@@ -66,7 +66,9 @@ def pettingzoo_cts(
         CTConfig(name=ct, build=record.builder(env_id, {}, config, settings, agents=tuple(agents)), batching=batching)
         for ct, agents in policies(parser, record, env_id, args.policy_map, self_play=bool(args.self_play)).items()
     ]
-    if args.self_play_pool > 1 and not args.self_play:
+    # A pool that the env's preset gives goes with the preset's self-play, which --self-play 0 turns off.
+    pool_given = args.self_play_pool != parser.get_default("self_play_pool")
+    if args.self_play_pool > 1 and not args.self_play and pool_given:
         parser.error("--self-play-pool K keeps past copies of the learner for its opponent: give --self-play N as well")
     if args.self_play:
         cts.append(
@@ -98,7 +100,7 @@ def policies(
             raise ConfigError(
                 f"--self-play: the learner takes one seat of each game of a turn-based env and its frozen copy the "
                 f"others ({env_id!r} is {'turn-based' if is_turn_based(env) else 'not turn-based'}), with no "
-                "--policy-map"
+                "--policy-map; --self-play 0 turns it off where the env's preset turns it on"
             )
         cts = policy_groups(agents, policy_map(agents, spec or "shared").__getitem__)
         for ct, its_agents in cts.items():

@@ -65,6 +65,14 @@ def test_every_preset_env_is_one_its_algorithm_takes(tmp_path, algo, env_id):
     assert resolve(["--env", env, "--algo", algo, "--log-dir", str(tmp_path)]).algo == algo
 
 
+@needs_env("pettingzoo.classic.connect_four_v3")
+def test_connect_fours_preset_plays_self_play_against_a_pool_and_self_play_0_turns_both_off(tmp_path):
+    argv = ["--env", "pettingzoo.classic.connect_four_v3", "--algo", "ppo", "--log-dir", str(tmp_path)]
+    preset = resolve(argv).run.cts
+    assert [(ct.name, ct.follows, ct.snapshots) for ct in preset] == [("RL", None, 1), ("opponent", "RL", 16)]
+    assert [ct.name for ct in resolve([*argv, "--self-play", "0"]).run.cts] == ["RL"]
+
+
 @pytest.mark.parametrize(
     "env_id, module, extra", [("LunarLander-v3", "Box2D", "box2d"), ("HalfCheetah-v5", "mujoco", "mujoco")]
 )

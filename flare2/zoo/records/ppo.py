@@ -151,6 +151,23 @@ RECORD = AlgorithmRecord(
             "agent": {"sample_interval": 128},
             "run": {"envs_per_agent": 16, "max_steps": 3_000_000},
         },
+        # Connect four by self-play (docs/results.md): the learner against a pool of 16 of its past copies refreshed
+        # every 10 updates, MLPs of 256 and 256 ReLU units, minibatches of 64 from fragments of 32 of a seat's moves.
+        # At 1M moves, seeds 0-2: 89.8-93.3 % of 400 greedy games won against random play, against 76-86 % with the
+        # 64-64 tanh MLPs and minibatches of 512 before; the one-step lookahead still wins most games.
+        "pettingzoo.classic.connect_four_v3": {
+            "algorithm": {
+                "lr": 3e-4,
+                "anneal_steps": None,
+                "gamma": 0.99,
+                "gae_lambda": 0.95,
+                "epochs": 4,
+                "minibatch_size": 64,
+                "entropy_coef": 0.01,
+            },
+            "agent": {"sample_interval": 32, "hidden": (256, 256), "activation": "relu"},
+            "run": {"envs_per_agent": 16, "self_play": 10, "self_play_pool": 16, "max_steps": 1_000_000},
+        },
         # Entities with a mask per robot: examples/minefield_entities.py's settings (docs/results.md: Minefield),
         # the entity actor-critic that flare2.zoo.ppo.build makes for an env of entities.
         "flare2/Minefield-v1": {

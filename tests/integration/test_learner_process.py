@@ -5,7 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
+import time
 from multiprocessing import resource_tracker
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from flare2.core.computation_task import ComputationTask
 from flare2.errors import ConfigError, LearnerDiedError, UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
 from flare2.runtime.compute.compute_process import build_cts, choose_learner
+from flare2.runtime.compute.learner_group import join
 from flare2.runtime.compute.learner_main import LearnerSettings
 from flare2.runtime.compute.learner_process import LearnerProcess
 from flare2.runtime.config import BatchingConfig, CTConfig
@@ -196,3 +200,66 @@ def test_a_learner_process_that_cannot_build_ends_the_run_with_its_traceback():
         assert 'raise RuntimeError("no model file on this side")' in caught.value.remote_traceback
     finally:
         learner.close()
+
+
+PEER_GONE = "FLARE2_TEST_PEER_GONE"
+"""The file whose existence says that the other learner of the group has died."""
+
+
+def build_once_the_other_learner_is_gone() -> Algorithm:
+    """In the learner process, the CTs are built once the other learner died: the group's first collective call, as
+    the build shares the weights, meets a dead peer."""
+    if multiprocessing.current_process().name.startswith("flare2-learner"):
+        marker, deadline = Path(os.environ[PEER_GONE]), time.monotonic() + 60
+        while not marker.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{marker} did not appear within 60 s")
+            time.sleep(0.01)
+    return build()
+
+
+def join_then_die(rendezvous: str) -> None:
+    """A learner of another machine that joins the group, then dies before it takes part in anything."""
+    join(rendezvous, 1, 2, device="cpu", timeout_s=60)
+    os._exit(0)
+
+
+def test_a_learner_that_dies_as_the_group_forms_is_a_lost_learner_not_a_failed_build(tmp_path, monkeypatch):
+    # The group of learners formed, then one died before the weights went round: the run forms a new group (a
+    # learner lost) rather than stopping as if the CTs could not be built.
+    marker = tmp_path / "peer_gone"
+    monkeypatch.setenv(PEER_GONE, str(marker))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        rendezvous = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    configs = (CTConfig(name="RL", build=build_once_the_other_learner_is_gone),)
+    [ct] = build_cts(configs, device="cpu", seed=0, torch_threads=1)
+    cdp = ComputationDataProcessor(ct, config=BatchingConfig(), reply=lambda to, learn, message: None)
+    cdp.live = frozenset({"a"})
+    settings = LearnerSettings(
+        cts=configs,
+        device="cpu",
+        seed=0,
+        torch_threads=1,
+        resume_dir=None,
+        parent_pid=os.getpid(),
+        learners=2,
+        remote_learners=1,
+        rendezvous=rendezvous,
+        rendezvous_timeout_s=60,
+    )
+    learner = LearnerProcess([ct], settings)
+    other = multiprocessing.get_context("spawn").Process(target=join_then_die, args=(rendezvous,))
+    other.start()
+    try:
+        other.join(60)
+        assert other.exitcode == 0
+        marker.touch()
+        with pytest.raises(LearnerDiedError, match="could not build the CTs or join the other learners") as caught:
+            learn_once(cdp, learner, Message(LEARN, learn_payload(2, 2), "a", 1, "RL"))  # a sequence each
+        assert caught.value.lost and caught.value.elsewhere, caught.value.remote_traceback
+        assert "a learner left while the group formed" in caught.value.remote_traceback
+    finally:
+        learner.close()
+        other.kill()
+        other.join()

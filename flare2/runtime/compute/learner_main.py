@@ -12,12 +12,14 @@ starts learners of this kind on other machines, without a pipe.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -306,13 +308,27 @@ def _build(
         if settings.rank == 0 and settings.resume_dir
         else {}
     )
-    files = decode(broadcast_bytes(encode(files) if settings.rank == 0 else None, group), max_bytes=PIPE_MAX_BYTES)
+    with _forming_group():
+        shared = broadcast_bytes(encode(files) if settings.rank == 0 else None, group)
+    files = decode(shared, max_bytes=PIPE_MAX_BYTES)
     if settings.rank != 0 and files:
         with tempfile.TemporaryDirectory(prefix="flare2-resume-") as directory:
             for ct in cts:
                 path = Path(directory) / f"{ct.name}.pt"
                 path.write_bytes(files[ct.name])
                 ct.load(path)
-    for ct in cts:
-        broadcast_tensors(ct.weight_tensors())
+    with _forming_group():
+        for ct in cts:
+            broadcast_tensors(ct.weight_tensors())
     return cts
+
+
+@contextlib.contextmanager
+def _forming_group() -> Iterator[None]:
+    """A collective call of a forming group that fails (another learner died, or its link went down) is a group
+    that cannot be formed with that learner, as one that does not join is (a TransportError): not a build that
+    failed."""
+    try:
+        yield
+    except RuntimeError as exc:  # gloo's and NCCL's errors are all RuntimeErrors
+        raise TransportError(f"a learner left while the group formed ({type(exc).__name__}: {exc})") from None

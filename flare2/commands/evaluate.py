@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.commands.policies import PolicyPort, TrainedPolicy, load_policies
-from flare2.core.board_players import PLAYERS, check_fixed_players_can_play
+from flare2.core.board_players import PLAYERS, Tactics, check_fixed_players_can_play, plays_connect_four
 from flare2.core.env_making import is_pettingzoo_env, is_turn_based
 from flare2.core.envs import GymAgent
 from flare2.core.pettingzoo_agent import PettingZooAgent, team_of
@@ -142,11 +142,13 @@ class _Against:
     """A turn-based game in which a fixed player (``flare2.core.board_players``) moves for one seat, the next seat in
     each game, so that the policy plays every seat in turn; the policy sees only its own seats' turns."""
 
-    def __init__(self, env: Any, player: str, seed: int) -> None:
+    def __init__(self, env: Any, player: str, seed: int, tactics: Tactics | None) -> None:
         self.env, self.player = env, PLAYERS[player]
         self.rng = np.random.default_rng(seed)
         self.fixed_seats: list[str] = []
         """The seat the fixed player took in each game so far."""
+        self.tactics = tactics
+        """Where given (connect four), counts the policy's moves as ``Tactics`` reads them."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
@@ -158,6 +160,8 @@ class _Against:
         self._fixed_moves()
 
     def step(self, action: Any) -> None:
+        if self.tactics is not None and action is not None:
+            self.tactics.count(self.env.last()[0], int(action))
         self.env.step(action)
         self._fixed_moves()
 
@@ -175,11 +179,12 @@ def play_games(
     greedy: bool,
     video: Path | None,
     against: str | None = None,
+    tactics: Tactics | None = None,
 ) -> tuple[list[dict[str, tuple[float, int]]], list[str]]:
     """Each agent's return and length in each of ``games`` games of a PettingZoo run, every agent played by its CT's
     policy (the run's own agent, a PettingZooAgent playing one game, ``evaluating``), and the seats a fixed player
-    took instead (``against``: a player of ``flare2.core.board_players``, one seat a game, a turn-based env only);
-    with ``video``, the first game is saved there."""
+    took instead (``against``: a player of ``flare2.core.board_players``, one seat a game, a turn-based env only,
+    ``tactics`` counting the policy's moves there); with ``video``, the first game is saved there."""
     policy = next(iter(policies.values()))
     env = _Games(
         policy.make_env(**({"render_mode": "rgb_array"} if video else {})),
@@ -195,7 +200,7 @@ def play_games(
                 f"--against {against}: a fixed player takes a seat of a turn-based game, and {policy.env_id} is none"
             )
         check_fixed_players_can_play(env.observation_space(env.possible_agents[0]), policy.env_id, "--against")
-        played = _Against(env, against, seed)
+        played = _Against(env, against, seed, tactics)
     agent = PettingZooAgent(
         policy.env_id, env_kwargs=policy.env_kwargs, policy_map=policy.policy_map, transforms=policy.transforms
     )
@@ -330,13 +335,22 @@ def main(argv: list[str]) -> int:
         policies = load_policies(args.run, device=args.device)
         policy = next(iter(policies.values()))
         if is_pettingzoo_env(policy.env_id):
+            tactics = Tactics() if args.against is not None and plays_connect_four(policy.env_id) else None
             games, fixed = play_games(
-                policies, args.episodes, seed=args.seed, greedy=args.greedy, video=args.video, against=args.against
+                policies,
+                args.episodes,
+                seed=args.seed,
+                greedy=args.greedy,
+                video=args.video,
+                against=args.against,
+                tactics=tactics,
             )
             print(f"{policy.algo} on {policy.env_id}, {len(games)} {kind} game{'s' * (len(games) > 1)}:")
             print("\n".join(_team_lines(games)))
             if args.against is not None:
                 print(_against_line(games, fixed, args.against))
+            if tactics is not None:
+                print(f"the policy {tactics.describe()}")
             return 0
         if args.against is not None:
             parser.error(

@@ -5,11 +5,15 @@
 - ``random``: a legal move, uniformly;
 - ``lookahead`` (connect four): the one-step lookahead player, which wins now if a move does, else blocks a
   column where the opponent would win with its next move, else moves at random.
+
+``Tactics`` counts how a policy's own connect four moves met what the lookahead reads: the wins it could take,
+the wins of the other side it had to block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -37,19 +41,52 @@ def random_move(observation: dict[str, Any], rng: np.random.Generator) -> int:
 
 
 def connect_four_lookahead(observation: dict[str, Any], rng: np.random.Generator) -> int:
-    """Win now if a move does; else block a column where the opponent would win next; else a random legal move.
-    The board is PettingZoo's connect four observation: ``[6, 7, 2]``, the mover's pieces then the opponent's,
-    row 0 at the top."""
+    """Win now if a move does; else block a column where the opponent would win next; else a random legal move."""
+    wins, blocks = immediate_fours(observation)
+    if wins or blocks:
+        return (wins or blocks)[0]
+    return int(rng.choice(np.flatnonzero(observation["action_mask"])))
+
+
+def immediate_fours(observation: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The legal columns where the mover's piece makes four now, and those where the opponent's would (to block).
+    The board is PettingZoo's connect four observation: ``[6, 7, 2]``, the mover's pieces then the opponent's, row
+    0 at the top."""
     board = np.asarray(observation["observation"])
     if board.shape != (ROWS, COLUMNS, 2):
         raise ConfigError(f"the lookahead player plays connect four (a [6, 7, 2] board), got a board of {board.shape}")
     mine, theirs = board[..., 0].astype(bool), board[..., 1].astype(bool)
-    legal = np.flatnonzero(observation["action_mask"])
-    for pieces in (mine, theirs):  # a win of mine first, then a win of theirs to block
-        for column in legal:
-            if _completes_four(pieces, mine | theirs, int(column)):
-                return int(column)
-    return int(rng.choice(legal))
+    legal = [int(column) for column in np.flatnonzero(observation["action_mask"])]
+    return (
+        [column for column in legal if _completes_four(mine, mine | theirs, column)],
+        [column for column in legal if _completes_four(theirs, mine | theirs, column)],
+    )
+
+
+@dataclass
+class Tactics:
+    """How a connect four player met the two things the lookahead never misses, over the moves ``count`` saw: a win
+    it had (``wins``), taken or not; and, where it had none, a win the other side had (``threats``), blocked or not."""
+
+    wins: int = 0
+    wins_taken: int = 0
+    threats: int = 0
+    threats_blocked: int = 0
+
+    def count(self, observation: dict[str, Any], move: int) -> None:
+        wins, blocks = immediate_fours(observation)
+        if wins:
+            self.wins += 1
+            self.wins_taken += move in wins
+        elif blocks:
+            self.threats += 1
+            self.threats_blocked += move in blocks
+
+    def describe(self) -> str:
+        return (
+            f"took {self.wins_taken} of the {self.wins} wins it had, blocked {self.threats_blocked} of the "
+            f"{self.threats} wins of the other side (where it had none to take)"
+        )
 
 
 def _completes_four(pieces: np.ndarray, taken: np.ndarray, column: int) -> bool:
@@ -78,6 +115,11 @@ PLAYERS: dict[str, Callable[[dict[str, Any], np.random.Generator], int]] = {
 
 _GAME_PLAYERS = {"connect_four": ("random", "lookahead")}
 """The players of the games that have more than random play, by a part of their PettingZoo module's name."""
+
+
+def plays_connect_four(env_id: str) -> bool:
+    """Whether ``env_id`` (a PettingZoo module) is connect four, whose moves ``Tactics`` reads."""
+    return env_id.rpartition(".")[2].startswith("connect_four")
 
 
 def baselines(env_id: str) -> tuple[str, ...]:

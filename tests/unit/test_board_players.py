@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flare2.core.board_players import connect_four_lookahead, random_move
+from flare2.core.board_players import Tactics, connect_four_lookahead, plays_connect_four, random_move
 from flare2.errors import ConfigError
 
 
@@ -30,6 +30,21 @@ def test_the_lookahead_wins_when_it_can_and_blocks_a_win_of_the_opponent_otherwi
     # A diagonal of theirs, completed by a piece landing at (2, 3) on top of column 3's three.
     diagonal = board([(4, 3), (3, 3), (4, 0)], [(5, 0), (4, 1), (3, 2), (5, 3), (5, 1), (5, 2)])
     assert connect_four_lookahead(diagonal, rng) == 3
+
+
+def test_tactics_count_the_wins_a_player_had_and_took_and_the_threats_it_had_to_block_and_blocked():
+    winning = board([(5, 1), (5, 2), (5, 3)], [(5, 6), (4, 6), (3, 6)])  # wins at 0 or 4; their threat at 6
+    blocking = board([(5, 1), (5, 3)], [(5, 6), (4, 6), (3, 6)])  # no win: their threat at 6
+    quiet = board([(5, 1)], [(5, 6)])
+    tactics = Tactics()
+    for observation, move in [(winning, 4), (winning, 6), (blocking, 6), (blocking, 0), (blocking, 1), (quiet, 3)]:
+        tactics.count(observation, move)
+    # Blocking while a win of its own was there is a win missed, not a block.
+    assert (tactics.wins, tactics.wins_taken, tactics.threats, tactics.threats_blocked) == (2, 1, 3, 1)
+    assert tactics.describe() == (
+        "took 1 of the 2 wins it had, blocked 1 of the 3 wins of the other side (where it had none to take)"
+    )
+    assert plays_connect_four("pettingzoo.classic.connect_four_v3") and not plays_connect_four("turn_games.corridor_v0")
 
 
 def test_the_fixed_players_move_only_where_the_mask_allows():

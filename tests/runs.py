@@ -123,10 +123,23 @@ def agent_pids(manager_pid: int) -> list[int]:
 
 
 def compute_pid(manager_pid: int) -> int:
-    """The compute process of a run (a multiprocessing spawn child of the manager)."""
-    pids = _children_running(manager_pid, b"spawn_main")
+    """The compute process of a run (the manager's child named flare2-compute; a spare is named flare2-spare)."""
+    pids = [pid for pid in children_of(manager_pid) if process_name(pid) == "flare2-compute"]
     assert len(pids) == 1, f"expected one compute process among the manager's children, found {pids}"
     return pids[0]
+
+
+def learner_pids(parent_pid: int) -> list[int]:
+    """The learner processes of a compute process or of ``flare2 learn`` (named flare2-learner-RANK)."""
+    return [pid for pid in children_of(parent_pid) if process_name(pid).startswith("flare2-learner")]
+
+
+def process_name(pid: int) -> str:
+    """The name a process gave itself (``/proc/PID/comm``); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _children_running(manager_pid: int, marker: bytes) -> list[int]:

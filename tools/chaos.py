@@ -1,10 +1,14 @@
 """A chaos soak: a ``flare2 train`` run whose processes are killed, and whose links are cut, at random while it learns.
 
-    python tools/chaos.py --max-steps 300000 --fault-every 4 [--seed 0] [--learners 2] [--hosts] [--no-undisturbed | --beside]
+    python tools/chaos.py --max-steps 300000 --fault-every 4 [--faults N] [--seed 0] [--learners 2] [--hosts]
+        [--no-undisturbed | --beside]
 
 One run (CartPole-v1 PPO, 4 agent processes, ``--learners`` learner processes, a checkpoint every
 ``--checkpoint-every``) is given faults at random intervals (exponential, ``--fault-every`` seconds on average,
-seeded by ``--seed``), each of a kind drawn in turn from a shuffled deck so that every kind comes as often:
+seeded by ``--seed``; with ``--faults N``, the first N only, and the run then goes on to its budget), each of a
+kind drawn in turn from a shuffled deck so that every kind comes as often (a kind with nothing to hit at that
+moment, such as a link already down, gives its turn to the next and waits for a later one; the time and kind of
+each fault go to ``faults.csv`` beside the run's logs):
 
 - ``agent``: kill -9 of one agent process (its supervisor, the manager or ``flare2 attach``, starts another);
 - ``compute``: kill -9 of the compute process (the manager starts a new one from the last checkpoint);
@@ -58,6 +62,8 @@ KINDS = ("agent", "compute", "learner", "attach", "link")
 _SAMPLE_S = 1.0
 _PORT = 47390
 _OUTAGE_S = (5.0, 40.0)
+_DECKS_AHEAD = 3
+"""How many decks of kinds may wait dealt while the kinds at their head have nothing to hit."""
 _REJOIN_FOR_S = 45.0
 """``--rejoin-for`` of the attach and learn commands: longer than any outage, so that only the end of the run ends
 them, and a run that ended meanwhile lets them go within a minute."""
@@ -88,6 +94,13 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _children(pid: int) -> list[int]:
@@ -143,9 +156,12 @@ class Cluster:
     def victims(self) -> dict[str, list[Any]]:
         """What a fault of each kind may hit."""
         children = _children(self.run.pid)
-        compute = [pid for pid in children if b"spawn_main" in _cmdline(pid)]
+        # By the names flare2 gives them: a spare compute process (or learner), waiting, is no part of the run yet.
+        compute = [pid for pid in children if _name(pid) == "flare2-compute"]
         agents = [pid for pid in children if b"agent_process" in _cmdline(pid)]
-        learners = [pid for pid in (_children(compute[0]) if compute else []) if b"spawn_main" in _cmdline(pid)]
+        learners = [
+            pid for pid in (_children(compute[0]) if compute else []) if _name(pid).startswith("flare2-learner")
+        ]
         attaches = [process.pid for name, process in self.helpers.items() if name.startswith("attach")]
         for pid in attaches:
             agents += [child for child in _children(pid) if b"agent_process" in _cmdline(child)]
@@ -205,16 +221,22 @@ def soak(args: argparse.Namespace, log_dir: Path, hosts: Hosts | None, *, faults
                 samples.append((now - started, sum(rss_bytes(pid) for pid in pids)))
             cluster.restore_links(now)
             cluster.restart_ended_helpers()
-            if faults and now >= next_fault:
+            if faults and now >= next_fault and sum(injected.values()) < args.faults:
                 next_fault = now + rng.expovariate(1 / args.fault_every)
-                if not deck:
-                    deck = rng.sample(kinds, len(kinds))
-                if found := cluster.victims()[deck[-1]]:
-                    kind = deck.pop()
-                    cluster.hit(kind, rng.choice(found), rng)
+                victims = cluster.victims()
+                # The next kind of the deck that has a victim now. One with none (a process restarting, both links
+                # already down) keeps its place for a later fault, and the next deck is dealt behind it: the faults
+                # keep their rate, and every kind still comes as often over the run.
+                while len(deck) < _DECKS_AHEAD * len(kinds) and not any(victims[kind] for kind in deck):
+                    deck = rng.sample(kinds, len(kinds)) + deck
+                if ready := [index for index in range(len(deck) - 1, -1, -1) if victims[deck[index]]]:
+                    kind = deck.pop(ready[0])
+                    cluster.hit(kind, rng.choice(victims[kind]), rng)
                     injected[kind] += 1
+                    with (cluster.logs / "faults.csv").open("a") as log:
+                        log.write(f"{now - started:.2f},{kind}\n")
                 else:
-                    next_fault = now + _SAMPLE_S  # nothing of that kind runs now (it restarts): soon again
+                    next_fault = now + _SAMPLE_S  # nothing of any kind to hit now: soon again
             if now - started > args.timeout:
                 cluster.run.kill()
     finally:
@@ -299,6 +321,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, default=300_000)
     parser.add_argument("--fault-every", type=float, default=4.0, help="mean seconds between two faults")
+    parser.add_argument(
+        "--faults", type=int, default=sys.maxsize, help="inject this many faults, then let the run go on to its budget"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learners", type=int, default=2)
     parser.add_argument("--checkpoint-every", default="5s")

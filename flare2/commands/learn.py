@@ -33,7 +33,6 @@ the run goes on without them.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import secrets
 import time
@@ -44,12 +43,14 @@ from flare2.commands.attach import probe_manager
 from flare2.errors import ConfigError, FlareError, TransportError
 from flare2.runtime import exit_codes
 from flare2.runtime.config import REJOIN_FOR_S, CTConfig
+from flare2.runtime.processes import WarmProcess
 from flare2.wire.security import CurveClient
 
 logger = logging.getLogger(__name__)
 
-_STARTING_RETRY_S = 1.0
-"""How often to ask again while the run's compute process is still coming up."""
+_STARTING_RETRY_S = 0.25
+"""How often to ask again while the run's compute process is still coming up: a restarted one is up within a fraction
+of a second (its spare), and its new group waits for these learners (a probe is one small message)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
     try:
         first, count, learners = plan["first_rank"], plan["count"], plan["learners"]
         rendezvous, device, seed, threads = plan["rendezvous"], plan["device"], plan["seed"], plan["torch_threads"]
-        timeout_s = float(plan["timeout_s"])
+        timeout_s, rendezvous_timeout_s = float(plan["timeout_s"]), float(plan["rendezvous_timeout_s"])
         builds = {ct["name"]: ct["build"] for ct in plan["cts"]}
         if not all(type(value) is int for value in (first, count, learners, seed, threads)):
             raise TypeError("ranks, seed or threads not integers")
@@ -114,7 +115,8 @@ def learner_plan(reply: dict[str, Any], endpoint: str) -> list[Any]:
             learners=learners,
             rank=first + index,
             rendezvous=rendezvous,
-            rendezvous_timeout_s=timeout_s,
+            rendezvous_timeout_s=rendezvous_timeout_s,
+            group_timeout_s=timeout_s,
         )
         for index in range(count)
     ]
@@ -164,40 +166,49 @@ def learn(config: LearnConfig) -> int:
     of learners; returns the exit code."""
     learn_id = secrets.token_hex(8)
     run_id: str | None = None
-    while True:
-        try:
-            reply = ask_for_ranks(config, learn_id, run_id=run_id)
-            plan = learner_plan(reply, config.endpoint)
-        except TransportError as exc:
-            logger.error("%s", exc)
-            return exit_codes.UNREACHABLE if run_id is None else exit_codes.MANAGER_LOST
-        except FlareError as exc:
-            logger.error("%s", exc)
-            return exit_codes.CONFIG_ERROR
-        except KeyboardInterrupt:
-            # Between groups (a rejoin may wait long for a link): no learner runs here to stop.
-            logger.info("interrupted while asking the run for learner ranks")
-            return exit_codes.SIGINT
-        run_id = str(reply.get("run_id"))
-        code = _run_learners(plan, config.endpoint)
-        if code not in (exit_codes.COMPUTE_RESTARTS, exit_codes.LEARNERS_PARTED):
-            return code
-        logger.info(
-            "the run's learners %s: asking for ranks in its next group",
-            "regroup" if code == exit_codes.COMPUTE_RESTARTS else "lost one another",
-        )
+    spares: list[WarmProcess] = []
+    """Learner processes waiting, their imports done, for the next group: kept once a group has broken."""
+    try:
+        while True:
+            try:
+                reply = ask_for_ranks(config, learn_id, run_id=run_id)
+                plan = learner_plan(reply, config.endpoint)
+            except TransportError as exc:
+                logger.error("%s", exc)
+                return exit_codes.UNREACHABLE if run_id is None else exit_codes.MANAGER_LOST
+            except FlareError as exc:
+                logger.error("%s", exc)
+                return exit_codes.CONFIG_ERROR
+            except KeyboardInterrupt:
+                # Between groups (a rejoin may wait long for a link): no learner runs here to stop.
+                logger.info("interrupted while asking the run for learner ranks")
+                return exit_codes.SIGINT
+            code = _run_learners(plan, config.endpoint, spares, keep_spares=run_id is not None)
+            if code not in (exit_codes.COMPUTE_RESTARTS, exit_codes.LEARNERS_PARTED):
+                return code
+            run_id = str(reply.get("run_id"))
+            logger.info(
+                "the run's learners %s: asking for ranks in its next group",
+                "regroup" if code == exit_codes.COMPUTE_RESTARTS else "lost one another",
+            )
+            spares += [_spare_learner() for _ in range(config.learners - len(spares))]
+    finally:
+        for spare in spares:
+            spare.discard()
 
 
-def _run_learners(plan: list[Any], endpoint: str) -> int:
-    """One learner process per rank of ``plan``, waited for; the exit code of ``flare2 learn``, or the learners'
-    COMPUTE_RESTARTS / LEARNERS_PARTED when they left a group the run forms again."""
+def _spare_learner() -> WarmProcess:
     from flare2.runtime.compute.learner_main import learner_main
 
-    spawn = multiprocessing.get_context("spawn")
-    processes = [
-        spawn.Process(target=learner_main, args=(settings, None, None), name=f"flare2-learner-{settings.rank}")
-        for settings in plan
-    ]
+    return WarmProcess(learner_main.__module__)
+
+
+def _run_learners(plan: list[Any], endpoint: str, spares: list[WarmProcess], *, keep_spares: bool) -> int:
+    """One learner process per rank of ``plan`` (a spare of ``spares`` where one waits), waited for; the exit code of
+    ``flare2 learn``, or the learners' COMPUTE_RESTARTS / LEARNERS_PARTED when they left a group the run forms again.
+    ``keep_spares``: the group is a re-formed one, and ``spares`` is filled again for the next as this one learns."""
+    from flare2.runtime.compute.learner_main import learner_main
+
     logger.info(
         "learners %s of %d join the run at %s (its learners meet at %s)",
         ", ".join(str(settings.rank) for settings in plan),
@@ -205,8 +216,15 @@ def _run_learners(plan: list[Any], endpoint: str) -> int:
         endpoint,
         plan[0].rendezvous,
     )
-    for process in processes:
-        process.start()
+    for gone in [spare for spare in spares if not spare.alive]:
+        gone.discard()
+        spares.remove(gone)
+    processes = []
+    for settings in plan:
+        warm = spares.pop() if spares else _spare_learner()
+        processes.append(warm.run(f"flare2-learner-{settings.rank}", learner_main, settings, None, None))
+    if keep_spares:
+        spares += [_spare_learner() for _ in plan]
     try:
         for process in processes:
             process.join()

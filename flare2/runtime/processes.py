@@ -7,17 +7,21 @@ import functools
 import importlib
 import importlib.util
 import logging
+import multiprocessing
 import os
 import signal
 import sys
 from collections.abc import Callable
 from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flare2.errors import ConfigError
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 COMPUTE_IDENTITY = "compute"
 """The compute process's identity on the manager's control socket."""
 
@@ -58,6 +62,83 @@ def _signal_at_parent_death(signum: int, parent_pid: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     if os.getppid() != parent_pid:  # it died before prctl: no signal will come
         os._exit(1)
+
+
+def name_process(name: str) -> None:
+    """Name this process for ``ps -o comm`` and ``/proc/PID/comm`` (Linux; 15 characters at most) and for its log
+    lines: a compute process, a learner and a spare are told apart from outside without reading command lines."""
+    multiprocessing.current_process().name = name
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+OWN_PIPE = "flare2.warm_process.own_pipe"
+"""In the arguments of a ``WarmProcess``'s work: the child's end of the pipe its work came through, which the work
+keeps for talking to its parent (a learner's pipe)."""
+
+
+class WarmProcess:
+    """A spawned process that has done its imports and waits for its work: the compute process a restart needs, and
+    its learners, start in milliseconds where a fresh spawn spends a second or more importing torch, all of which a
+    compute restart would wait for. ``warm_up`` is the module to import (``package.module``), or a function of it to
+    call with ``warm_up_args`` once it is imported (``package.module:function``).
+
+    It dies with its parent, as every child does, and leaves without a word when its parent lets it go (``discard``,
+    or the parent's end of the pipe closing). ``daemon``: as ``multiprocessing.Process``'s (a process that starts
+    children of its own cannot be one).
+    """
+
+    def __init__(self, warm_up: str, *warm_up_args: Any, daemon: bool = False) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.pipe, child_end = spawn.Pipe()
+        self.process: BaseProcess = spawn.Process(
+            target=_wait_for_work,
+            args=(child_end, os.getpid(), warm_up, warm_up_args),
+            name="flare2-spare",
+            daemon=daemon,
+        )
+        self.process.start()
+        child_end.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.exitcode is None
+
+    @property
+    def pid(self) -> int:
+        return cast(int, self.process.pid)
+
+    def run(self, name: str, target: Callable[..., Any], *args: Any) -> BaseProcess:
+        """Give it its work: ``target(*args)`` as process ``name`` (``OWN_PIPE`` among ``args`` becomes its end of
+        ``pipe``, which the caller then keeps for the work's talk)."""
+        self.pipe.send((name, target, args))
+        return self.process
+
+    def discard(self) -> None:
+        """Let it go unused."""
+        self.pipe.close()
+        self.process.kill()
+        self.process.join()
+
+
+def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args: tuple[Any, ...]) -> None:
+    die_with_parent(parent_pid)
+    ignore_interrupts()
+    name_process("flare2-spare")
+    module, _, function = warm_up.partition(":")
+    loaded = importlib.import_module(module)
+    if function:
+        getattr(loaded, function)(*warm_up_args)
+    try:
+        name, target, args = pipe.recv()
+    except EOFError:  # let go
+        os._exit(0)
+    name_process(name)
+    args = tuple(pipe if isinstance(arg, str) and arg == OWN_PIPE else arg for arg in args)
+    if not any(arg is pipe for arg in args):
+        pipe.close()
+    target(*args)
 
 
 def ignore_interrupts() -> None:

@@ -7,8 +7,9 @@ so that nothing meant for its predecessor reaches it.
 
 The restart policy: an agent that failed starts again after
 ``restart_backoff_s``, doubled for each failure in a row (a failure after a
-short life), at most :data:`MAX_RESTART_BACKOFF_S`; one that ran
-:data:`HEALTHY_LIFE_S` before it failed starts again at the base wait. Past
+short life in which it played no step), at most :data:`MAX_RESTART_BACKOFF_S`;
+one that ran :data:`HEALTHY_LIFE_S`, or played, before it failed starts again
+at the base wait (an agent killed from outside as it plays is no crash loop). Past
 ``max_restarts`` failures, or for a failure no restart can cure (a
 configuration error), :class:`~flare2.errors.RunFailed` is raised.
 
@@ -45,9 +46,11 @@ HEALTHY_LIFE_S = 60.0
 """An agent that ran this long before it failed starts again at once; one that keeps failing waits longer."""
 
 
-def failure_streak(previous_streak: int, lived_s: float) -> int:
-    """How many times in a row this agent has failed, counting the failure that ends a life of ``lived_s``."""
-    return 0 if lived_s > HEALTHY_LIFE_S else previous_streak + 1
+def failure_streak(previous_streak: int, lived_s: float, *, played: bool = False) -> int:
+    """How many times in a row this agent has failed, counting the failure that ends a life of ``lived_s`` in which
+    it ``played`` (its owner heard of env steps it played) or not: one that played was no crash loop, whatever killed
+    it."""
+    return 0 if played or lived_s > HEALTHY_LIFE_S else previous_streak + 1
 
 
 def restart_backoff(base_s: float, streak: int) -> float:
@@ -215,11 +218,13 @@ class AgentSupervisor:
         slot.ended_with = exit_code
         slot.held = False
 
-    def restart_later(self, slot: AgentSlot, cause: str, exit_code: int | None, *, error: str = "") -> None:
+    def restart_later(
+        self, slot: AgentSlot, cause: str, exit_code: int | None, *, error: str = "", played: bool = False
+    ) -> None:
         """Start ``slot`` again after its backoff, logging why; RunFailed when no restart can help.
 
         ``cause`` says how the agent ended ("was killed by SIGKILL"), ``error`` what it reported before (a
-        traceback), when its owner heard it.
+        traceback), when its owner heard it; ``played``: its owner heard of env steps it played (``failure_streak``).
         """
         if exit_code == exit_codes.CONFIG_ERROR:
             reason = error or f"{cause} (its error is above)"
@@ -235,7 +240,7 @@ class AgentSupervisor:
                 exit_codes.FAILED,
             )
         now = time.monotonic()
-        slot.failure_streak = failure_streak(slot.failure_streak, now - slot.started_at)
+        slot.failure_streak = failure_streak(slot.failure_streak, now - slot.started_at, played=played)
         backoff = restart_backoff(self.restart_backoff_s, slot.failure_streak)
         logger.warning(
             "agent %s %s; restarting it in %.1fs (restart %d of at most %d)%s",

@@ -32,20 +32,21 @@ def soak(tmp_path: Path, *options: str) -> tuple[str, dict[str, int]]:
 
 
 def test_a_run_killed_at_random_everywhere_reaches_its_budget_and_leaves_nothing_running(tmp_path):
-    report, faults = soak(tmp_path, "--max-steps", "20000", "--fault-every", "2")
-    assert sum(faults.values()) >= 15 and min(faults.values()) >= 3, report
+    report, faults = soak(tmp_path, "--max-steps", "40000", "--fault-every", "1.5", "--faults", "30")
+    assert sum(faults.values()) == 30 and min(faults.values()) >= 8, report
     restarts = re.search(r"agents (\d+), compute process (\d+)", report)
     assert restarts is not None and int(restarts[2]) >= faults["compute"], report
-    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 20000
+    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 40000
 
 
 @needs_root
-def test_a_run_across_three_hosts_takes_faults_of_every_kind_and_leaves_nothing_running(tmp_path):
+def test_a_run_across_three_hosts_takes_a_hundred_faults_of_every_kind_and_reaches_its_budget(tmp_path):
     # Agents here and attached, attach processes, both learners (one on host B), the compute process, and the links
-    # of B and C cut for 5-40 s. On 2 cores a compute process takes 2-4 s to come back with its group of learners:
-    # a fault every 1.5 s keeps it restarting, and the run stalls (docs/benchmarks.md).
-    report, faults = soak(tmp_path, "--hosts", "--max-steps", "40000", "--fault-every", "2.5")
-    assert sum(faults.values()) >= 20 and len(faults) == 5 and min(faults.values()) >= 2, report
-    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 40000
+    # of B and C cut for 5-40 s: 100 faults, one every 1.6 s on average (about 3 minutes), then the run goes on to
+    # its budget. A checkpoint a second: a compute process killed takes at most that much learning with it.
+    options = ("--max-steps", "80000", "--fault-every", "1.6", "--faults", "100", "--checkpoint-every", "1s")
+    report, faults = soak(tmp_path, "--hosts", *options)
+    assert sum(faults.values()) == 100 and len(faults) == 5 and min(faults.values()) >= 8, report
+    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 80000
     rejoined = re.search(r"remote agents rejoined (\d+)", report)
     assert rejoined is not None and int(rejoined[1]) > 0, report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import time
@@ -13,7 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 from process_token import processes_started_here
-from runs import CARTPOLE, RunProcess, agent_pids, children_of, compute_pid, finite, read_csv, wait_until_gone
+from runs import (
+    CARTPOLE,
+    RunProcess,
+    agent_pids,
+    children_of,
+    compute_pid,
+    finite,
+    learner_pids,
+    process_name,
+    read_csv,
+    wait_until_gone,
+)
 
 HERE = Path(__file__).resolve().parent
 UP = r"compute process is up"
@@ -185,6 +197,40 @@ def test_a_compute_process_killed_with_sigkill_is_restarted_from_the_last_checkp
     assert not any(directory.exists() for directory in socket_dirs)
 
 
+def test_a_restarted_run_keeps_a_spare_compute_process_that_takes_over_at_the_next_restart(tmp_path, runs):
+    run = runs(
+        CARTPOLE,
+        "--num-agents",
+        "2",
+        "--envs-per-agent",
+        "2",
+        "--max-steps",
+        "15000",
+        "--checkpoint-every",
+        "2000",
+        "--device",
+        "cpu",
+        "--learner",
+        "process",
+        log_dir=tmp_path,
+    )
+    run.wait_for_line(r"checkpoint written to", timeout_s=120)
+    first = compute_pid(run.process.pid)
+    # A run that never restarts keeps no spare.
+    assert [pid for pid in children_of(run.process.pid) if process_name(pid) == "flare2-spare"] == []
+    os.kill(first, signal.SIGKILL)
+    waits = r"a spare compute process waits to take over at the next restart \(pid (\d+)\)"
+    spare = int(re.search(waits, run.wait_for_line(waits, timeout_s=60))[1])
+    assert spare in children_of(run.process.pid)
+    os.kill(compute_pid(run.process.pid), signal.SIGKILL)
+    run.wait_for_line(rf"compute process started \(pid {spare}\)", timeout_s=30)
+    assert run.wait(timeout_s=120) == 0, run.text[-3000:]
+    assert read_csv(tmp_path / "progress.csv")[-1]["compute_restarts"] == 2
+    # The spare made after the second restart went with the run.
+    spares = re.findall(waits, run.text)
+    assert len(spares) == 2 and wait_until_gone([int(pid) for pid in spares], timeout_s=0) == []
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_learner_killed_with_sigkill_restarts_the_compute_process_with_a_new_group_and_the_run_goes_on(
     tmp_path, runs, rank
@@ -208,7 +254,7 @@ def test_a_learner_killed_with_sigkill_restarts_the_compute_process_with_a_new_g
         log_dir=tmp_path,
     )
     run.wait_for_line(r"checkpoint written to", timeout_s=120)
-    learners = sorted(children_of(compute_pid(run.process.pid)))
+    learners = sorted(learner_pids(compute_pid(run.process.pid)))
     assert len(learners) == 2, learners
     os.kill(learners[rank], signal.SIGKILL)
     run.wait_for_line(rf"the compute process lost a learner: learner process {rank} of 2 died", timeout_s=30)

@@ -220,7 +220,7 @@ def build_once_the_other_learner_is_gone() -> Algorithm:
 
 def join_then_die(rendezvous: str) -> None:
     """A learner of another machine that joins the group, then dies before it takes part in anything."""
-    join(rendezvous, 1, 2, device="cpu", timeout_s=60)
+    join(rendezvous, 1, 2, device="cpu", rendezvous_timeout_s=60, timeout_s=60)
     os._exit(0)
 
 

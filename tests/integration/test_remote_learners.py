@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from netns import Hosts
-from runs import RunProcess, compute_pid, read_csv
+from runs import RunProcess, learner_pids, read_csv
 
 from flare2.runtime import exit_codes
 
@@ -101,8 +101,8 @@ def test_a_learner_of_flare2_learn_trains_with_the_run_resumes_with_it_and_rejoi
         learned_more_than(log_dir, read_csv(log_dir / "progress.csv")[-1]["learn_steps"] + 3, manager)
         # A learner that dies does not stop the run: it goes on with the learner beside its compute process, and
         # its flare2 learn asks to join again, which the run's next group of learners takes in.
-        # The learner process is the one multiprocessing child of flare2 learn.
-        os.kill(compute_pid(learner.process.pid), signal.SIGKILL)
+        [learner_process] = learner_pids(learner.process.pid)
+        os.kill(learner_process, signal.SIGKILL)
         manager.wait_for_line(r"the compute process lost a learner", timeout_s=60)
         # The learner beside the compute process outlived the group: the next one starts from what it had learned.
         manager.wait_for_line(r"compute process saved its checkpoints", timeout_s=60)

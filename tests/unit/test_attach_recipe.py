@@ -130,6 +130,7 @@ def test_flare2_learn_builds_its_learners_from_the_managers_recipe_and_names_wha
         "learners": 4,
         "rendezvous": "tcp://10.0.0.1:29500",
         "timeout_s": 120.0,
+        "rendezvous_timeout_s": 10.0,
         "device": "cpu",
         "seed": 3,
         "torch_threads": 1,
@@ -140,6 +141,7 @@ def test_flare2_learn_builds_its_learners_from_the_managers_recipe_and_names_wha
         (2, 4, "cpu", "tcp://10.0.0.1:29500"),
         (3, 4, "cpu", "tcp://10.0.0.1:29500"),
     ]
+    assert (plan[0].rendezvous_timeout_s, plan[0].group_timeout_s) == (10.0, 120.0)
     assert plan[0].cts[0].build == build
     elsewhere = {**given, "cts": [{"name": "RL", "build": {**build.recipe(), "algo": "my-ppo"}}]}
     with pytest.raises(ConfigError, match="the run's CT 'RL' cannot be built here: invalid choice: 'my-ppo'"):

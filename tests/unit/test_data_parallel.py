@@ -197,7 +197,7 @@ def test_a_rendezvous_that_does_not_answer_ends_in_a_message_naming_it_within_tw
         match=rf"the learners' process group at tcp://127.0.0.1:{port} did not take in "
         rf"learner 1 within 1s: check that this machine reaches 127.0.0.1 on TCP port {port}",
     ):
-        join(f"tcp://127.0.0.1:{port}", 1, 2, device="cpu", timeout_s=1)
+        join(f"tcp://127.0.0.1:{port}", 1, 2, device="cpu", rendezvous_timeout_s=1, timeout_s=60)
     # torch's store tries to connect twice, each for the timeout.
     assert time.monotonic() - started < 2 * 1 + 3
     assert not dist.is_initialized()

@@ -241,6 +241,36 @@ def test_a_group_that_lost_a_learner_elsewhere_goes_on_with_the_learners_here_an
     assert given["rendezvous"] not in ("", first_rendezvous)
 
 
+def test_a_group_re_formed_with_the_learners_it_had_elsewhere_waits_for_them_only_the_heartbeat_timeout(
+    tmp_path, control, monkeypatch
+):
+    run, _ = with_remote_learners(tmp_path)
+    sent = sent_by_the_desk(monkeypatch)
+    seats, config = run.desk.learner_seats, run.config
+    assert config.heartbeat_timeout_s < config.startup_timeout_s
+    run.desk.compute_is_up(control, {}, device="cpu")
+    run.desk.on_message(control, *learner_probe(2, learn_id="b"))
+    given = sent.pop()[1].payload["learners"]
+    # The first group waits for its learners as the run was started; its collectives, as every group's, as long.
+    assert given["rendezvous_timeout_s"] == given["timeout_s"] == config.startup_timeout_s
+    # The compute process died: the next group keeps the learners elsewhere, which may have gone with a link.
+    seats.new_group(lost_elsewhere=False)
+    assert seats.remote == 2 and seats.rendezvous_timeout_s == config.heartbeat_timeout_s
+    run.desk.compute_is_up(control, {}, device="cpu")
+    run.desk.on_message(control, *learner_probe(2, learn_id="b", rejoin=True))
+    given = sent.pop()[1].payload["learners"]
+    assert (given["rendezvous_timeout_s"], given["timeout_s"]) == (config.heartbeat_timeout_s, config.startup_timeout_s)
+    # They did not come: the group without them waits for no one elsewhere, and the one that grows for them when
+    # they ask, as long as the first.
+    seats.new_group(lost_elsewhere=True)
+    assert seats.remote == 0 and seats.rendezvous_timeout_s == config.startup_timeout_s
+    run.desk.compute_is_up(control, {}, device="cpu")
+    run.desk.on_message(control, *learner_probe(2, learn_id="b", rejoin=True))
+    assert sent.pop()[1].payload["learners"] == {"starting": True} and seats.wants_to_grow
+    seats.new_group(lost_elsewhere=False)
+    assert seats.remote == 2 and seats.rendezvous_timeout_s == config.startup_timeout_s
+
+
 def test_a_run_that_learns_on_cuda_takes_no_more_learners_from_a_machine_than_it_has_gpus(
     tmp_path, control, monkeypatch
 ):

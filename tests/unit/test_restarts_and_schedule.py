@@ -27,6 +27,7 @@ from flare2.runtime.supervisor import (
     failure_streak,
     restart_backoff,
 )
+from flare2.wire.protocol import STATS, Message
 
 
 def build():
@@ -56,6 +57,25 @@ def test_an_agent_that_ran_a_healthy_while_before_failing_starts_again_at_the_ba
     streak = failure_streak(streak, lived_s=HEALTHY_LIFE_S + 1)
     assert streak == 0 and restart_backoff(0.5, streak) == 0.5
     assert restart_backoff(0.5, failure_streak(streak, lived_s=1.0)) == 0.5
+
+
+def test_an_agent_killed_after_it_played_is_no_crash_loop_and_starts_again_at_the_base_wait():
+    streak = 0
+    for _ in range(5):
+        streak = failure_streak(streak, lived_s=1.0)
+    assert failure_streak(streak, lived_s=1.0, played=True) == 0
+
+
+def test_an_agent_whose_stats_counted_steps_is_restarted_at_the_base_wait(tmp_path, control):
+    schedule = manager_schedule(tmp_path, restart_backoff_s=0.5)
+    agent, slot = failed_agent(schedule)
+    slot.failure_streak = 4  # it had failed young four times before
+    schedule.desk.on_message(control, agent.agent_id.encode(), Message(STATS, {"steps": 0}, agent.agent_id, 1))
+    assert not agent.played  # stats without steps
+    schedule.desk.on_message(control, agent.agent_id.encode(), Message(STATS, {"steps": 12}, agent.agent_id, 2))
+    schedule.agent_failed(control, agent, slot, "was killed by SIGKILL", -9)
+    assert slot.failure_streak == 0 and slot.restart_at is not None
+    assert slot.restart_at - time.monotonic() <= 0.5
 
 
 def test_checkpoints_every_so_many_seconds_count_from_the_start_and_from_each_one():

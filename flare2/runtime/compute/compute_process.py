@@ -41,6 +41,7 @@ from flare2.runtime.compute.learners import (
 from flare2.runtime.config import CTConfig, busy_wait_us, predict_threads
 from flare2.runtime.processes import (
     COMPUTE_IDENTITY,
+    WarmProcess,
     configure_child_logging,
     die_with_parent,
     ignore_interrupts,
@@ -71,6 +72,19 @@ logger = logging.getLogger(__name__)
 _IDLE_POLL_S = 0.1
 _ERROR_LINGER_MS = 2000
 
+_spare_learners: list[WarmProcess] = []
+"""The spare learner processes this process started as it waited for its work (``warm_up``)."""
+
+
+def warm_up(learners: int) -> None:
+    """What a compute process started as a ``WarmProcess`` does before its settings come: the imports its work
+    needs, torch's first, and ``learners`` spare learner processes of its own (``spare_learners``), which import
+    theirs meanwhile."""
+    # Imported here: the manager imports this module and must not load torch.
+    from flare2.runtime.compute.learner_process import LEARNER_MODULE
+
+    _spare_learners.extend(WarmProcess(LEARNER_MODULE, daemon=True) for _ in range(learners))
+
 
 @dataclass(frozen=True)
 class ComputeSettings:
@@ -97,7 +111,10 @@ class ComputeSettings:
     learner_rendezvous: str
     """Where the learners meet (tcp://HOST:PORT, chosen by the manager); empty for one learner."""
     startup_timeout_s: float
-    """How long the learners wait for each other to join (RunConfig.startup_timeout_s)."""
+    """How long a collective of the learners waits for one that does not answer, and how long this process waits for
+    the counters of a checkpoint after a failure (RunConfig.startup_timeout_s)."""
+    learner_rendezvous_timeout_s: float
+    """How long the learners wait for each other to join (``LearnerSeats.rendezvous_timeout_s``)."""
     busy_wait_us: int | None
     """RunConfig.busy_wait_us, resolved here once the learner is chosen."""
     local_agents: int
@@ -109,7 +126,7 @@ class ComputeSettings:
 
 
 def compute_main(settings: ComputeSettings) -> None:
-    """Entry point of the compute process (started with the spawn method)."""
+    """Entry point of the compute process (a ``WarmProcess`` of the manager's, ``warm_up`` done)."""
     die_with_parent(settings.parent_pid)
     ignore_interrupts()
     configure_child_logging()
@@ -177,6 +194,11 @@ def choose_learner(name: str, cts: list[Any]) -> str:
 def _start_learner(ctx: zmq.Context, cts: list[ComputationTask], settings: ComputeSettings) -> tuple[Learner, str]:
     """Where learn() runs (``choose_learner``), started: inline, a thread or learner processes; and its kind."""
     kind = choose_learner("process" if settings.learners > 1 else settings.learner, cts)
+    spares = list(_spare_learners)
+    _spare_learners.clear()
+    if kind != "process":
+        for spare in spares:
+            spare.discard()
     learner: Learner = InlineLearner()
     if kind == "thread":
         for ct in cts:
@@ -201,8 +223,10 @@ def _start_learner(ctx: zmq.Context, cts: list[ComputationTask], settings: Compu
                 learners=settings.learners,
                 remote_learners=settings.remote_learners,
                 rendezvous=settings.learner_rendezvous,
-                rendezvous_timeout_s=settings.startup_timeout_s,
+                rendezvous_timeout_s=settings.learner_rendezvous_timeout_s,
+                group_timeout_s=settings.startup_timeout_s,
             ),
+            spares,
         )
     return learner, kind
 

@@ -75,11 +75,14 @@ def interface_towards(host: str, port: int) -> str | None:
     return None
 
 
-def join(rendezvous: str, rank: int, learners: int, *, device: str, timeout_s: float) -> dist.ProcessGroup:
-    """Join the learners' process group as ``rank``; returns the gloo group requests and answers cross.
+def join(
+    rendezvous: str, rank: int, learners: int, *, device: str, rendezvous_timeout_s: float, timeout_s: float
+) -> dist.ProcessGroup:
+    """Join the learners' process group as ``rank``; returns the gloo group requests and answers cross, whose
+    collectives wait ``timeout_s`` for a learner that does not answer.
 
     A rendezvous that does not answer, or learners that do not all come, end in a TransportError naming what to do
-    within ``timeout_s``."""
+    within ``rendezvous_timeout_s``."""
     host, port = rendezvous_host(rendezvous)
     interface = interface_towards(host, port)
     if interface is not None:
@@ -91,22 +94,33 @@ def join(rendezvous: str, rank: int, learners: int, *, device: str, timeout_s: f
         # NCCL's collectives run on the current device: each learner's own GPU, not cuda:0 for all.
         torch.cuda.set_device(device)
     try:
+        # The store is where the learners meet: its wait for all of them is the rendezvous's, shorter than the
+        # collectives' where a group re-forms without knowing whether its learners elsewhere are still there.
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size=learners,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=rendezvous_timeout_s),
+            wait_for_workers=True,
+        )
         dist.init_process_group(
             "nccl" if on_gpu else "gloo",
-            init_method=rendezvous,
+            store=store,
             rank=rank,
             world_size=learners,
             timeout=timedelta(seconds=timeout_s),
         )
     except (RuntimeError, TimeoutError) as exc:  # torch raises DistStoreError and friends, all RuntimeErrors
+        waited = f"{rendezvous_timeout_s:.0f}s"
         if rank == 0:
             raise TransportError(
-                f"not all {learners} learners joined the process group at {rendezvous} within {timeout_s:.0f}s "
-                f"(--startup-timeout): start the learners of --remote-learners on their machines with `flare2 learn "
+                f"not all {learners} learners joined the process group at {rendezvous} within {waited} "
+                f"(--startup-timeout; --heartbeat-timeout in a group re-formed with the learners it had): start the learners of --remote-learners on their machines with `flare2 learn "
                 f"MANAGER_ENDPOINT --keys DIR` ({type(exc).__name__}: {exc})"
             ) from None
         raise TransportError(
-            f"the learners' process group at {rendezvous} did not take in learner {rank} within {timeout_s:.0f}s: "
+            f"the learners' process group at {rendezvous} did not take in learner {rank} within {waited}: "
             f"check that this machine reaches {host} on TCP port {port} (a firewall, the run's --advertise) and that "
             f"the run is still waiting for its learners ({type(exc).__name__}: {exc})"
         ) from None

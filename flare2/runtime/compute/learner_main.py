@@ -77,7 +77,10 @@ class LearnerSettings:
     """Where the learners' process group meets (``tcp://HOST:PORT``, torch.distributed's init method); empty: a free
     port on loopback (or no group, for one learner)."""
     rendezvous_timeout_s: float = 120.0
-    """How long the learners wait for each other to join (the run's --startup-timeout)."""
+    """How long the learners wait for each other to join (``LearnerSeats.rendezvous_timeout_s``)."""
+    group_timeout_s: float = 120.0
+    """How long a collective waits for a learner that does not answer (the run's --startup-timeout): past it, the
+    group breaks."""
 
     @property
     def local_learners(self) -> int:
@@ -138,7 +141,8 @@ def _learn_until_stopped(
                 settings.rank,
                 settings.learners,
                 device=settings.device,
-                timeout_s=settings.rendezvous_timeout_s,
+                rendezvous_timeout_s=settings.rendezvous_timeout_s,
+                timeout_s=settings.group_timeout_s,
             )
             if settings.learners > 1
             else None

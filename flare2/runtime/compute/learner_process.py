@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -59,10 +60,14 @@ from flare2.runtime.compute.learner_main import (
     learner_device,
     learner_main,
 )
+from flare2.runtime.processes import OWN_PIPE, WarmProcess
 from flare2.wire.codec import decode, encode
 from flare2.wire.sockets import free_port
 
 logger = logging.getLogger(__name__)
+
+LEARNER_MODULE = learner_main.__module__
+"""What a spare learner imports as it waits (``WarmProcess``)."""
 
 _ALIVE_CHECK_S = 1.0
 """While waiting for an answer, how often to look whether the learner processes are still there."""
@@ -104,31 +109,29 @@ class LearnerProcess:
     ``wake_socket`` (the first learner's pipe) becomes readable when an answer is ready for ``deliver``.
     """
 
-    def __init__(self, cts: list[ComputationTask], settings: LearnerSettings) -> None:
+    def __init__(
+        self, cts: list[ComputationTask], settings: LearnerSettings, spares: Sequence[WarmProcess] = ()
+    ) -> None:
         self._cts = cts
         self._learners = settings.learners
         self._remote = settings.remote_learners
         self._weights = [shared_weights(ct) for ct in cts]
-        spawn = multiprocessing.get_context("spawn")
         rendezvous = settings.rendezvous or (f"tcp://127.0.0.1:{free_port('127.0.0.1')}" if self._learners > 1 else "")
         self._pipes: list[Connection] = []
         self._processes: list[multiprocessing.process.BaseProcess] = []
         self._pending: list[deque[dict[str, Any]]] = [deque() for _ in range(settings.local_learners)]
         """Answers read from a learner's pipe ahead of their turn (a gone learner's last words)."""
+        ready = [spare for spare in spares if spare.alive]
         for rank in range(settings.local_learners):
-            pipe, child_end = spawn.Pipe()
             own = replace(settings, rank=rank, rendezvous=rendezvous, device=learner_device(settings.device, rank))
             # Daemonic: multiprocessing ends it with this process even when the loop leaves by an exception.
-            process = spawn.Process(
-                target=learner_main,
-                args=(own, child_end, self._weights if rank == 0 else None),
-                name=f"flare2-learner-{rank}",
-                daemon=True,
-            )
-            process.start()
-            child_end.close()
-            self._pipes.append(pipe)
-            self._processes.append(process)
+            warm = ready.pop(0) if ready else WarmProcess(LEARNER_MODULE, daemon=True)
+            weights = self._weights if rank == 0 else None
+            self._processes.append(warm.run(f"flare2-learner-{rank}", learner_main, own, OWN_PIPE, weights))
+            self._pipes.append(warm.pipe)
+        for spare in spares:
+            if spare.process not in self._processes:
+                spare.discard()
         self.wake_socket = self._pipes[0].fileno()
         self._in_flight: LearnBatch | None = None
         self._parted = False

@@ -216,6 +216,7 @@ class AgentDesk:
             self.drop(identity, "stats with wrong field types")
             return
         self.totals.add_agent_stats(steps, episodes, remote=agent.remote)
+        agent.played = agent.played or steps > 0
         self.totals.add_eval_stats(eval_steps, eval_episodes)
         self.totals.round_trips.merge(payload.get("predict_round_trips"))
 

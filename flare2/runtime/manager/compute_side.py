@@ -30,7 +30,7 @@ from flare2.runtime.checkpoints import checkpoint_path
 from flare2.runtime.compute.compute_process import ComputeSettings, compute_main
 from flare2.runtime.config import RunConfig
 from flare2.runtime.manager.totals import RunTotals
-from flare2.runtime.processes import COMPUTE_IDENTITY
+from flare2.runtime.processes import COMPUTE_IDENTITY, WarmProcess
 from flare2.wire.protocol import (
     BYE,
     CHECKPOINT,
@@ -46,6 +46,8 @@ from flare2.wire.sockets import router_send
 
 logger = logging.getLogger(__name__)
 
+_WARM_UP = f"{compute_main.__module__}:warm_up"
+"""What a compute process does before its settings come (``WarmProcess``)."""
 _SAVING_STOP_FACTOR = 4
 """A compute process asked to stop writes its checkpoints first (a big model's take a while): it is given this many
 times ``stop_timeout_s``."""
@@ -81,13 +83,33 @@ class ComputeProcess:
         """Compute processes that died or lost a learner (a regroup is none): ``max_restarts`` bounds them."""
         self.restarted = False
         """The process now running is a restarted one (its hello continues the run, it does not start it)."""
+        self.spare: WarmProcess | None = None
+        """A compute process waiting to take over, its imports done (``keep_a_spare``)."""
 
     def start(self, resume_dir: str | None) -> None:
-        spawn = multiprocessing.get_context("spawn")
-        process = spawn.Process(target=compute_main, args=(self.settings(resume_dir),), name="flare2-compute")
-        process.start()
+        """Start a compute process: the spare where one waits, else a new one."""
+        warm, self.spare = self.spare, None
+        if warm is None or not warm.alive:
+            warm = WarmProcess(_WARM_UP, 0)
+        process = warm.run("flare2-compute", compute_main, self.settings(resume_dir))
         self.process, self.started_at = process, time.monotonic()
         logger.info("compute process started (pid %d)", process.pid)
+
+    def keep_a_spare(self, learner: str) -> None:
+        """Once a run has started its compute process again, it keeps a spare one waiting, its imports done, with
+        spare learner processes of its own where the one that serves now learns in processes (``learner``, as its
+        hello says): the next restart (a death, a lost learner, a regroup) does not wait for torch to load. A run
+        that never restarts pays nothing for it."""
+        if self.restarted and (self.spare is None or not self.spare.alive):
+            config = self.config
+            learners = config.learners - config.remote_learners if learner == "process" else 0
+            self.spare = WarmProcess(_WARM_UP, learners)
+            logger.info("a spare compute process waits to take over at the next restart (pid %d)", self.spare.pid)
+
+    def discard_spare(self) -> None:
+        if self.spare is not None:
+            self.spare.discard()
+            self.spare = None
 
     def died(self) -> str | None:
         """How the process ended ("was killed by SIGKILL") if it has; None while it runs. One that said it lost a

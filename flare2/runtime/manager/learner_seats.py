@@ -4,9 +4,13 @@ meet, and the ranks ``flare2 learn`` is given.
 The group of learners is fixed for the life of one compute process (torch.distributed's groups are). It changes
 with the compute process:
 
-- the first one waits for all K learners from other machines, as the run was started;
+- the first one waits for all K learners from other machines, as the run was started, up to ``startup_timeout_s``;
 - one started because a learner on another machine left (killed, its machine gone, its link down past the group's
   timeout) takes only the N - K learners beside it, so the run goes on;
+- one started after another death (the compute process, a learner here) keeps the learners elsewhere, but waits
+  for them only ``heartbeat_timeout_s``, as long as the run waits for any silent peer: one whose link went down
+  with the restart would otherwise keep the new group from learning for the whole startup timeout. One that misses
+  it is a lost learner: the run goes on without it, and it joins again as below when it asks;
 - a ``flare2 learn`` that asks for ranks while the group has room for it only in a new one is told to ask again
   (``starting``), and the schedule stops the compute process with a checkpoint and starts one with a group that
   holds it (``wants_to_grow``): it joins at the next update.
@@ -35,6 +39,8 @@ class LearnerSeats:
         """How many ranks of the group now forming or learning are for learners on other machines."""
         self.rendezvous = self._new_rendezvous()
         """Where the group meets (empty for one learner)."""
+        self.rendezvous_timeout_s = config.startup_timeout_s
+        """How long the group's learners wait for each other to join (module docstring)."""
         self._next_rank = self.local
         self._device = ""
         self._waiting: dict[str, int] = {}
@@ -55,8 +61,12 @@ class LearnerSeats:
     def new_group(self, *, lost_elsewhere: bool) -> None:
         """The compute process is about to be started again: its group takes the learners here, those on other
         machines that asked to join, and, unless one of them was lost (``lost_elsewhere``), those it had."""
+        config = self.config
         kept = 0 if lost_elsewhere else self.remote
-        self.remote = min(self.config.remote_learners, kept + sum(self._waiting.values()))
+        self.remote = min(config.remote_learners, kept + sum(self._waiting.values()))
+        self.rendezvous_timeout_s = config.startup_timeout_s
+        if kept:
+            self.rendezvous_timeout_s = min(config.heartbeat_timeout_s, config.startup_timeout_s)
         self._waiting.clear()
         self._next_rank, self._device = self.local, ""
         # Where the last group met may not be free yet: the next one meets elsewhere.
@@ -111,6 +121,7 @@ class LearnerSeats:
             "learners": self.learners,
             "rendezvous": self.rendezvous,
             "timeout_s": config.startup_timeout_s,
+            "rendezvous_timeout_s": self.rendezvous_timeout_s,
             "device": self._device,
             "seed": config.seed,
             "torch_threads": config.torch_threads,

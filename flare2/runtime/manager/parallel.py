@@ -240,6 +240,7 @@ class ParallelSchedule:
             remote_learners=seats.remote,
             learner_rendezvous=seats.rendezvous,
             startup_timeout_s=config.startup_timeout_s,
+            learner_rendezvous_timeout_s=seats.rendezvous_timeout_s,
             busy_wait_us=config.busy_wait_us,
             local_agents=config.agents.num_agents,
             max_message_bytes=config.max_message_bytes,
@@ -328,7 +329,7 @@ class ParallelSchedule:
         waiting for it; RunFailed when no restart can help."""
         if exit_code == exit_codes.MANAGER_LOST and self.desk.served is None:
             raise RunFailed(f"agent {agent.agent_id} could not register with the manager: {cause}", exit_codes.FAILED)
-        self.supervisor.restart_later(slot, cause, exit_code, error=agent.error)
+        self.supervisor.restart_later(slot, cause, exit_code, error=agent.error, played=agent.played)
         agent.failed = True
         self.agents.stop_listening(agent)
         self.desk.send_live(control)
@@ -398,6 +399,7 @@ class ParallelSchedule:
         )
         self.desk.compute_is_up(control, served, device=str(hello.get("device")))
         self._release_held()
+        self.compute.keep_a_spare(str(hello.get("learner")))
 
     # ---- stopping --------------------------------------------------------------------
 
@@ -424,6 +426,7 @@ class ParallelSchedule:
         self.supervisor.kill_running(timeout_s)
         if running:
             logger.info("agents stopped in %.2fs", time.monotonic() - started)
+        self.compute.discard_spare()
         if self.compute.process is not None:
             serving = self.desk.served is not None
             self.compute.stop(control, serving=serving, counters=self.totals.counters(), timeout_s=timeout_s)

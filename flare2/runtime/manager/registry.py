@@ -28,6 +28,8 @@ class AgentRecord:
     """It died or went silent; its slot waits for the successor."""
     error: str = ""
     """What the agent reported before it died (a traceback of its episode code)."""
+    played: bool = False
+    """Its stats counted env steps: one that dies after that is no crash loop (``failure_streak``)."""
     cts: frozenset[str] = frozenset()
     """The CTs the agent asks (from its hello)."""
     envs: int = 0

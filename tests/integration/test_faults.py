@@ -29,6 +29,11 @@ from runs import (
 
 HERE = Path(__file__).resolve().parent
 UP = r"compute process is up"
+LEARNER_PROCESS_RUN = (
+    *(CARTPOLE, "--num-agents", "2", "--envs-per-agent", "2", "--max-steps", "15000", "--checkpoint-every", "2000"),
+    *("--device", "cpu", "--learner", "process"),
+)
+"""A short CartPole run that learns in a learner process and checkpoints often: one to kill parts of."""
 FIRST_PROGRESS = r"flare2.progress INFO: steps [1-9]"
 
 
@@ -159,24 +164,7 @@ def test_a_compute_process_killed_with_sigkill_is_restarted_from_the_last_checkp
     tmp_path, runs
 ):
     # Its learner process dies with it, and the new compute process starts its own.
-    run = runs(
-        CARTPOLE,
-        "--num-agents",
-        "2",
-        "--envs-per-agent",
-        "2",
-        "--max-steps",
-        "15000",
-        "--checkpoint-every",
-        "2000",
-        "--progress-interval",
-        "0.5",
-        "--device",
-        "cpu",
-        "--learner",
-        "process",
-        log_dir=tmp_path,
-    )
+    run = runs(*LEARNER_PROCESS_RUN, "--progress-interval", "0.5", log_dir=tmp_path)
     run.wait_for_line(r"checkpoint written to", timeout_s=120)
     socket_dirs = {path.parent for path in map(Path, _local_socket_paths(tmp_path))}
     os.kill(compute_pid(run.process.pid), signal.SIGKILL)
@@ -198,22 +186,7 @@ def test_a_compute_process_killed_with_sigkill_is_restarted_from_the_last_checkp
 
 
 def test_a_restarted_run_keeps_a_spare_compute_process_that_takes_over_at_the_next_restart(tmp_path, runs):
-    run = runs(
-        CARTPOLE,
-        "--num-agents",
-        "2",
-        "--envs-per-agent",
-        "2",
-        "--max-steps",
-        "15000",
-        "--checkpoint-every",
-        "2000",
-        "--device",
-        "cpu",
-        "--learner",
-        "process",
-        log_dir=tmp_path,
-    )
+    run = runs(*LEARNER_PROCESS_RUN, log_dir=tmp_path)
     run.wait_for_line(r"checkpoint written to", timeout_s=120)
     first = compute_pid(run.process.pid)
     # A run that never restarts keeps no spare.

@@ -78,8 +78,8 @@ _spare_learners: list[WarmProcess] = []
 
 def warm_up(learners: int) -> None:
     """What a compute process started as a ``WarmProcess`` does before its settings come: the imports its work
-    needs, torch's first, and ``learners`` spare learner processes of its own (``spare_learners``), which import
-    theirs meanwhile."""
+    needs, torch's first, and ``learners`` spare learner processes of its own, which import theirs meanwhile (for
+    ``_start_learner`` to take)."""
     # Imported here: the manager imports this module and must not load torch.
     from flare2.runtime.compute.learner_process import LEARNER_MODULE
 

@@ -116,8 +116,9 @@ def join(
         if rank == 0:
             raise TransportError(
                 f"not all {learners} learners joined the process group at {rendezvous} within {waited} "
-                f"(--startup-timeout; --heartbeat-timeout in a group re-formed with the learners it had): start the learners of --remote-learners on their machines with `flare2 learn "
-                f"MANAGER_ENDPOINT --keys DIR` ({type(exc).__name__}: {exc})"
+                "(--startup-timeout; --heartbeat-timeout in a group re-formed with the learners it had): start the "
+                "learners of --remote-learners on their machines with `flare2 learn MANAGER_ENDPOINT --keys DIR` "
+                f"({type(exc).__name__}: {exc})"
             ) from None
         raise TransportError(
             f"the learners' process group at {rendezvous} did not take in learner {rank} within {waited}: "

@@ -8,7 +8,6 @@ import random
 import re
 import signal
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -259,13 +258,19 @@ def test_a_compute_process_that_dies_past_max_restarts_ends_the_run_saying_so(tm
     )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     os.kill(compute_pid(run.process.pid), signal.SIGKILL)
-    killed_at = time.monotonic()
     assert run.wait(timeout_s=30) == 1
-    assert time.monotonic() - killed_at < 5, "the run outlived its dead compute process by more than a few seconds"
+    assert_no_timeout_waited_out(run.text)
     assert (
         "the compute process died: it was killed by SIGKILL; that is 1 compute process deaths, more than " in run.text
     )
     assert "max_restarts=0" in run.text
+
+
+def assert_no_timeout_waited_out(log: str) -> None:
+    """The run stopped at once: no process of it was waited for past a timeout and then killed, and none was taken
+    for dead after a silence (a stop that hangs on a gone peer shows as one of these, however fast the machine)."""
+    waited = [line for line in log.splitlines() if "killing it" in line or "silent for" in line]
+    assert not waited, "\n".join(waited)
 
 
 def _local_socket_paths(log_dir: Path) -> list[str]:
@@ -277,11 +282,8 @@ def _local_socket_paths(log_dir: Path) -> list[str]:
 def test_an_exception_in_user_learn_code_stops_the_run_and_shows_the_users_line(tmp_path, runs):
     run = runs(HERE / "faulty_run.py", "--fail-learn-after", "20", "--device", "cpu", log_dir=tmp_path)
     run.wait_for_line(r"the compute process failed", timeout_s=120)
-    failed_at = time.monotonic()
-    code = run.wait(timeout_s=30)
-    stopped_in = time.monotonic() - failed_at
-    assert code == 1
-    assert stopped_in < 5, f"the run took {stopped_in:.1f}s to stop after the failure"
+    assert run.wait(timeout_s=30) == 1
+    assert_no_timeout_waited_out(run.text)
     assert "the user's learn() broke on purpose" in run.text
     assert 'raise ValueError("the user\'s learn() broke on purpose")' in run.text
     assert "faulty_run.py" in run.text
@@ -350,9 +352,8 @@ def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(tmp_
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     children = list(processes_started_here())
     run.process.send_signal(signum)
-    signalled = time.monotonic()
     assert run.wait(timeout_s=30) == exit_code
-    assert time.monotonic() - signalled < 5
+    assert_no_timeout_waited_out(run.text)
     assert (tmp_path / "checkpoints" / "RL.pt").is_file()
     assert wait_until_gone(children, timeout_s=0) == []
 

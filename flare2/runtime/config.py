@@ -234,7 +234,8 @@ class RunConfig:
     restart_backoff_s: float = 0.5
     """Wait before restarting an agent; it doubles for each failure in a row of that agent (up to 30 s)."""
     heartbeat_timeout_s: float = 10.0
-    """An agent silent for this long is taken for dead; an agent that hears nothing from the manager for this long exits."""
+    """An agent silent for this long is taken for dead; an agent that hears nothing from the manager for this long
+    exits; a group of learners re-formed after a death waits this long for the learners it had on other machines."""
     reply_timeout_s: float | None = None
     """Longest an agent waits for one reply of the compute process (None: as long as it takes). Slow is not dead:
     while the manager's heartbeats say the run goes on, a long learn() or checkpoint is waited out, and a compute
@@ -248,7 +249,8 @@ class RunConfig:
     resume_dir: str | None = None
     """Log directory of an earlier run (or its checkpoints/ folder): continue its learning and counters."""
     startup_timeout_s: float = 120.0
-    """How long the compute process and the agents may take to come up."""
+    """How long the compute process and the agents may take to come up, the first group of learners waits for its
+    learners on other machines, and a learner waits for another in a collective before the group breaks."""
     stop_timeout_s: float = 5.0
     """How long children get to exit after being asked before they are killed."""
 

@@ -149,10 +149,12 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
         type=_POSITIVE, metavar="SECONDS", help="longest an agent waits for one prediction or learn reply (default: as "
         "long as the manager says the compute process is alive)")),
     (_SUPERVISION, "--heartbeat-timeout", _RUN, "heartbeat_timeout_s", dict(
-        type=_POSITIVE, metavar="SECONDS", help="seconds of silence after which an agent is taken for dead and restarted")),
+        type=_POSITIVE, metavar="SECONDS", help="seconds of silence after which an agent is taken for dead and restarted; "
+        "a group of learners re-formed after a death waits this long for its learners on other machines")),
     (_SUPERVISION, "--startup-timeout", _RUN, "startup_timeout_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="how long the compute process (building the models) and the agents may "
-        "take to come up")),
+        "take to come up, the first group of learners waits for its learners on other machines, and a learner waits "
+        "for another in a collective before the group breaks")),
     (_SUPERVISION, "--stop-timeout", _RUN, "stop_timeout_s", dict(
         type=_POSITIVE, metavar="SECONDS", help="how long children get to exit when asked before they are killed")),
     (_SUPERVISION, "--resume", _RUN, "resume_dir", dict(

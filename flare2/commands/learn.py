@@ -216,9 +216,6 @@ def _run_learners(plan: list[Any], endpoint: str, spares: list[WarmProcess], *, 
         endpoint,
         plan[0].rendezvous,
     )
-    for gone in [spare for spare in spares if not spare.alive]:
-        gone.discard()
-        spares.remove(gone)
     processes = []
     for settings in plan:
         warm = spares.pop() if spares else _spare_learner()

@@ -90,16 +90,22 @@ class WarmProcess:
     """
 
     def __init__(self, warm_up: str, *warm_up_args: Any, daemon: bool = False) -> None:
+        self._recipe = (warm_up, warm_up_args, daemon)
+        self.pipe, self.process = self._start()
+
+    def _start(self) -> tuple[Connection, BaseProcess]:
+        warm_up, warm_up_args, daemon = self._recipe
         spawn = multiprocessing.get_context("spawn")
-        self.pipe, child_end = spawn.Pipe()
-        self.process: BaseProcess = spawn.Process(
+        pipe, child_end = spawn.Pipe()
+        process = spawn.Process(
             target=_wait_for_work,
             args=(child_end, os.getpid(), warm_up, warm_up_args),
             name="flare2-spare",
             daemon=daemon,
         )
-        self.process.start()
+        process.start()
         child_end.close()
+        return pipe, process
 
     @property
     def alive(self) -> bool:
@@ -111,8 +117,18 @@ class WarmProcess:
 
     def run(self, name: str, target: Callable[..., Any], *args: Any) -> BaseProcess:
         """Give it its work: ``target(*args)`` as process ``name`` (``OWN_PIPE`` among ``args`` becomes its end of
-        ``pipe``, which the caller then keeps for the work's talk)."""
-        self.pipe.send((name, target, args))
+        ``pipe``, which the caller then keeps for the work's talk). One that died as it waited (the out-of-memory
+        killer, say) is replaced by a new one, which does the work once its imports are done."""
+        work = (name, target, args)
+        if self.alive:
+            try:
+                self.pipe.send(work)
+                return self.process
+            except OSError:  # it died between the look and the send: its end of the pipe is closed
+                pass
+        self.discard()
+        self.pipe, self.process = self._start()
+        self.pipe.send(work)
         return self.process
 
     def discard(self) -> None:

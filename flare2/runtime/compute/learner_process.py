@@ -121,7 +121,7 @@ class LearnerProcess:
         self._processes: list[multiprocessing.process.BaseProcess] = []
         self._pending: list[deque[dict[str, Any]]] = [deque() for _ in range(settings.local_learners)]
         """Answers read from a learner's pipe ahead of their turn (a gone learner's last words)."""
-        ready = [spare for spare in spares if spare.alive]
+        ready = list(spares)
         for rank in range(settings.local_learners):
             own = replace(settings, rank=rank, rendezvous=rendezvous, device=learner_device(settings.device, rank))
             # Daemonic: multiprocessing ends it with this process even when the loop leaves by an exception.
@@ -129,9 +129,8 @@ class LearnerProcess:
             weights = self._weights if rank == 0 else None
             self._processes.append(warm.run(f"flare2-learner-{rank}", learner_main, own, OWN_PIPE, weights))
             self._pipes.append(warm.pipe)
-        for spare in spares:
-            if spare.process not in self._processes:
-                spare.discard()
+        for spare in ready:
+            spare.discard()
         self.wake_socket = self._pipes[0].fileno()
         self._in_flight: LearnBatch | None = None
         self._parted = False

@@ -88,9 +88,7 @@ class ComputeProcess:
 
     def start(self, resume_dir: str | None) -> None:
         """Start a compute process: the spare where one waits, else a new one."""
-        warm, self.spare = self.spare, None
-        if warm is None or not warm.alive:
-            warm = WarmProcess(_WARM_UP, 0)
+        warm, self.spare = self.spare or WarmProcess(_WARM_UP, 0), None
         process = warm.run("flare2-compute", compute_main, self.settings(resume_dir))
         self.process, self.started_at = process, time.monotonic()
         logger.info("compute process started (pid %d)", process.pid)
@@ -101,6 +99,7 @@ class ComputeProcess:
         hello says): the next restart (a death, a lost learner, a regroup) does not wait for torch to load. A run
         that never restarts pays nothing for it."""
         if self.restarted and (self.spare is None or not self.spare.alive):
+            self.discard_spare()  # one that died waiting
             config = self.config
             learners = config.learners - config.remote_learners if learner == "process" else 0
             self.spare = WarmProcess(_WARM_UP, learners)

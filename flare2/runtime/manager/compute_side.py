@@ -99,13 +99,13 @@ class ComputeProcess:
         hello says): the next restart (a death, a lost learner, a regroup) does not wait for torch to load. A run
         that never restarts pays nothing for it."""
         if self.restarted and (self.spare is None or not self.spare.alive):
-            self.discard_spare()  # one that died waiting
+            self._discard_spare()  # one that died waiting
             config = self.config
             learners = config.learners - config.remote_learners if learner == "process" else 0
             self.spare = WarmProcess(_WARM_UP, learners)
             logger.info("a spare compute process waits to take over at the next restart (pid %d)", self.spare.pid)
 
-    def discard_spare(self) -> None:
+    def _discard_spare(self) -> None:
         if self.spare is not None:
             self.spare.discard()
             self.spare = None
@@ -223,7 +223,8 @@ class ComputeProcess:
 
     def stop(self, control: zmq.Socket, *, serving: bool, counters: dict[str, Any], timeout_s: float) -> None:
         """Ask it to stop (it learns what waits and writes its checkpoints with ``counters``); kill it past the
-        timeout. One that does not serve yet is only waited for."""
+        timeout. One that does not serve yet is only waited for. A spare is let go first."""
+        self._discard_spare()
         process = self.process
         if process is None or process.exitcode is not None:
             return

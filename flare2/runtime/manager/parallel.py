@@ -426,7 +426,6 @@ class ParallelSchedule:
         self.supervisor.kill_running(timeout_s)
         if running:
             logger.info("agents stopped in %.2fs", time.monotonic() - started)
-        self.compute.discard_spare()
         if self.compute.process is not None:
             serving = self.desk.served is not None
             self.compute.stop(control, serving=serving, counters=self.totals.counters(), timeout_s=timeout_s)

@@ -322,7 +322,8 @@ def main(argv: list[str]) -> int:
         choices=sorted(PLAYERS),
         default=None,
         help="a turn-based game: a fixed player takes one seat of each game (the next seat each game), and the "
-        "policy's wins, draws and losses are counted; lookahead plays connect four",
+        "policy's wins, draws and losses are counted; lookahead and careful play connect four "
+        "(flare2/core/board_players.py)",
     )
     args = parser.parse_args(argv)
     if args.episodes < 1:

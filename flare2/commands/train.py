@@ -62,6 +62,7 @@ _RUN_OPTIONS = (
     tuple(name for *_, name, _ in OPTIONS if name not in _THIS_RUN_ONLY)
     + _TRANSFORM_OPTIONS
     + ("max_episode_steps", "env_preprocessing", "env_engine", "policy_map", "self_play", "self_play_pool")
+    + ("self_play_sparring",)
 )
 
 
@@ -222,10 +223,10 @@ def resolve(
         agent_path, kwargs = pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
         cts = pettingzoo_cts(parser, args, record, env_id, config, settings)
     else:
-        if args.policy_map is not None or args.self_play or args.self_play_pool > 1:
+        if args.policy_map is not None or args.self_play or args.self_play_pool > 1 or args.self_play_sparring:
             parser.error(
-                f"--policy-map, --self-play and --self-play-pool take the agents of a PettingZoo env, and {env_id!r} is "
-                "a Gymnasium env"
+                f"--policy-map and the --self-play options take the agents of a PettingZoo env, and {env_id!r} is a "
+                "Gymnasium env"
             )
         build = record.builder(env_id, env_kwargs, config, settings, preprocessing=args.env_preprocessing)
         cts = [CTConfig(name=DEFAULT_CT, build=build, batching=batching_from_args(args))]
@@ -288,6 +289,14 @@ def _add_env_options(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="with --self-play: the frozen copy keeps up to K of the learner's past weights (a uniform sample of every "
         "copy taken) and plays one drawn from them at each refresh; 1 (the default): the newest copy alone",
+    )
+    parser.add_argument(
+        "--self-play-sparring",
+        default="",
+        metavar="PLAYER=SHARE,...",
+        help="with --self-play: in SHARE of the training games a fixed player (random, or connect four's lookahead) "
+        "takes the opponent's seats instead of the frozen copy, and the learner learns from those games too "
+        "(lookahead=0.5: half the games against the lookahead); default: none",
     )
     parser.add_argument(
         "--env-engine",

@@ -8,7 +8,7 @@ from typing import Any
 
 from flare2.core.env_making import is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
-from flare2.core.pettingzoo_agent import OPPONENT_CT, policy_groups, policy_map
+from flare2.core.pettingzoo_agent import OPPONENT_CT, policy_groups, policy_map, sparring_shares
 from flare2.errors import ConfigError
 from flare2.runtime.config import CTConfig
 from flare2.runtime.options import batching_from_args, transforms_from_args
@@ -42,12 +42,27 @@ def pettingzoo_agent(
             f"--algo {algo}: the agents of a PettingZoo env learn with an on-policy algorithm (a2c, ppo, appo); "
             "a replay buffer does not take their rows yet"
         )
+    # Sparring that the env's preset gives goes with the preset's self-play, which --self-play 0 turns off.
+    sparring = args.self_play_sparring if args.self_play else ""
+    if (
+        args.self_play_sparring
+        and not args.self_play
+        and args.self_play_sparring != parser.get_default("self_play_sparring")
+    ):
+        parser.error(
+            "--self-play-sparring puts fixed players in self-play's opponent seats: give --self-play N as well"
+        )
+    try:
+        sparring_shares(sparring, env_id)
+    except ConfigError as exc:
+        parser.error(str(exc))
     kwargs = {
         "env_id": env_id,
         "policy_map": args.policy_map or "shared",
         "transforms": transforms_from_args(args),
         "sample_interval": helper_kwargs["sample_interval"],
         "self_play": bool(args.self_play),
+        "sparring": sparring,
     }
     return "flare2.core.pettingzoo_agent:PettingZooAgent", kwargs
 

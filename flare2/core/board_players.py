@@ -4,7 +4,13 @@
 
 - ``random``: a legal move, uniformly;
 - ``lookahead`` (connect four): the one-step lookahead player, which wins now if a move does, else blocks a
-  column where the opponent would win with its next move, else moves at random.
+  column where the opponent would win with its next move, else moves at random;
+- ``careful`` (connect four): the lookahead, which also never moves at random into a column where the piece it
+  drops lets the opponent win on top of it (where another move is left). It reads one move further, and connect
+  four's preset spars with the lookahead alone (``--self-play-sparring``): it is the yardstick that preset's
+  policies have never played in training.
+
+Each also plays as a sparring partner of self-play's learner (``flare2.core.pettingzoo_agent``).
 
 ``Tactics`` counts how a policy's own connect four moves met what the lookahead reads: the wins it could take,
 the wins of the other side it had to block.
@@ -46,6 +52,25 @@ def connect_four_lookahead(observation: dict[str, Any], rng: np.random.Generator
     if wins or blocks:
         return (wins or blocks)[0]
     return int(rng.choice(np.flatnonzero(observation["action_mask"])))
+
+
+def connect_four_careful(observation: dict[str, Any], rng: np.random.Generator) -> int:
+    """The lookahead's win or block; else a random legal move after which the opponent cannot win by dropping a
+    piece on top of it (a random legal move where every move would let it)."""
+    wins, blocks = immediate_fours(observation)
+    if wins or blocks:
+        return (wins or blocks)[0]
+    board = np.asarray(observation["observation"]).astype(bool)
+    mine, theirs = board[..., 0], board[..., 1]
+    legal = [int(column) for column in np.flatnonzero(observation["action_mask"])]
+    safe = []
+    for column in legal:
+        taken = mine | theirs
+        row = int(np.flatnonzero(~taken[:, column]).max())
+        taken[row, column] = True
+        if not _completes_four(theirs, taken, column):
+            safe.append(column)
+    return int(rng.choice(safe or legal))
 
 
 def immediate_fours(observation: dict[str, Any]) -> tuple[list[int], list[int]]:
@@ -110,10 +135,11 @@ def _completes_four(pieces: np.ndarray, taken: np.ndarray, column: int) -> bool:
 PLAYERS: dict[str, Callable[[dict[str, Any], np.random.Generator], int]] = {
     "random": random_move,
     "lookahead": connect_four_lookahead,
+    "careful": connect_four_careful,
 }
 """The fixed players by the name ``flare2 eval --against`` takes."""
 
-_GAME_PLAYERS = {"connect_four": ("random", "lookahead")}
+_GAME_PLAYERS = {"connect_four": ("random", "lookahead", "careful")}
 """The players of the games that have more than random play, by a part of their PettingZoo module's name."""
 
 

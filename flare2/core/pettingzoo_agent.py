@@ -35,7 +35,7 @@ import numpy as np
 
 from flare2.core.acting import Acting
 from flare2.core.agent import VectorAgent
-from flare2.core.board_players import check_fixed_players_can_play
+from flare2.core.board_players import baselines, check_fixed_players_can_play
 from flare2.core.env_making import AgentSpaces, is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
@@ -43,7 +43,7 @@ from flare2.core.helpers import AgentHelper, AskOnlyHelper
 from flare2.core.spaces import OBS_KEY, action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
-from flare2.core.turn_based import TurnBasedPlay
+from flare2.core.turn_based import TurnBasedPlay, fixed_seat
 from flare2.errors import ConfigError
 
 OPPONENT_CT = "opponent"
@@ -98,6 +98,34 @@ def policy_map(agents: Sequence[str], spec: str, shared_ct: str = DEFAULT_CT) ->
     return {agent: pairs.get(agent, pairs.get(team_of(agent), "")) for agent in agents}
 
 
+def sparring_shares(spec: str, env_id: str) -> dict[str, float]:
+    """The fixed players self-play's learner spars with and the share of the training games each takes, from
+    ``PLAYER=SHARE,...`` (``lookahead=0.5``); ``""``: none. A ConfigError names a player the game does not have, a
+    share outside (0, 1] or shares that add up to more than 1."""
+    players = baselines(env_id)
+    shares: dict[str, float] = {}
+    for pair in filter(None, (part.strip() for part in spec.split(","))):
+        player, _, share_text = (part.strip() for part in pair.partition("="))
+        if player not in players:
+            raise ConfigError(
+                f"--self-play-sparring {spec!r}: {env_id} is played by the fixed players {list(players)}, not "
+                f"{player!r}"
+            )
+        try:
+            share = float(share_text)
+        except ValueError:
+            share = 0.0
+        if not 0 < share <= 1:
+            raise ConfigError(
+                f"--self-play-sparring {spec!r}: give each player the share of the training games it plays, a number "
+                f"in (0, 1] (lookahead=0.5), not {pair!r}"
+            )
+        shares[player] = share
+    if sum(shares.values()) > 1:
+        raise ConfigError(f"--self-play-sparring {spec!r}: the shares add up to more than all the games")
+    return shares
+
+
 def policy_groups(agents: Sequence[str], ct_of: Callable[[str], str]) -> dict[str, list[str]]:
     """Each CT's agents, in the env's order, as ``ct_of`` maps them (a policy map, or an agent's ``policy_of``)."""
     groups: dict[str, list[str]] = {}
@@ -117,7 +145,10 @@ class PettingZooAgent(VectorAgent):
     ``self_play`` (turn-based games): in each game one seat, drawn as the game starts, is the learner's (CT ``RL``)
     and the others are its opponent's (CT ``opponent``, a frozen copy of ``RL`` that the compute process refreshes:
     ``CTConfig.follows``), whose turns are not learned from. With the run's ``eval_every``, the learner also plays
-    greedy evaluation games against the game's fixed players (``flare2.core.turn_based``).
+    greedy evaluation games against the game's fixed players (``flare2.core.turn_based``). ``sparring``
+    (``PLAYER=SHARE,...``, see ``sparring_shares``) puts a fixed player of ``flare2.core.board_players`` in the
+    opponent's seats of that share of the games instead of the frozen copy: the learner learns from those games as
+    from the others, against an opponent that punishes what its own past copies let pass.
     """
 
     def __init__(
@@ -129,6 +160,7 @@ class PettingZooAgent(VectorAgent):
         sample_interval: int = 5,
         transforms: list[Any] | None = None,
         self_play: bool = False,
+        sparring: str = "",
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
@@ -136,6 +168,7 @@ class PettingZooAgent(VectorAgent):
         self.sample_interval = sample_interval
         self.transforms = transforms or []
         self.self_play = self_play
+        self.sparring = sparring
         self._possible_agents: list[str] | None = None
 
     def make_env(self) -> Any:
@@ -171,10 +204,17 @@ class PettingZooAgent(VectorAgent):
         }
 
     def _seats(self) -> dict[str, str]:
-        """Self-play: each agent's CT in a game that starts, the learner's seat drawn at random."""
+        """Self-play: each agent's CT in a game that starts, the learner's seat drawn at random, and the opponent's
+        seats the frozen copy's or, for the sparring share of the games, a fixed player's."""
         agents = self.possible_agents
         learner = agents[int(self._seat_draws.integers(len(agents)))]
-        return {agent: DEFAULT_CT if agent == learner else OPPONENT_CT for agent in agents}
+        opponent, draw = OPPONENT_CT, self._seat_draws.random() if self._sparring else 1.0
+        for player, share in self._sparring.items():
+            if draw < share:
+                opponent = fixed_seat(player)
+                break
+            draw -= share
+        return {agent: DEFAULT_CT if agent == learner else opponent for agent in agents}
 
     def check_specs(self, specs: Mapping[str, CTSpecs]) -> None:
         for ct, agents in self.policies().items():
@@ -200,9 +240,15 @@ class PettingZooAgent(VectorAgent):
                 "PettingZooAgent plays evaluation games during training in self-play alone (the learner against "
                 "fixed players): run without --eval-every, or play the run's policies after it with flare2 eval"
             )
-        if self.eval_env is not None:
-            seat = self.possible_agents[0]
-            check_fixed_players_can_play(self.envs[0].observation_space(seat), self.env_id, "--eval-every")
+        sparring = sparring_shares(self.sparring, self.env_id)
+        if sparring and not self.self_play:
+            raise ConfigError(
+                "--self-play-sparring puts fixed players in self-play's opponent seats: give --self-play N"
+            )
+        for wanted, option in ((self.eval_env is not None, "--eval-every"), (bool(sparring), "--self-play-sparring")):
+            if wanted:
+                seat = self.possible_agents[0]
+                check_fixed_players_can_play(self.envs[0].observation_space(seat), self.env_id, option)
         if self.self_play and not is_turn_based(self.envs[0]):
             raise ConfigError(
                 f"self-play takes turn-based games (PettingZoo's AEC API), and {self.env_id!r} plays all its agents "
@@ -212,6 +258,7 @@ class PettingZooAgent(VectorAgent):
     def run(self) -> None:
         if is_turn_based(self.envs[0]):
             self._seat_draws = np.random.default_rng(self.env_seed(len(self.envs) + 1))
+            self._sparring = sparring_shares(self.sparring, self.env_id)
             seats = self._seats if self.self_play else None
             learner = DEFAULT_CT if self.self_play else None
             TurnBasedPlay(self, self.env_id, self.policies(), self.transforms, seats, learner).run()

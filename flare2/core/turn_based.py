@@ -44,6 +44,14 @@ from flare2.wire.ragged import concat_rows
 Place = tuple[int, str]
 """An agent of a game: (the game's index, the agent's name)."""
 
+_FIXED_SEAT = "fixed player "
+
+
+def fixed_seat(player: str) -> str:
+    """What ``seats`` gives an agent that a fixed player (``flare2.core.board_players``) plays in a game: no CT
+    asks for its moves, and none learns from them."""
+    return _FIXED_SEAT + player
+
 
 @dataclass
 class _Turn:
@@ -61,7 +69,7 @@ class TurnBasedPlay:
 
     ``policies``: each CT's agents; ``transforms``: the data transforms (options, as GymAgent's) of every CT;
     ``seats``, where the CT of an agent changes from game to game (self-play: which seat the learner takes), gives
-    each agent's CT for a game as it starts; ``learner``, the CT that plays the evaluation games against the
+    each agent's CT (or ``fixed_seat``) for a game as it starts; ``learner``, the CT that plays the evaluation games against the
     baselines (with the run's ``eval_every``).
     """
 
@@ -91,6 +99,7 @@ class TurnBasedPlay:
         for game, env in enumerate(self.envs):
             env.reset(seed=agent.env_seed(game))
             self.ct_of.append(self.seats())
+        self.fixed_moves = np.random.default_rng(agent.env_seed(len(self.envs) + 4))
         self.evaluation = (
             _BaselineGames(agent, env_id, learner, self.transforms[learner])
             if learner is not None and agent.eval_env is not None
@@ -154,6 +163,10 @@ class TurnBasedPlay:
             name = env.agent_selection
             place, ct = (game, name), self.ct_of[game][name]
             observation, reward, terminated, truncated, _ = env.last()
+            if ct.startswith(_FIXED_SEAT):
+                fixed = PLAYERS[ct[len(_FIXED_SEAT) :]]
+                env.step(None if terminated or truncated else fixed(observation, self.fixed_moves))
+                continue
             acting = self._acting(place, ct)
             turn = self.turns.pop(place, None)
             if turn is not None:

@@ -73,3 +73,20 @@ def test_a_game_without_legal_move_masks_is_refused_naming_the_option():
         ConfigError, match=r"--eval-every: the fixed players read .* 'action_mask' .* leave --eval-every out"
     ):
         check_fixed_players_can_play(board, "tictac_v0", "--eval-every")
+
+
+def test_the_careful_player_wins_and_blocks_as_the_lookahead_and_never_drops_a_piece_the_opponent_wins_on_top_of():
+    from flare2.core.board_players import connect_four_careful
+
+    rng = np.random.default_rng(2)
+    winning = board([(5, 1), (5, 2), (5, 3)], [(5, 6), (4, 6), (3, 6)])
+    assert connect_four_careful(winning, rng) in (0, 4)
+    blocking = board([(5, 1), (5, 3)], [(5, 6), (4, 6), (3, 6)])
+    assert connect_four_careful(blocking, rng) == 6
+    # Theirs across row 4 (columns 1-3), on bottom pieces: a piece of mine in column 0 or 4 would land at row 5 and
+    # let them win at row 4 on top of it.
+    under_their_win = board([(5, 1), (5, 3)], [(5, 2), (4, 1), (4, 2), (4, 3)])
+    moves = {connect_four_careful(under_their_win, rng) for _ in range(200)}
+    assert moves and not moves & {0, 4}
+    lookahead_moves = {connect_four_lookahead(under_their_win, rng) for _ in range(200)}
+    assert lookahead_moves & {0, 4}  # the lookahead alone plays there at random

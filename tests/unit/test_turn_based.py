@@ -148,3 +148,58 @@ def test_self_play_evaluation_games_put_the_learner_greedy_against_a_fixed_playe
     learned = sum(len(step["terminated"]) for step in learner.steps)
     assert asked - 2 <= learned <= asked
     assert all(team == "runner" for *_, team in stats.finished)
+
+
+def sparring_run(sparring: str) -> tuple[dict[str, AnsweringPort], KeepingHelper]:
+    """A self-play agent of 3 corridor games with ``sparring``, run until its ports stop it."""
+    agent = PettingZooAgent("turn_games.corridor_v0", self_play=True, sparring=sparring)
+    agent.num_envs = 3
+    agent.make_env = Corridor
+    make_envs(agent, 0)
+    ports = {"RL": AnsweringPort(60, legal_moves), "opponent": AnsweringPort(60, legal_moves)}
+    learner = KeepingHelper()
+    agent.connect(
+        agent_id="a0",
+        seed=0,
+        specs={"RL": SPECS, "opponent": SPECS},
+        ports=ports,
+        helpers={**agent.helpers(), "RL": learner},
+    )
+    with pytest.raises(StopRequested):
+        agent.run()
+    return ports, learner
+
+
+def test_in_the_sparring_share_of_the_games_a_fixed_player_takes_the_opponents_seats_and_the_learner_learns_them():
+    ports, learner = sparring_run("random=1")
+    assert ports["opponent"].sent == []  # every game against the fixed player: the frozen copy is never asked
+    asked = sum(len(sent["inputs"]["observation"]) for sent in ports["RL"].sent)
+    learned = sum(len(step["terminated"]) for step in learner.steps)
+    assert asked - 3 <= learned <= asked  # every learner's turn of those games is learned from
+    assert {int(row[0]) for step in learner.steps for row in step["inputs"]["observation"]} == {0, 1}  # both seats
+    # Half the games: a corridor game is 3 turns of each seat, so the frozen copy plays about half as many turns.
+    ports, learner = sparring_run("random=0.5")
+    learner_turns, opponent_turns = (sum(len(sent["inputs"]["observation"]) for sent in ports[ct].sent) for ct in ports)
+    assert 0.25 < opponent_turns / learner_turns < 0.75, (opponent_turns, learner_turns)
+
+
+def test_sparring_names_a_player_the_game_does_not_have_a_share_out_of_range_and_self_play_it_needs():
+    from flare2.core.pettingzoo_agent import sparring_shares
+    from flare2.errors import ConfigError
+
+    connect_four = "pettingzoo.classic.connect_four_v3"
+    assert sparring_shares("lookahead=0.5, random=0.25", connect_four) == {"lookahead": 0.5, "random": 0.25}
+    assert sparring_shares("", connect_four) == {}
+    with pytest.raises(ConfigError, match=r"played by the fixed players \['random'\], not 'lookahead'"):
+        sparring_shares("lookahead=0.5", "turn_games.corridor_v0")
+    for spec in ("lookahead", "lookahead=0", "lookahead=1.5", "lookahead=half"):
+        with pytest.raises(ConfigError, match=r"a number in \(0, 1\] \(lookahead=0.5\)"):
+            sparring_shares(spec, connect_four)
+    with pytest.raises(ConfigError, match="add up to more than all the games"):
+        sparring_shares("lookahead=0.75,random=0.5", connect_four)
+    agent = PettingZooAgent("turn_games.corridor_v0", sparring="random=0.5")
+    agent.num_envs = 1
+    agent.make_env = Corridor
+    make_envs(agent, 0)
+    with pytest.raises(ConfigError, match="give --self-play N"):
+        agent.check_specs({"RL": SPECS})

@@ -2,6 +2,7 @@
 
     python tools/compare_curves.py runs/mem_gru_s0 runs/mem_mlp_s0 --every 20000
     python tools/compare_curves.py runs/dqn_s*/ --column eval_return_mean
+    python tools/compare_curves.py runs/c4_s0 --every 250000 --eval-won lookahead --digits 2
 
 One row per env-step mark (every ``--every`` steps up to the longest run,
 then each run's last row), one column per run (labelled with its directory
@@ -9,6 +10,11 @@ name). A cell holds the column's value in the run's last progress row at or
 before the mark: what the run's progress line showed when it had taken that
 many steps. "-" means no row yet (or the value was nan); a blank means the
 run had ended before the mark.
+
+``--eval-won PLAYER`` reads a self-play run's episodes.csv instead: at each
+mark, the share of its last ``--window`` evaluation games against the fixed
+player PLAYER (the team of those episodes) that the policy won (a return
+above 0).
 """
 
 from __future__ import annotations
@@ -27,6 +33,20 @@ def read_curve(progress_csv: Path, column: str) -> list[tuple[float, float]]:
     if rows and column not in rows[0]:
         raise SystemExit(f"{progress_csv} has no column {column!r}; it has {sorted(rows[0])}")
     return [(float(row["env_steps"]), float(row[column] or "nan")) for row in rows]
+
+
+def read_eval_wins(episodes_csv: Path, player: str, window: int) -> list[tuple[float, float]]:
+    """``(env_steps, share won)`` at every evaluation game against ``player`` in an episodes.csv: the share of the
+    last ``window`` of them (those so far, at first) whose return was above 0."""
+    with open(episodes_csv, newline="") as file:
+        games = [row for row in csv.DictReader(file) if row["eval"] == "1" and row["team"] == player]
+    if not games:
+        raise SystemExit(f"{episodes_csv} has no evaluation games against {player!r} (a run with --eval-every)")
+    won = [float(row["return"]) > 0 for row in games]
+    return [
+        (float(row["env_steps"]), sum(won[max(0, index + 1 - window) : index + 1]) / min(index + 1, window))
+        for index, row in enumerate(games)
+    ]
 
 
 def value_at(curve: list[tuple[float, float]], mark: float) -> float | None:
@@ -73,19 +93,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=20_000, help="env steps between marks")
     parser.add_argument("--column", default="return_mean", help="progress.csv column to show")
     parser.add_argument("--digits", type=int, default=1, help="decimals shown (returns within [0, 1] want 2 or 3)")
+    parser.add_argument(
+        "--eval-won", metavar="PLAYER", help="show the share of evaluation games won against PLAYER (episodes.csv)"
+    )
+    parser.add_argument("--window", type=int, default=100, help="with --eval-won: the games each share is over")
     args = parser.parse_args(argv)
-    if args.every < 1 or not 0 <= args.digits <= 9:
-        parser.error("--every must be >= 1 and --digits from 0 to 9")
+    if args.every < 1 or not 0 <= args.digits <= 9 or args.window < 1:
+        parser.error("--every and --window must be >= 1 and --digits from 0 to 9")
+    name = "episodes.csv" if args.eval_won else "progress.csv"
     curves: dict[str, list[tuple[float, float]]] = {}
     for run in args.runs:
-        path = run if run.suffix == ".csv" else run / "progress.csv"
+        path = run if run.suffix == ".csv" else run / name
         if not path.is_file():
-            print(f"{run}: no progress.csv", file=sys.stderr)
+            print(f"{run}: no {name}", file=sys.stderr)
             return 1
         label = (run.parent if run.suffix == ".csv" else run).name or str(run)
         while label in curves:
             label += "'"
-        curves[label] = read_curve(path, args.column)
+        curves[label] = (
+            read_eval_wins(path, args.eval_won, args.window) if args.eval_won else read_curve(path, args.column)
+        )
     print(table(curves, args.every, args.digits))
     return 0
 

@@ -294,7 +294,7 @@ def _add_env_options(parser: argparse.ArgumentParser) -> None:
         "--self-play-sparring",
         default="",
         metavar="PLAYER=SHARE,...",
-        help="with --self-play: in SHARE of the training games a fixed player (random, or connect four's lookahead) "
+        help="with --self-play: in SHARE of the training games a fixed player (random; connect four: lookahead, careful) "
         "takes the opponent's seats instead of the frozen copy, and the learner learns from those games too "
         "(lookahead=0.5: half the games against the lookahead); default: none",
     )

@@ -79,6 +79,23 @@ def test_compare_curves_names_a_missing_column(tmp_path):
         tool.read_curve(path, "loss")
 
 
+def test_compare_curves_reads_the_share_of_the_last_evaluation_games_won_against_a_player(tmp_path):
+    tool = load_tool("compare_curves")
+    header = ["wall_time", "env_steps", "return", "length", "eval", "team"]
+    games = [[1, 100, 1.0, 9, 1, "lookahead"], [1, 100, -1.0, 9, 1, "random"], [1, 100, 0.5, 30, 0, "player"]]
+    games += [[2, 200, -1.0, 9, 1, "lookahead"], [3, 300, 0.0, 42, 1, "lookahead"], [4, 400, 1.0, 9, 1, "lookahead"]]
+    write_csv(tmp_path / "episodes.csv", header, games)
+    # Won, lost, drawn, won: the shares of the games so far, then of the last 3 alone.
+    assert tool.read_eval_wins(tmp_path / "episodes.csv", "lookahead", 3) == [
+        (100.0, 1.0),
+        (200.0, 0.5),
+        (300.0, 1 / 3),
+        (400.0, 1 / 3),
+    ]
+    with pytest.raises(SystemExit, match="no evaluation games against 'careful'"):
+        tool.read_eval_wins(tmp_path / "episodes.csv", "careful", 3)
+
+
 def test_ct_report_weights_batch_means_by_count_and_compares_first_and_last_fifth_of_costs(tmp_path):
     tool = load_tool("ct_report")
     header = ["wall_time", "ct", "predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean"]

@@ -69,8 +69,8 @@ class TurnBasedPlay:
 
     ``policies``: each CT's agents; ``transforms``: the data transforms (options, as GymAgent's) of every CT;
     ``seats``, where the CT of an agent changes from game to game (self-play: which seat the learner takes), gives
-    each agent's CT (or ``fixed_seat``) for a game as it starts; ``learner``, the CT that plays the evaluation games against the
-    baselines (with the run's ``eval_every``).
+    each agent's CT (or ``fixed_seat``) for a game as it starts; ``learner`` (self-play), the CT whose seats'
+    episodes are reported and that plays the evaluation games against the baselines (with the run's ``eval_every``).
     """
 
     def __init__(
@@ -96,9 +96,11 @@ class TurnBasedPlay:
         self.playing: set[Place] = set()
         self.ct_of: list[dict[str, str]] = []
         """Each game's agents' CTs, for the game it plays now."""
+        self.learner = learner
         for game, env in enumerate(self.envs):
             env.reset(seed=agent.env_seed(game))
             self.ct_of.append(self.seats())
+            self._record_learner_only(game)
         self.fixed_moves = np.random.default_rng(agent.env_seed(len(self.envs) + 4))
         self.evaluation = (
             _BaselineGames(agent, env_id, learner, self.transforms[learner])
@@ -158,6 +160,7 @@ class TurnBasedPlay:
             if not env.agents:
                 env.reset()
                 self.ct_of[game] = self.seats()
+                self._record_learner_only(game)
                 if self.evaluation is not None:
                     self.evaluation.training_games_ended(1)
             name = env.agent_selection
@@ -181,6 +184,12 @@ class TurnBasedPlay:
             inputs, request, states = acting.request()
             asking[ct].append((place, inputs, request, states))
             return
+
+    def _record_learner_only(self, game: int) -> None:
+        """In self-play, the episodes reported are the learner's: the other seats' returns mirror its own."""
+        if self.learner is not None:
+            seats = self.ct_of[game].items()
+            self.envs[game].unrecorded = {name for name, ct in seats if ct != self.learner}
 
     def _finished(
         self,

@@ -95,7 +95,7 @@ def test_in_self_play_one_seat_a_game_is_the_learners_and_only_its_turns_are_lea
     agent.num_envs = 3
     agent.make_env = Corridor
     assert set(agent.policies()) == {"RL", "opponent"}
-    make_envs(agent, 0)
+    stats = make_envs(agent, 0)
     ports = {"RL": AnsweringPort(40, legal_moves), "opponent": AnsweringPort(40, legal_moves)}
     learner = KeepingHelper()
     helpers = agent.helpers()
@@ -116,6 +116,10 @@ def test_in_self_play_one_seat_a_game_is_the_learners_and_only_its_turns_are_lea
     learned = sum(len(step["terminated"]) for step in learner.steps)
     assert asked - 3 <= learned <= asked
     assert isinstance(helpers["opponent"], AskOnlyHelper)  # the frozen copy learns nothing of its own
+    # The episodes reported are the learner's alone (the copy's returns would mirror them): one for each of its
+    # episodes that ended, and none of the copy's.
+    ended = sum(int(step["terminated"].sum()) for step in learner.steps)
+    assert ended and len(stats.finished) == ended
 
 
 def test_self_play_evaluation_games_put_the_learner_greedy_against_a_fixed_player_in_each_seat_in_turn():

@@ -82,12 +82,17 @@ class EpisodeRecorder:
 
 
 class _EachAgentsEpisodes(EpisodeRecorder):
-    """What the recorders of multi-agent envs share: each agent's return and length so far, by name."""
+    """What the recorders of multi-agent envs share: each agent's return and length so far, by name.
+
+    ``unrecorded``: the agents whose episodes are not reported (their steps still count), such as the seats of
+    self-play's frozen copy, whose returns mirror the learner's; who plays a seat may change from game to game.
+    """
 
     def __init__(self, env: Any, stats: EpisodeStats, *, evaluating: bool = False) -> None:
         super().__init__(env, stats, evaluating=evaluating)
         self._returns: dict[Any, float] = {}
         self._lengths: dict[Any, int] = {}
+        self.unrecorded: set[Any] = set()
 
     def reset(self, *args: Any, **kwargs: Any) -> Any:
         self._returns, self._lengths = {}, {}
@@ -100,9 +105,12 @@ class _EachAgentsEpisodes(EpisodeRecorder):
             self.stats.steps += steps
 
     def _finish(self, agent: Any) -> None:
-        """Agent ``agent``'s episode ended: its return, length and team join the finished episodes."""
+        """Agent ``agent``'s episode ended: its return, length and team join the finished episodes (unless it is
+        ``unrecorded``)."""
         finished = self.stats.eval_finished if self.evaluating else self.stats.finished
-        finished.append((self._returns.pop(agent, 0.0), self._lengths.pop(agent, 0), team_of(agent)))
+        episode = (self._returns.pop(agent, 0.0), self._lengths.pop(agent, 0), team_of(agent))
+        if agent not in self.unrecorded:
+            finished.append(episode)
 
 
 class AgentsEpisodeRecorder(_EachAgentsEpisodes):

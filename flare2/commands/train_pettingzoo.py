@@ -37,11 +37,6 @@ def pettingzoo_agent(
             "each agent's steps in fragments of --sample-interval, with evaluation games in self-play alone (against "
             "fixed players): leave them out"
         )
-    if "replay" in helper_kwargs:
-        parser.error(
-            f"--algo {algo}: the agents of a PettingZoo env learn with an on-policy algorithm (a2c, ppo, appo); "
-            "a replay buffer does not take their rows yet"
-        )
     # Sparring that the env's preset gives goes with the preset's self-play, which --self-play 0 turns off.
     sparring = args.self_play_sparring if args.self_play else ""
     if (
@@ -60,9 +55,11 @@ def pettingzoo_agent(
         "env_id": env_id,
         "policy_map": args.policy_map or "shared",
         "transforms": transforms_from_args(args),
-        "sample_interval": helper_kwargs["sample_interval"],
         "self_play": bool(args.self_play),
         "sparring": sparring,
+        # An on-policy algorithm's fragments, or a replay buffer's settings (a column per agent of every game).
+        **({"replay": helper_kwargs["replay"]} if "replay" in helper_kwargs else {}),
+        **({"sample_interval": helper_kwargs["sample_interval"]} if "sample_interval" in helper_kwargs else {}),
     }
     return "flare2.core.pettingzoo_agent:PettingZooAgent", kwargs
 
@@ -79,7 +76,14 @@ def pettingzoo_cts(
     batching = batching_from_args(args)
     cts = [
         CTConfig(name=ct, build=record.builder(env_id, {}, config, settings, agents=tuple(agents)), batching=batching)
-        for ct, agents in policies(parser, record, env_id, args.policy_map, self_play=bool(args.self_play)).items()
+        for ct, agents in policies(
+            parser,
+            record,
+            env_id,
+            args.policy_map,
+            self_play=bool(args.self_play),
+            replay="replay" in settings.helper_kwargs(args.num_agents),
+        ).items()
     ]
     # A pool that the env's preset gives goes with the preset's self-play, which --self-play 0 turns off.
     pool_given = args.self_play_pool != parser.get_default("self_play_pool")
@@ -100,11 +104,18 @@ def pettingzoo_cts(
 
 
 def policies(
-    parser: argparse.ArgumentParser, record: AlgorithmRecord, env_id: str, spec: str | None, *, self_play: bool
+    parser: argparse.ArgumentParser,
+    record: AlgorithmRecord,
+    env_id: str,
+    spec: str | None,
+    *,
+    self_play: bool,
+    replay: bool = False,
 ) -> dict[str, list[str]]:
     """Each learning CT of a PettingZoo env's run and its agents, by ``--policy-map`` (with ``self_play``, every agent
     may take the learner's seat); a usage error for a map that does not cover the agents, a CT whose agents' spaces
-    differ or do not fit the algorithm, or self-play in a game that is not turn-based."""
+    differ or do not fit the algorithm, self-play in a game that is not turn-based, or a replay buffer (``replay``)
+    in one that is."""
     try:
         env = make_pettingzoo_env(env_id)
     except ConfigError as exc:
@@ -116,6 +127,11 @@ def policies(
                 f"--self-play: the learner takes one seat of each game of a turn-based env and its frozen copy the "
                 f"others ({env_id!r} is {'turn-based' if is_turn_based(env) else 'not turn-based'}), with no "
                 "--policy-map; --self-play 0 turns it off where the env's preset turns it on"
+            )
+        if replay and is_turn_based(env):
+            raise ConfigError(
+                f"--algo {record.name}: a replay buffer keeps a column per agent of games whose agents all act at "
+                f"once, and {env_id!r} is turn-based: learn it with ppo, a2c or appo"
             )
         cts = policy_groups(agents, policy_map(agents, spec or "shared").__getitem__)
         for ct, its_agents in cts.items():

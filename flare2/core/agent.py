@@ -146,11 +146,16 @@ class AgentBase:
         self._helpers = dict(helpers)
         self._versions = {ct: 0 for ct in self._specs}
         for ct, helper in self._helpers.items():
-            helper.attach(ct, self._specs[ct], self._ports[ct], num_envs=self.num_envs)
+            helper.attach(ct, self._specs[ct], self._ports[ct], num_envs=self.rows_stored(ct))
         self.check_specs(self._specs)
 
     def specs(self, ct: str) -> CTSpecs:
         return self._specs[ct]
+
+    def rows_stored(self, ct: str) -> int:
+        """The rows of each step stored for CT ``ct``, the columns a replay buffer keeps: one per env (an agent
+        whose envs hold several agents on one CT stores more)."""
+        return self.num_envs
 
     def bind_transforms(self, ct: str, transforms: Transforms) -> Transforms:
         """Bind a data pipeline to CT ``ct`` (its specs, and its port for the run's shared statistics); returns it.

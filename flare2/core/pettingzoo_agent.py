@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -39,7 +38,8 @@ from flare2.core.board_players import baselines, check_fixed_players_can_play
 from flare2.core.env_making import AgentSpaces, is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
 from flare2.core.fragments import ROW_IDS, FragmentsHelper
-from flare2.core.helpers import AgentHelper, AskOnlyHelper
+from flare2.core.helpers import AgentHelper, AskOnlyHelper, ExpReplayHelper
+from flare2.core.parallel_games import GLOBAL_STATE, ParallelGames, Step
 from flare2.core.spaces import OBS_KEY, action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms
@@ -48,10 +48,6 @@ from flare2.errors import ConfigError
 
 OPPONENT_CT = "opponent"
 """Self-play's frozen opponent: the CT of the seats that the learner (CT ``RL``) does not take."""
-
-GLOBAL_STATE = "global_state"
-"""The input that holds a row's game state (the env's ``state()``), sent with each agent's observation to a CT that
-declares it: a centralised critic's (``flare2.zoo.models.ActorCritic``'s ``critic_space``)."""
 
 _NUMBERED = re.compile(r"_\d+$")
 
@@ -149,6 +145,10 @@ class PettingZooAgent(VectorAgent):
     (``PLAYER=SHARE,...``, see ``sparring_shares``) puts a fixed player of ``flare2.core.board_players`` in the
     opponent's seats of that share of the games instead of the frozen copy: the learner learns from those games as
     from the others, against an opponent that punishes what its own past copies let pass.
+
+    ``replay`` (``ExpReplayHelper``'s keyword arguments, as ``flare2 train --algo dqn`` gives them) learns each CT
+    from a replay buffer with a column per place (game and agent), in games whose agents all act at every step
+    until the game ends (MPE's): the n-step returns run along one agent's own steps.
     """
 
     def __init__(
@@ -161,6 +161,7 @@ class PettingZooAgent(VectorAgent):
         transforms: list[Any] | None = None,
         self_play: bool = False,
         sparring: str = "",
+        replay: dict[str, Any] | None = None,
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = env_kwargs or {}
@@ -169,6 +170,7 @@ class PettingZooAgent(VectorAgent):
         self.transforms = transforms or []
         self.self_play = self_play
         self.sparring = sparring
+        self.replay = replay
         self._possible_agents: list[str] | None = None
 
     def make_env(self) -> Any:
@@ -198,10 +200,16 @@ class PettingZooAgent(VectorAgent):
         return policy_groups(self.possible_agents, self.policy_of)
 
     def helpers(self) -> dict[str, AgentHelper]:
+        if self.replay is not None:
+            return {ct: ExpReplayHelper(**self.replay) for ct in self.policies()}
         return {
             ct: AskOnlyHelper() if self.self_play and ct == OPPONENT_CT else FragmentsHelper(self.sample_interval)
             for ct in self.policies()
         }
+
+    def rows_stored(self, ct: str) -> int:
+        """A row per place of the CT's agents in every game: a replay buffer's columns."""
+        return self.num_envs * len(self.policies()[ct])
 
     def _seats(self) -> dict[str, str]:
         """Self-play: each agent's CT in a game that starts, the learner's seat drawn at random, and the opponent's
@@ -249,6 +257,11 @@ class PettingZooAgent(VectorAgent):
             if wanted:
                 seat = self.possible_agents[0]
                 check_fixed_players_can_play(self.envs[0].observation_space(seat), self.env_id, option)
+        if self.replay is not None and is_turn_based(self.envs[0]):
+            raise ConfigError(
+                f"a replay buffer (--algo dqn) keeps a column per agent of games whose agents all act at once, and "
+                f"{self.env_id!r} is turn-based: learn it with ppo, a2c or appo"
+            )
         if self.self_play and not is_turn_based(self.envs[0]):
             raise ConfigError(
                 f"self-play takes turn-based games (PettingZoo's AEC API), and {self.env_id!r} plays all its agents "
@@ -264,7 +277,9 @@ class PettingZooAgent(VectorAgent):
             TurnBasedPlay(self, self.env_id, self.policies(), self.transforms, seats, learner).run()
         policies = self.policies()
         with_state = {ct for ct in policies if GLOBAL_STATE in self.specs(ct).acting_inputs}
-        games = _Games(self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of, with_state)
+        games = ParallelGames(
+            self.envs, [self.env_seed(index) for index in range(len(self.envs))], self.policy_of, with_state
+        )
         acting = {ct: self._acting(ct, agents, ct in with_state) for ct, agents in policies.items()}
         for ct, pipeline in acting.items():
             pipeline.regroup(np.zeros(0, np.int64), games.observations(games.rows[ct]))
@@ -300,10 +315,10 @@ class PettingZooAgent(VectorAgent):
         ct: str,
         acting: Acting,
         rows: list[tuple[int, str]],
-        step: _Step,
+        step: Step,
         asked: tuple[dict[str, Any], dict[str, Any], Any],
         reply: tuple[dict[str, Any], dict[str, Any]],
-        games: _Games,
+        games: ParallelGames,
     ) -> None:
         """CT ``ct``'s rows stepped: their next observations into its pipeline, the step to its helper."""
         inputs, states, pending = asked
@@ -313,22 +328,41 @@ class PettingZooAgent(VectorAgent):
             next_rows.set(index, observation)
         rewards = step.rewards.astype(acting.reward_dtype, copy=False)
         next_inputs = acting.stepped(next_rows, rewards, actions, next_states)
-        self._store_rows(
-            ct,
-            {
-                "inputs": inputs,
-                "actions": actions,
-                "rewards": {"reward": rewards},
-                "next_inputs": next_inputs,
-                "terminated": step.terminated,
-                "truncated": step.truncated,
-                "states": states,
-                "extras": None,
-                "policy_version": np.full(len(rows), pending.version, np.int64),
-                ROW_IDS: games.row_ids(rows),
-            },
-            len(rows),
-        )
+        stored = {
+            "inputs": inputs,
+            "actions": actions,
+            "rewards": {"reward": rewards},
+            "next_inputs": next_inputs,
+            "terminated": step.terminated,
+            "truncated": step.truncated,
+            "states": states,
+            "extras": None,
+            "policy_version": np.full(len(rows), pending.version, np.int64),
+            ROW_IDS: games.row_ids(rows),
+        }
+        if self.replay is not None:
+            stored = self._in_place_order(ct, stored, rows)
+        self._store_rows(ct, stored, len(rows))
+
+    def _in_place_order(self, ct: str, stored: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str, Any]:
+        """A step of every place of CT ``ct``, ordered by place, so that a replay buffer's column holds one agent's
+        steps; a ConfigError where an agent left its game before the others."""
+        if len(rows) != self.rows_stored(ct):
+            places = {(game, agent) for game in range(self.num_envs) for agent in self.policies()[ct]}
+            game, agent = sorted(places - set(rows))[0]
+            raise ConfigError(
+                f"agent {agent!r} of game {game} of {self.env_id!r} left before its game ended, and a replay buffer "
+                "(--algo dqn) keeps a column per agent that acts at every step: learn this env with ppo, a2c or appo"
+            )
+        order = np.argsort(stored[ROW_IDS], kind="stable")
+        return _taken(stored, order)
+
+
+def _taken(value: Any, order: np.ndarray) -> Any:
+    """``value``'s rows in ``order``: an array's, or each array's of a dict (None stays None)."""
+    if isinstance(value, dict):
+        return {key: _taken(item, order) for key, item in value.items()}
+    return None if value is None else np.asarray(value)[order]
 
 
 def _seen_space(spaces: AgentSpaces, *, with_state: bool) -> gym.Space:
@@ -340,107 +374,3 @@ def _seen_space(spaces: AgentSpaces, *, with_state: bool) -> gym.Space:
     own = spaces.observation_space
     parts = dict(own.spaces) if isinstance(own, gym.spaces.Dict) else {OBS_KEY: own}
     return gym.spaces.Dict({**parts, GLOBAL_STATE: spaces.state_space})
-
-
-def _with_state(observation: Any, state: Any) -> dict[str, Any]:
-    """An agent's observation as ``_seen_space`` lays it out, with its game's state."""
-    parts = dict(observation) if isinstance(observation, Mapping) else {OBS_KEY: observation}
-    return {**parts, GLOBAL_STATE: state}
-
-
-@dataclass
-class _Step:
-    """One step of the live agents of one CT, in rows."""
-
-    observations: list[Any]
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-
-    @property
-    def ended(self) -> np.ndarray:
-        return self.terminated | self.truncated
-
-
-class _Games:
-    """The games of a PettingZooAgent: which agent of which game each row of each CT is, their steps and restarts."""
-
-    def __init__(
-        self, envs: list[Any], seeds: list[int], policy_of: Callable[[str], str], with_state: set[str]
-    ) -> None:
-        self.envs = envs
-        self.places = {agent: index for index, agent in enumerate(envs[0].possible_agents)}
-        self.policy_of = {agent: policy_of(agent) for agent in self.places}
-        # Each row's latest observation, as its CT sees it (with its game's state where the CT wants that).
-        self._wants_state = {agent for agent, ct in self.policy_of.items() if ct in with_state}
-        self._last: dict[tuple[int, str], Any] = {}
-        for game, (env, seed) in enumerate(zip(envs, seeds)):
-            self._reset(game, seed)
-        self.rows: dict[str, list[tuple[int, str]]] = {ct: [] for ct in self.policy_of.values()}
-        for game, env in enumerate(envs):
-            for agent in env.agents:
-                self.rows[self.policy_of[agent]].append((game, agent))
-
-    def _reset(self, game: int, seed: int | None = None) -> None:
-        observations, _ = self.envs[game].reset(seed=seed)
-        self._keep(game, observations, self.envs[game].agents)
-
-    def _keep(self, game: int, observations: Mapping[str, Any], agents: Sequence[str]) -> None:
-        state = self.envs[game].state() if self._wants_state.intersection(agents) else None
-        for agent in agents:
-            observation = observations[agent]
-            self._last[(game, agent)] = (
-                observation if agent not in self._wants_state else _with_state(observation, state)
-            )
-
-    def observations(self, rows: list[tuple[int, str]]) -> list[Any]:
-        """The latest observation of each of ``rows``."""
-        return [self._last[row] for row in rows]
-
-    def row_ids(self, rows: list[tuple[int, str]]) -> np.ndarray:
-        """Each row's place: its game and its index among the game's ``possible_agents``."""
-        width = len(self.places)
-        return np.array([game * width + self.places[agent] for game, agent in rows], np.int64)
-
-    def step(self, actions: Mapping[str, Sequence[Any] | np.ndarray]) -> dict[str, _Step]:
-        """Step every game with the actions of each CT's rows (every live agent has a row)."""
-        by_game: dict[int, dict[str, Any]] = {}
-        for ct, ct_actions in actions.items():
-            for (game, agent), action in zip(self.rows[ct], ct_actions):
-                by_game.setdefault(game, {})[agent] = action
-        results = {game: self.envs[game].step(game_actions) for game, game_actions in by_game.items()}
-        for game, game_actions in by_game.items():
-            self._keep(game, results[game][0], list(game_actions))
-        steps = {}
-        for ct, rows in self.rows.items():
-            count = len(rows)
-            step = steps[ct] = _Step([None] * count, np.zeros(count), np.zeros(count, bool), np.zeros(count, bool))
-            for index, (game, agent) in enumerate(rows):
-                _, rewards, terminations, truncations, _ = results[game]
-                step.observations[index] = self._last[(game, agent)]
-                step.rewards[index] = rewards[agent]
-                step.terminated[index] = terminations[agent]
-                step.truncated[index] = truncations[agent]
-        return steps
-
-    def regroup(self, ended: dict[str, np.ndarray]) -> dict[str, tuple[list[int], list[tuple[int, str]]]]:
-        """After a step, per CT: the rows that play on (their indices among its rows), and those that join (the
-        agents of games that ended and restarted, and agents that appeared); each CT's rows become the two, in that
-        order."""
-        for game, env in enumerate(self.envs):
-            if not env.agents:
-                self._reset(game)
-        index_of = {ct: {row: index for index, row in enumerate(rows)} for ct, rows in self.rows.items()}
-        regrouped: dict[str, tuple[list[int], list[tuple[int, str]]]] = {ct: ([], []) for ct in self.rows}
-        for game, env in enumerate(self.envs):
-            for agent in env.agents:
-                ct = self.policy_of[agent]
-                kept, joined = regrouped[ct]
-                index = index_of[ct].get((game, agent))
-                if index is not None and not ended[ct][index]:
-                    kept.append(index)
-                else:
-                    joined.append((game, agent))
-        for ct, (kept, joined) in regrouped.items():
-            self.rows[ct] = [self.rows[ct][index] for index in kept] + joined
-        return regrouped

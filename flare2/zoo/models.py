@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from flare2.core.algorithm import Tensors
 from flare2.core.model import Model
-from flare2.core.pettingzoo_agent import GLOBAL_STATE
+from flare2.core.parallel_games import GLOBAL_STATE
 from flare2.core.spaces import space_spec
 from flare2.core.specs import Spec, View
 from flare2.errors import ConfigError

@@ -129,6 +129,80 @@ def test_each_place_is_learned_from_in_fragments_of_its_own_consecutive_steps():
     assert seen >= 6
 
 
+class Relay(Patrol):
+    """Patrol without a scout caught: all three play to the game's end, which comes after 4 + the game's index steps,
+    so that the games restart at different times and a restarted game's rows come after the other's in requests."""
+
+    def step(self, actions):
+        assert set(actions) == set(self.agents), "every live agent acts, and only those"
+        self.actions.append(dict(actions))
+        self.t += 1
+        observations = self._observations()
+        ended = self.t == GAME_STEPS + self.game
+        self.agents = [] if ended else self.agents
+        return (
+            observations,
+            {agent: 1.0 for agent in observations},
+            {agent: False for agent in observations},
+            {agent: ended for agent in observations},
+            {agent: {} for agent in observations},
+        )
+
+
+def test_each_agent_gets_the_action_asked_for_it_when_games_restart_at_different_times():
+    Patrol.games = 0
+    agent = PettingZooAgent("tests.patrol", sample_interval=3)
+    agent.num_envs = 2
+    agent.make_env = Relay
+    make_envs(agent, 0)
+    # Each row's action is its game's number (the observation's first value) mod 2.
+    port = AnsweringPort(20, lambda inputs: {"action": (inputs["obs"][:, 0] % 2).astype(np.int64)})
+    port.learn = lambda payload: None
+    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers=agent.helpers())
+    with pytest.raises(StopRequested):
+        agent.run()
+    # Game 0 restarts a step before game 1, and its rows then come after game 1's: still, every agent of game g got
+    # g mod 2, in every step of both games.
+    for env in agent.envs:
+        assert len(env.actions) >= 15
+        assert all(set(actions.values()) == {env.game % 2} for actions in env.actions), env.actions
+
+
+def replayed(make_env: type, steps: int) -> tuple[PettingZooAgent, list[dict]]:
+    Patrol.games = 0
+    replay = {"capacity": 600, "warmup": 24, "sample_interval": 6, "batch_size": 8, "sequence_length": 3, "seed": 0}
+    agent = PettingZooAgent("tests.patrol", replay=replay)
+    agent.num_envs = 2
+    agent.make_env = make_env
+    make_envs(agent, 0)
+    port = AnsweringPort(steps, first_action)
+    learned: list[dict] = []
+    port.learn = learned.append
+    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers=agent.helpers())
+    with pytest.raises(StopRequested):
+        agent.run()
+    return agent, learned
+
+
+def test_a_replay_buffer_keeps_a_column_per_place_so_that_its_sequences_are_one_agents_own_steps():
+    agent, learned = replayed(Relay, steps=30)
+    assert agent.rows_stored("RL") == 6  # 2 games of 3 agents
+    assert learned
+    for payload in learned:
+        batch = received(SPECS, payload)
+        for sequence, following in zip(batch["inputs"]["obs"], batch["next_inputs"]["obs"]):
+            # One place throughout, though game 0 restarts a step before game 1 and its rows then come after game 1's.
+            assert len({tuple(row[:2]) for row in sequence.tolist()}) == 1
+            times = sequence[:, 2].tolist()
+            assert all(b == a + 1 or b == 0 for a, b in zip(times, times[1:]))
+            np.testing.assert_array_equal(following[:, 2], sequence[:, 2] + 1)
+
+
+def test_a_replay_buffer_names_an_agent_that_leaves_its_game_before_the_others():
+    with pytest.raises(ConfigError, match=r"agent 'scout_2' of game 0 of 'tests.patrol' left before its game ended"):
+        replayed(Patrol, steps=30)
+
+
 def test_fragments_of_rows_that_all_play_every_step_are_online_helpers_request():
     rng = np.random.default_rng(0)
     fragments, online = FragmentsHelper(4), OnlineHelper(4)
@@ -351,7 +425,7 @@ def test_a_centralised_critic_values_the_game_state_and_the_policy_sees_the_obse
         (["--env", "nosuchpackage_xyz.game_v1"], "'nosuchpackage_xyz' is not installed: install the package"),
         (["--env", "turn_games.corridor_v0", "--eval-every", "5"], r"--eval-every \(without --self-play\): flare2"),
         (["--env", "turn_games.corridor_v0", "--self-play-pool", "4"], "give --self-play N as well"),
-        (["--env", "turn_games.corridor_v0", "--algo", "dqn"], "a replay buffer does not take their rows"),
+        (["--env", "turn_games.corridor_v0", "--algo", "dqn"], "is turn-based: learn it with ppo, a2c or appo"),
         (["--env", "turn_games.corridor_v0", "--policy-map", "runner=a,x=b"], r"\['x'\], which are neither"),
         (["--env", "CartPole-v1", "--policy-map", "team"], "--policy-map and the --self-play options take"),
         (["--env", "turn_games.corridor_v0", "--self-play-sparring", "random=0.5"], "give --self-play N as well"),

@@ -75,13 +75,15 @@ def first_action(inputs):
     return {"action": np.ones(len(inputs["obs"]), np.int64)}
 
 
-def played(games: int, steps: int, sample_interval: int = 3):
+def played(games: int, steps: int, make_env: type | None = None, answer=first_action, **agent_kwargs):
+    """An agent of ``games`` games of ``make_env`` (Patrol) run for ``steps`` requests, each answered by ``answer``;
+    ``agent_kwargs`` as PettingZooAgent takes them (``sample_interval`` 3 unless given)."""
     Patrol.games = 0
-    agent = PettingZooAgent("tests.patrol", sample_interval=sample_interval)
+    agent = PettingZooAgent("tests.patrol", **{"sample_interval": 3, **agent_kwargs})
     agent.num_envs = games
-    agent.make_env = Patrol
+    agent.make_env = make_env or Patrol
     stats = make_envs(agent, 0)
-    port = AnsweringPort(steps, first_action)
+    port = AnsweringPort(steps, answer)
     learned: list[dict] = []
     port.learn = learned.append
     agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers=agent.helpers())
@@ -150,17 +152,8 @@ class Relay(Patrol):
 
 
 def test_each_agent_gets_the_action_asked_for_it_when_games_restart_at_different_times():
-    Patrol.games = 0
-    agent = PettingZooAgent("tests.patrol", sample_interval=3)
-    agent.num_envs = 2
-    agent.make_env = Relay
-    make_envs(agent, 0)
     # Each row's action is its game's number (the observation's first value) mod 2.
-    port = AnsweringPort(20, lambda inputs: {"action": (inputs["obs"][:, 0] % 2).astype(np.int64)})
-    port.learn = lambda payload: None
-    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers=agent.helpers())
-    with pytest.raises(StopRequested):
-        agent.run()
+    agent, *_ = played(2, 20, Relay, answer=lambda inputs: {"action": (inputs["obs"][:, 0] % 2).astype(np.int64)})
     # Game 0 restarts a step before game 1, and its rows then come after game 1's: still, every agent of game g got
     # g mod 2, in every step of both games.
     for env in agent.envs:
@@ -169,18 +162,8 @@ def test_each_agent_gets_the_action_asked_for_it_when_games_restart_at_different
 
 
 def replayed(make_env: type, steps: int) -> tuple[PettingZooAgent, list[dict]]:
-    Patrol.games = 0
     replay = {"capacity": 600, "warmup": 24, "sample_interval": 6, "batch_size": 8, "sequence_length": 3, "seed": 0}
-    agent = PettingZooAgent("tests.patrol", replay=replay)
-    agent.num_envs = 2
-    agent.make_env = make_env
-    make_envs(agent, 0)
-    port = AnsweringPort(steps, first_action)
-    learned: list[dict] = []
-    port.learn = learned.append
-    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS}, ports={"RL": port}, helpers=agent.helpers())
-    with pytest.raises(StopRequested):
-        agent.run()
+    agent, _, _, learned = played(2, steps, make_env, replay=replay)
     return agent, learned
 
 

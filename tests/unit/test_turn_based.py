@@ -3,6 +3,8 @@ meanwhile, each agent's episode its own, and a masked move never sampled."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from doubles import AnsweringPort, KeepingHelper
@@ -122,11 +124,15 @@ def test_in_self_play_one_seat_a_game_is_the_learners_and_only_its_turns_are_lea
     assert ended and len(stats.finished) == ended
 
 
-def test_self_play_evaluation_games_put_the_learner_greedy_against_a_fixed_player_in_each_seat_in_turn():
-    agent = PettingZooAgent("turn_games.corridor_v0", self_play=True)
-    agent.num_envs = 2
+def self_play_run(
+    games: int = 3, eval_every: int = 0, sparring: str = ""
+) -> tuple[dict[str, AnsweringPort], KeepingHelper, Any]:
+    """A self-play agent of ``games`` corridor games (``eval_every``, ``sparring`` as a run gives them), run until its
+    ports stop it: the ports, the learner's helper and the agent's episode stats."""
+    agent = PettingZooAgent("turn_games.corridor_v0", self_play=True, sparring=sparring)
+    agent.num_envs = games
     agent.make_env = Corridor
-    stats = make_envs(agent, 1)  # an evaluation game after every training game
+    stats = make_envs(agent, eval_every)
     ports = {"RL": AnsweringPort(60, legal_moves), "opponent": AnsweringPort(60, legal_moves)}
     learner = KeepingHelper()
     agent.connect(
@@ -138,6 +144,12 @@ def test_self_play_evaluation_games_put_the_learner_greedy_against_a_fixed_playe
     )
     with pytest.raises(StopRequested):
         agent.run()
+    return ports, learner, stats
+
+
+def test_self_play_evaluation_games_put_the_learner_greedy_against_a_fixed_player_in_each_seat_in_turn():
+    # An evaluation game after every training game.
+    ports, learner, stats = self_play_run(games=2, eval_every=1)
     # The learner takes runner_0's seat in the first game (and wins: the last move decides), runner_1's in the next;
     # a corridor's random player has one legal move, the learner 3 moves a game. Only the learner's episode counts.
     assert len(stats.eval_finished) >= 4
@@ -154,35 +166,15 @@ def test_self_play_evaluation_games_put_the_learner_greedy_against_a_fixed_playe
     assert all(team == "runner" for *_, team in stats.finished)
 
 
-def sparring_run(sparring: str) -> tuple[dict[str, AnsweringPort], KeepingHelper]:
-    """A self-play agent of 3 corridor games with ``sparring``, run until its ports stop it."""
-    agent = PettingZooAgent("turn_games.corridor_v0", self_play=True, sparring=sparring)
-    agent.num_envs = 3
-    agent.make_env = Corridor
-    make_envs(agent, 0)
-    ports = {"RL": AnsweringPort(60, legal_moves), "opponent": AnsweringPort(60, legal_moves)}
-    learner = KeepingHelper()
-    agent.connect(
-        agent_id="a0",
-        seed=0,
-        specs={"RL": SPECS, "opponent": SPECS},
-        ports=ports,
-        helpers={**agent.helpers(), "RL": learner},
-    )
-    with pytest.raises(StopRequested):
-        agent.run()
-    return ports, learner
-
-
 def test_in_the_sparring_share_of_the_games_a_fixed_player_takes_the_opponents_seats_and_the_learner_learns_them():
-    ports, learner = sparring_run("random=1")
+    ports, learner, _ = self_play_run(sparring="random=1")
     assert ports["opponent"].sent == []  # every game against the fixed player: the frozen copy is never asked
     asked = sum(len(sent["inputs"]["observation"]) for sent in ports["RL"].sent)
     learned = sum(len(step["terminated"]) for step in learner.steps)
     assert asked - 3 <= learned <= asked  # every learner's turn of those games is learned from
     assert {int(row[0]) for step in learner.steps for row in step["inputs"]["observation"]} == {0, 1}  # both seats
     # Half the games: a corridor game is 3 turns of each seat, so the frozen copy plays about half as many turns.
-    ports, learner = sparring_run("random=0.5")
+    ports, _, _ = self_play_run(sparring="random=0.5")
     learner_turns, opponent_turns = (sum(len(sent["inputs"]["observation"]) for sent in ports[ct].sent) for ct in ports)
     assert 0.25 < opponent_turns / learner_turns < 0.75, (opponent_turns, learner_turns)
 

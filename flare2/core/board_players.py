@@ -48,18 +48,16 @@ def random_move(observation: dict[str, Any], rng: np.random.Generator) -> int:
 
 def connect_four_lookahead(observation: dict[str, Any], rng: np.random.Generator) -> int:
     """Win now if a move does; else block a column where the opponent would win next; else a random legal move."""
-    wins, blocks = immediate_fours(observation)
-    if wins or blocks:
-        return (wins or blocks)[0]
-    return int(rng.choice(np.flatnonzero(observation["action_mask"])))
+    tactic = _win_or_block(observation)
+    return tactic if tactic is not None else int(rng.choice(np.flatnonzero(observation["action_mask"])))
 
 
 def connect_four_careful(observation: dict[str, Any], rng: np.random.Generator) -> int:
     """The lookahead's win or block; else a random legal move after which the opponent cannot win by dropping a
     piece on top of it (a random legal move where every move would let it)."""
-    wins, blocks = immediate_fours(observation)
-    if wins or blocks:
-        return (wins or blocks)[0]
+    tactic = _win_or_block(observation)
+    if tactic is not None:
+        return tactic
     board = np.asarray(observation["observation"]).astype(bool)
     mine, theirs = board[..., 0], board[..., 1]
     legal = [int(column) for column in np.flatnonzero(observation["action_mask"])]
@@ -71,6 +69,12 @@ def connect_four_careful(observation: dict[str, Any], rng: np.random.Generator) 
         if not _completes_four(theirs, taken, column):
             safe.append(column)
     return int(rng.choice(safe or legal))
+
+
+def _win_or_block(observation: dict[str, Any]) -> int | None:
+    """The lookahead's move where it reads one: a column that wins now, else one that blocks the opponent's win."""
+    wins, blocks = immediate_fours(observation)
+    return (wins or blocks)[0] if wins or blocks else None
 
 
 def immediate_fours(observation: dict[str, Any]) -> tuple[list[int], list[int]]:

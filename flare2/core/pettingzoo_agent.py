@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import gymnasium as gym
@@ -207,6 +208,11 @@ class PettingZooAgent(VectorAgent):
             for ct in self.policies()
         }
 
+    @cached_property
+    def sparring_partners(self) -> dict[str, float]:
+        """The fixed players of ``sparring`` and their shares of the games (``sparring_shares``)."""
+        return sparring_shares(self.sparring, self.env_id)
+
     def rows_stored(self, ct: str) -> int:
         """A row per place of the CT's agents in every game: a replay buffer's columns."""
         return self.num_envs * len(self.policies()[ct])
@@ -216,8 +222,8 @@ class PettingZooAgent(VectorAgent):
         seats the frozen copy's or, for the sparring share of the games, a fixed player's."""
         agents = self.possible_agents
         learner = agents[int(self._seat_draws.integers(len(agents)))]
-        opponent, draw = OPPONENT_CT, self._seat_draws.random() if self._sparring else 1.0
-        for player, share in self._sparring.items():
+        opponent, draw = OPPONENT_CT, self._seat_draws.random() if self.sparring_partners else 1.0
+        for player, share in self.sparring_partners.items():
             if draw < share:
                 opponent = fixed_seat(player)
                 break
@@ -248,7 +254,7 @@ class PettingZooAgent(VectorAgent):
                 "PettingZooAgent plays evaluation games during training in self-play alone (the learner against "
                 "fixed players): run without --eval-every, or play the run's policies after it with flare2 eval"
             )
-        sparring = sparring_shares(self.sparring, self.env_id)
+        sparring = self.sparring_partners
         if sparring and not self.self_play:
             raise ConfigError(
                 "--self-play-sparring puts fixed players in self-play's opponent seats: give --self-play N"
@@ -271,7 +277,6 @@ class PettingZooAgent(VectorAgent):
     def run(self) -> None:
         if is_turn_based(self.envs[0]):
             self._seat_draws = np.random.default_rng(self.env_seed(len(self.envs) + 1))
-            self._sparring = sparring_shares(self.sparring, self.env_id)
             seats = self._seats if self.self_play else None
             learner = DEFAULT_CT if self.self_play else None
             TurnBasedPlay(self, self.env_id, self.policies(), self.transforms, seats, learner).run()
@@ -347,7 +352,7 @@ class PettingZooAgent(VectorAgent):
     def _in_place_order(self, ct: str, stored: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str, Any]:
         """A step of every place of CT ``ct``, ordered by place, so that a replay buffer's column holds one agent's
         steps; a ConfigError where an agent left its game before the others."""
-        if len(rows) != self.rows_stored(ct):
+        if len(rows) != self._helpers[ct].num_envs:  # the columns it was attached with
             places = {(game, agent) for game in range(self.num_envs) for agent in self.policies()[ct]}
             game, agent = sorted(places - set(rows))[0]
             raise ConfigError(

@@ -76,14 +76,7 @@ def pettingzoo_cts(
     batching = batching_from_args(args)
     cts = [
         CTConfig(name=ct, build=record.builder(env_id, {}, config, settings, agents=tuple(agents)), batching=batching)
-        for ct, agents in policies(
-            parser,
-            record,
-            env_id,
-            args.policy_map,
-            self_play=bool(args.self_play),
-            replay="replay" in settings.helper_kwargs(args.num_agents),
-        ).items()
+        for ct, agents in policies(parser, record, env_id, args.policy_map, self_play=bool(args.self_play)).items()
     ]
     # A pool that the env's preset gives goes with the preset's self-play, which --self-play 0 turns off.
     pool_given = args.self_play_pool != parser.get_default("self_play_pool")
@@ -110,12 +103,10 @@ def policies(
     spec: str | None,
     *,
     self_play: bool,
-    replay: bool = False,
 ) -> dict[str, list[str]]:
     """Each learning CT of a PettingZoo env's run and its agents, by ``--policy-map`` (with ``self_play``, every agent
     may take the learner's seat); a usage error for a map that does not cover the agents, a CT whose agents' spaces
-    differ or do not fit the algorithm, self-play in a game that is not turn-based, or a replay buffer (``replay``)
-    in one that is."""
+    differ or do not fit the algorithm, or self-play in a game that is not turn-based."""
     try:
         env = make_pettingzoo_env(env_id)
     except ConfigError as exc:
@@ -127,11 +118,6 @@ def policies(
                 f"--self-play: the learner takes one seat of each game of a turn-based env and its frozen copy the "
                 f"others ({env_id!r} is {'turn-based' if is_turn_based(env) else 'not turn-based'}), with no "
                 "--policy-map; --self-play 0 turns it off where the env's preset turns it on"
-            )
-        if replay and is_turn_based(env):
-            raise ConfigError(
-                f"--algo {record.name}: a replay buffer keeps a column per agent of games whose agents all act at "
-                f"once, and {env_id!r} is turn-based: learn it with ppo, a2c or appo"
             )
         cts = policy_groups(agents, policy_map(agents, spec or "shared").__getitem__)
         for ct, its_agents in cts.items():

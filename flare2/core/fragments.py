@@ -23,13 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from flare2.core.helpers import AgentHelper, CTPort
+from flare2.core.helpers import ROW_IDS, AgentHelper, CTPort
 from flare2.core.learn_requests import pack
 from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
 from flare2.errors import ConfigError
-
-ROW_IDS = "row_ids"
-"""The key of a stored step's row ids (int64 ``[K]``) for ``FragmentsHelper``."""
 
 
 class FragmentsHelper(AgentHelper):

@@ -12,6 +12,10 @@ from flare2.core.views import EpisodeAges, view_context, with_views
 from flare2.errors import ConfigError
 from flare2.wire.ragged import Ragged, concat_time, stack_time
 
+ROW_IDS = "row_ids"
+"""The key of a stored step's row ids (int64 ``[K]``), where its rows come and go: one int per row, the same for an
+agent's place in its game from one episode to the next (``FragmentsHelper``, ``ExpReplayHelper``)."""
+
 
 class CTPort(Protocol):
     """How an agent reaches one ComputationTask (the runtime provides it)."""
@@ -223,6 +227,15 @@ class ExpReplayHelper(AgentHelper):
     flags say where and how, and ``states`` hold the model states before each
     step, so a recurrent learner can restart its states there.
 
+    **Columns.** The buffer keeps a column per env, each a ring of its own
+    steps. A step of all K envs fills one step of every column. A step whose
+    rows come and go (the agents of a multi-agent env: a turn-based game's
+    agent acts every other step, an agent that dies waits for its game to
+    restart) carries each row's id (``ROW_IDS``, as for ``FragmentsHelper``)
+    and fills only the columns of those ids: each id gets a column the first
+    time it is seen, and a sequence is then consecutive steps of one agent.
+    Sequences are drawn uniformly among all those the columns hold.
+
     Memory is bounded: ``capacity`` steps (K envs keep ``capacity / K`` steps
     each), preallocated when the helper is attached; ``nbytes`` gives the exact
     size (every spec array of a step, its inputs once, and the
@@ -254,19 +267,20 @@ class ExpReplayHelper(AgentHelper):
         self.capacity, self.warmup, self.sample_interval = capacity, warmup, sample_interval
         self.batch_size, self.sequence_length = batch_size, sequence_length
         self.rng = np.random.default_rng(seed)
-        self.size = 0
-        """Steps held per env (time rows of the buffer)."""
+        self.sizes = np.zeros(0, np.int64)
+        """Steps held by each column."""
         self.stored = 0
         """Env steps stored so far, over all envs."""
         self._intervals_seen = 0
-        self._next = 0
+        self._next = np.zeros(0, np.int64)  # each column's next time row
         self._rows = 0
+        self._column_of: dict[int, int] = {}
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
         self._flags: dict[str, np.ndarray] = {}
         self._context = 0
         self._episode_ages = EpisodeAges(1)
         self._ages = np.zeros((0, 1), np.int64)
-        # The next inputs that are not the following step's inputs, by (row, env), and where there are some.
+        # The next inputs that are not the following step's inputs, by (row, column), and where there are some.
         self._finals: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._has_final = np.zeros((0, 1), bool)
         self._newest_next: dict[str, np.ndarray] = {}
@@ -296,8 +310,11 @@ class ExpReplayHelper(AgentHelper):
             for group, specs_of_group in specs.stored_specs().items()
             if group != "next_inputs"
         }
+        self._newest_next = {name: np.zeros_like(array[0]) for name, array in self._buffers["inputs"].items()}
         self._flags = {name: np.zeros((self._rows, num_envs), spec.dtype) for name, spec in STEP_FLAG_SPECS.items()}
         self._has_final = np.zeros((self._rows, num_envs), bool)
+        self._next = np.zeros(num_envs, np.int64)
+        self.sizes = np.zeros(num_envs, np.int64)
         if specs.views:
             self._episode_ages = EpisodeAges(num_envs)
             self._ages = np.zeros((self._rows, num_envs), np.int64)
@@ -312,6 +329,8 @@ class ExpReplayHelper(AgentHelper):
             *self._flags.values(),
             self._ages,
             self._has_final,
+            self._next,
+            self.sizes,
             *self._newest_next.values(),
             *(a for group in self._buffers.values() for a in group.values()),
             *(a for final in self._finals.values() for a in final.values()),
@@ -319,56 +338,83 @@ class ExpReplayHelper(AgentHelper):
         return sum(array.nbytes for array in arrays)
 
     def store(self, step: dict[str, Any]) -> None:
-        index = self._next
-        inputs = self._buffers["inputs"]
-        if self.size:
-            # The previous step's next inputs that are not this step's inputs are kept apart.
-            previous = (index - 1) % self._rows
-            differs = np.zeros(self.num_envs, bool)
-            for name, newest in self._newest_next.items():
-                differs |= (newest != step["inputs"][name]).reshape(self.num_envs, -1).any(-1)
-            for env in np.flatnonzero(differs):
-                self._finals[(previous, int(env))] = {
-                    name: rows[env].copy() for name, rows in self._newest_next.items()
-                }
-            self._has_final[previous] = differs
-        for env in np.flatnonzero(self._has_final[index]):
-            del self._finals[(index, int(env))]
-        self._has_final[index] = False
-        self._newest_next = {
-            name: np.array(step["next_inputs"][name], dtype=array.dtype) for name, array in inputs.items()
-        }
+        columns = self._columns(step.pop(ROW_IDS, None), len(step["terminated"]))
+        index = self._next[columns]
+        # The previous step's next inputs of a column that are not this step's inputs are kept apart.
+        previous = (index - 1) % self._rows
+        differs = np.zeros(len(columns), bool)
+        for name, newest in self._newest_next.items():
+            differs |= (newest[columns] != step["inputs"][name]).reshape(len(columns), -1).any(-1)
+        differs &= self.sizes[columns] > 0
+        for row in np.flatnonzero(differs):
+            column = int(columns[row])
+            self._finals[(int(previous[row]), column)] = {
+                name: newest[column].copy() for name, newest in self._newest_next.items()
+            }
+        self._has_final[previous, columns] = differs
+        for row in np.flatnonzero(self._has_final[index, columns]):
+            del self._finals[(int(index[row]), int(columns[row]))]
+        self._has_final[index, columns] = False
+        for name, newest in self._newest_next.items():
+            newest[columns] = step["next_inputs"][name]
         for group, arrays in self._buffers.items():
             for name, array in arrays.items():
-                array[index] = step[group][name]
+                array[index, columns] = step[group][name]
         for name, array in self._flags.items():
-            array[index] = step[name]
+            array[index, columns] = step[name]
         if self.specs.views:
-            self._ages[index] = self._episode_ages.of(step)
-        self._next = (index + 1) % self._rows
-        self.size = min(self.size + 1, self._rows)
-        self.stored += self.num_envs
+            self._ages[index, columns] = self._episode_ages.of(step, columns)
+        self._next[columns] = (index + 1) % self._rows
+        self.sizes[columns] = np.minimum(self.sizes[columns] + 1, self._rows)
+        self.stored += len(columns)
         intervals = self.stored // self.sample_interval
         due, self._intervals_seen = intervals - self._intervals_seen, intervals
-        if due and self.size * self.num_envs >= self.warmup and self.size >= self._least_size:
+        if due and self.sizes.sum() >= self.warmup and self._sequence_starts().sum():
             self.port.learn(self.sample(due * self.batch_size))
+
+    def _columns(self, row_ids: Any, rows: int) -> np.ndarray:
+        """The columns of a step's rows: every env's in order, or those of the rows' ids (class docstring)."""
+        if row_ids is None:
+            if rows != self.num_envs:
+                raise ConfigError(
+                    f"a step of {rows} rows reached the replay buffer of CT {self.ct!r}, which keeps a column for each "
+                    f"of {self.num_envs} envs: store every env's row at every step, or give each row's {ROW_IDS!r}"
+                )
+            return np.arange(self.num_envs)
+        for row_id in row_ids.tolist():
+            if row_id not in self._column_of:
+                if len(self._column_of) == self.num_envs:
+                    raise ConfigError(
+                        f"the replay buffer of CT {self.ct!r} keeps {self.num_envs} columns, one per row id, and "
+                        f"row id {row_id} is one more: the agent's rows_stored() must count every row id its steps "
+                        "carry"
+                    )
+                self._column_of[row_id] = len(self._column_of)
+        return np.array([self._column_of[row_id] for row_id in row_ids.tolist()], np.int64)
+
+    def _sequence_starts(self) -> np.ndarray:
+        """How many sequences each column holds: they start anywhere among its steps but never run past its newest
+        one, and their views reach back ``context`` steps, which must not be overwritten ones (until a column is
+        full, the steps before its oldest are the start of its first episodes, age 0 says so, never read)."""
+        full = self.sizes == self._rows
+        return np.maximum(self.sizes - self.sequence_length + 1 - np.where(full, self._context, 0), 0)
 
     def sample(self, count: int) -> dict[str, Any]:
         """A learn request (``pack``) of ``count`` random sequences of ``sequence_length`` steps, oldest step first."""
         length = self.sequence_length
-        if self.size < self._least_size:
-            raise ValueError(
-                f"the buffer holds {self.size} steps per env, fewer than one sequence of {self._least_size}"
-            )
-        oldest = (self._next - self.size) % self._rows
-        # Sequences start anywhere among the stored steps but never run past the newest one. Their views reach
-        # back context steps, which must not be overwritten ones: until the buffer is full, the steps before the
-        # oldest are the start of the first episodes (age 0 says so), never read.
-        least = self._context if self.size == self._rows else 0
+        starts_of = self._sequence_starts()
+        if not starts_of.sum():
+            raise ValueError(f"no column of the buffer holds a sequence of {length} steps: it holds {self.sizes}")
+        # A draw among all the sequences the columns hold: its column, then its start there.
+        ends = np.cumsum(starts_of)
+        draws = self.rng.integers(0, int(ends[-1]), size=count)
+        envs = np.searchsorted(ends, draws, side="right")
+        least = np.where(self.sizes == self._rows, self._context, 0)
+        starts = least[envs] + draws - (ends[envs] - starts_of[envs])
+        oldest = (self._next[envs] - self.sizes[envs]) % self._rows
         context = self._context if self.specs.views else 0
-        starts = self.rng.integers(least, self.size - length + 1, size=count)
-        rows = (oldest + starts[:, None] + np.arange(-context, length)[None, :]) % self._rows
-        envs = self.rng.integers(0, self.num_envs, size=count)[:, None]
+        rows = (oldest[:, None] + starts[:, None] + np.arange(-context, length)[None, :]) % self._rows
+        envs = envs[:, None]
         payload: dict[str, Any] = {
             group: {name: array[rows, envs] for name, array in arrays.items()}
             for group, arrays in self._buffers.items()
@@ -378,20 +424,15 @@ class ExpReplayHelper(AgentHelper):
         return pack(self.specs, payload, context, self._ages[rows, envs] if self.specs.views else None)
 
     def _next_inputs(self, rows: np.ndarray, envs: np.ndarray) -> dict[str, np.ndarray]:
-        """The next inputs of the steps at ``rows`` of ``envs``: the following rows' inputs, but the newest step's own
-        and those kept apart."""
+        """The next inputs of the steps at ``rows`` of ``envs``: the following rows' inputs, but each column's newest
+        step's own and those kept apart."""
         following = (rows + 1) % self._rows
         next_inputs = {name: array[following, envs] for name, array in self._buffers["inputs"].items()}
-        newest = (self._next - 1) % self._rows
         envs_of = np.broadcast_to(envs, rows.shape)
+        newest = (self._next[envs_of] - 1) % self._rows
         for at in zip(*np.nonzero((rows == newest) | self._has_final[rows, envs])):
             row, env = int(rows[at]), int(envs_of[at])
-            kept = self._newest_next if row == newest else self._finals[(row, env)]
+            kept = self._newest_next if row == newest[at] else self._finals[(row, env)]
             for name, values in next_inputs.items():
-                values[at] = kept[name][env] if row == newest else kept[name]
+                values[at] = kept[name][env] if row == newest[at] else kept[name]
         return next_inputs
-
-    @property
-    def _least_size(self) -> int:
-        """Steps per env the buffer must hold to sample: a sequence, and the steps its views reach back to once full."""
-        return self.sequence_length + (self._context if self.size == self._rows else 0)

@@ -38,8 +38,8 @@ from flare2.core.agent import VectorAgent
 from flare2.core.board_players import baselines, check_fixed_players_can_play
 from flare2.core.env_making import AgentSpaces, is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
-from flare2.core.fragments import ROW_IDS, FragmentsHelper
-from flare2.core.helpers import AgentHelper, AskOnlyHelper, ExpReplayHelper
+from flare2.core.fragments import FragmentsHelper
+from flare2.core.helpers import ROW_IDS, AgentHelper, AskOnlyHelper, ExpReplayHelper
 from flare2.core.parallel_games import GLOBAL_STATE, ParallelGames, Step
 from flare2.core.spaces import OBS_KEY, action_specs, input_specs
 from flare2.core.specs import CTSpecs
@@ -147,9 +147,9 @@ class PettingZooAgent(VectorAgent):
     opponent's seats of that share of the games instead of the frozen copy: the learner learns from those games as
     from the others, against an opponent that punishes what its own past copies let pass.
 
-    ``replay`` (``ExpReplayHelper``'s keyword arguments, as ``flare2 train --algo dqn`` gives them) learns each CT
-    from a replay buffer with a column per place (game and agent), in games whose agents all act at every step
-    until the game ends (MPE's): the n-step returns run along one agent's own steps.
+    ``replay`` (``ExpReplayHelper``'s keyword arguments, as ``flare2 train --algo dqn`` gives them) learns each
+    learning CT from a replay buffer with a column per place (game and agent), which fills as its agent acts (every
+    step, every other turn, or until it dies): the n-step returns run along one agent's own steps.
     """
 
     def __init__(
@@ -201,10 +201,12 @@ class PettingZooAgent(VectorAgent):
         return policy_groups(self.possible_agents, self.policy_of)
 
     def helpers(self) -> dict[str, AgentHelper]:
-        if self.replay is not None:
-            return {ct: ExpReplayHelper(**self.replay) for ct in self.policies()}
         return {
-            ct: AskOnlyHelper() if self.self_play and ct == OPPONENT_CT else FragmentsHelper(self.sample_interval)
+            ct: AskOnlyHelper()
+            if self.self_play and ct == OPPONENT_CT
+            else FragmentsHelper(self.sample_interval)
+            if self.replay is None
+            else ExpReplayHelper(**self.replay)
             for ct in self.policies()
         }
 
@@ -263,11 +265,6 @@ class PettingZooAgent(VectorAgent):
             if wanted:
                 seat = self.possible_agents[0]
                 check_fixed_players_can_play(self.envs[0].observation_space(seat), self.env_id, option)
-        if self.replay is not None and is_turn_based(self.envs[0]):
-            raise ConfigError(
-                f"a replay buffer (--algo dqn) keeps a column per agent of games whose agents all act at once, and "
-                f"{self.env_id!r} is turn-based: learn it with ppo, a2c or appo"
-            )
         if self.self_play and not is_turn_based(self.envs[0]):
             raise ConfigError(
                 f"self-play takes turn-based games (PettingZoo's AEC API), and {self.env_id!r} plays all its agents "
@@ -345,29 +342,7 @@ class PettingZooAgent(VectorAgent):
             "policy_version": np.full(len(rows), pending.version, np.int64),
             ROW_IDS: games.row_ids(rows),
         }
-        if self.replay is not None:
-            stored = self._in_place_order(ct, stored, rows)
         self._store_rows(ct, stored, len(rows))
-
-    def _in_place_order(self, ct: str, stored: dict[str, Any], rows: list[tuple[int, str]]) -> dict[str, Any]:
-        """A step of every place of CT ``ct``, ordered by place, so that a replay buffer's column holds one agent's
-        steps; a ConfigError where an agent left its game before the others."""
-        if len(rows) != self._helpers[ct].num_envs:  # the columns it was attached with
-            places = {(game, agent) for game in range(self.num_envs) for agent in self.policies()[ct]}
-            game, agent = sorted(places - set(rows))[0]
-            raise ConfigError(
-                f"agent {agent!r} of game {game} of {self.env_id!r} left before its game ended, and a replay buffer "
-                "(--algo dqn) keeps a column per agent that acts at every step: learn this env with ppo, a2c or appo"
-            )
-        order = np.argsort(stored[ROW_IDS], kind="stable")
-        return _taken(stored, order)
-
-
-def _taken(value: Any, order: np.ndarray) -> Any:
-    """``value``'s rows in ``order``: an array's, or each array's of a dict (None stays None)."""
-    if isinstance(value, dict):
-        return {key: _taken(item, order) for key, item in value.items()}
-    return None if value is None else np.asarray(value)[order]
 
 
 def _seen_space(spaces: AgentSpaces, *, with_state: bool) -> gym.Space:

@@ -37,7 +37,7 @@ from flare2.core.agent import EvaluationSchedule, VectorAgent
 from flare2.core.board_players import PLAYERS, baselines
 from flare2.core.env_making import shared_spaces
 from flare2.core.envs import concatenate_rows
-from flare2.core.fragments import ROW_IDS
+from flare2.core.helpers import ROW_IDS
 from flare2.core.transforms import Transforms
 from flare2.wire.ragged import concat_rows
 

@@ -208,10 +208,13 @@ class EpisodeAges:
     def __init__(self, count: int) -> None:
         self._next = np.zeros(count, np.int64)
 
-    def of(self, step: dict[str, Any]) -> np.ndarray:
-        """The ages of ``step``'s rows (call once per stored step, in order)."""
-        ages = self._next
-        self._next = np.where(step["terminated"] | step["truncated"], 0, ages + 1)
+    def of(self, step: dict[str, Any], rows: np.ndarray | None = None) -> np.ndarray:
+        """The ages of ``step``'s rows, which are the envs ``rows`` where given, else every env in order (call once
+        per stored step, in order)."""
+        if rows is None:
+            rows = np.arange(len(self._next))
+        ages = self._next[rows]
+        self._next[rows] = np.where(step["terminated"] | step["truncated"], 0, ages + 1)
         return ages
 
 

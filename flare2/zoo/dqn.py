@@ -8,6 +8,10 @@ return stops at an episode end. A terminated step has no bootstrap; a
 time-limit truncation bootstraps from the final observation. Longer returns
 carry the reward back faster but, off-policy, are biased towards the acting
 policy's values.
+
+Where the observations hold legal-move masks (``action_mask``, a turn-based
+game's), the Q-network masks the illegal moves (``QNetwork``): they are never
+the greedy move nor a target's maximum, and exploring draws among the legal ones.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from torch.nn import functional as F
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors, adam, polyak_update
 from flare2.core.data_parallel import minibatch_share
-from flare2.zoo.models import QNetwork
+from flare2.zoo.models import QNetwork, masked_logits, sample_categorical
 from flare2.zoo.record import DQNSettings
 from flare2.zoo.records.dqn import DQNConfig
 from flare2.zoo.returns import n_step_returns
@@ -35,8 +39,8 @@ class FirstStepReturns:
     """``[B]``: the discounted rewards up to the sequence's first episode end (or its last step)."""
     discount: torch.Tensor
     """``[B]``: gamma to the power of those steps, 0 where the episode terminated (nothing to bootstrap from)."""
-    bootstrap_inputs: torch.Tensor
-    """``[B, ...]``: the observation after that step, which the target network values."""
+    bootstrap_inputs: Tensors
+    """``[B, ...]`` each: the inputs after that step, which the target network values."""
 
 
 class DQN(Algorithm):
@@ -72,26 +76,31 @@ class DQN(Algorithm):
         return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        q = self.model(inputs[self.model.input_key])
+        q = self.model(inputs)
         greedy = q.argmax(-1)
         explore = torch.rand(greedy.shape, device=q.device) < self.epsilon
         self.predicted += greedy.shape[0]
-        return {"action": torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy)}, {}
+        mask = inputs.get("action_mask")
+        if mask is None:
+            uniform = torch.randint_like(greedy, q.shape[-1])
+        else:  # among the legal actions
+            uniform = sample_categorical(masked_logits(torch.zeros_like(q), mask))
+        return {"action": torch.where(explore, uniform, greedy)}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        return {"action": self.model(inputs[self.model.input_key]).argmax(-1)}, {}
+        return {"action": self.model(inputs).argmax(-1)}, {}
 
     def learn(self, experience: Experience) -> dict[str, float]:
         config = self.config
         # The first step of each sampled sequence is learned; the steps after it (up to an episode end)
         # make its n-step return. Sequences of one step give the usual one-step target.
-        obs = experience.inputs[self.model.input_key][:, 0]
+        inputs = {name: experience.inputs[name][:, 0] for name in self.model.input_names}
         actions = experience.actions["action"][:, 0]
         returns = self.first_step_returns(experience)
         self.anneal_lr(config.lr, self.predicted, config.anneal_steps)
         losses = []
-        for index in torch.randperm(obs.shape[0], device=obs.device).split(minibatch_share(config.minibatch_size)):
-            q = self.model(obs[index]).gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
+        for index in torch.randperm(len(actions), device=actions.device).split(minibatch_share(config.minibatch_size)):
+            q = self.model(_rows(inputs, index)).gather(-1, actions[index].unsqueeze(-1)).squeeze(-1)
             loss = F.smooth_l1_loss(q, self.targets(returns, index))
             self.optimize(loss)
             losses.append(loss.item())
@@ -120,16 +129,16 @@ class DQN(Algorithm):
         return FirstStepReturns(
             rewards=n_step_returns(rewards, torch.zeros_like(rewards), terminated, truncated, gamma)[:, 0],
             discount=n_step_returns(torch.zeros_like(rewards), bootstrapped, terminated, truncated, gamma)[:, 0],
-            bootstrap_inputs=experience.next_inputs[self.model.input_key][rows, bootstrap],
+            bootstrap_inputs={name: experience.next_inputs[name][rows, bootstrap] for name in self.model.input_names},
         )
 
     @torch.no_grad()
     def targets(self, returns: FirstStepReturns, index: torch.Tensor) -> torch.Tensor:
         """The n-step targets of the first steps of the sequences at ``index``, valued by the current networks."""
-        next_obs = returns.bootstrap_inputs[index]
-        next_q = self.target(next_obs)
+        next_inputs = _rows(returns.bootstrap_inputs, index)
+        next_q = self.target(next_inputs)
         if self.config.double_q:
-            next_value = next_q.gather(-1, self.model(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
+            next_value = next_q.gather(-1, self.model(next_inputs).argmax(-1, keepdim=True)).squeeze(-1)
         else:
             next_value = next_q.max(-1).values
         return returns.rewards[index] + returns.discount[index] * next_value
@@ -149,6 +158,10 @@ class DQN(Algorithm):
         super().load_state_dict(state)
         self.target.load_state_dict(state["target"])
         self.predicted, self.gradient_steps = int(state["predicted"]), int(state["gradient_steps"])
+
+
+def _rows(inputs: Tensors, index: torch.Tensor) -> Tensors:
+    return {name: value[index] for name, value in inputs.items()}
 
 
 def build(env: gym.Env, config: DQNConfig, settings: DQNSettings) -> DQN:

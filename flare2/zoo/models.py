@@ -301,14 +301,19 @@ class ActorCritic(Model):
 
 
 class QNetwork(Model):
-    """One Q-value per Discrete action from an observation ``obs``: a Box of floats, Discrete (one-hot encoded) or
-    an image (a CNN encoder, ``flare2.zoo.encoders``, then the MLP: Mnih et al.'s DQN with ``hidden=()``).
+    """One Q-value per Discrete action from an observation ``obs`` (or the observations of a Dict space, side by
+    side: ``ObservationFeatures``): a Box of floats, Discrete (one-hot encoded) or an image (a CNN encoder,
+    ``flare2.zoo.encoders``, then the MLP: Mnih et al.'s DQN with ``hidden=()``).
 
     ``hidden=()`` makes it linear over the features. Over a one-hot observation that is a
     Q-table (``is_table``): one weight per state and action and no bias, so
     that learning a state's value moves no other state's.
 
-    ``frames`` above 1 makes it see the last ``frames`` observations (the view ``obs_frames``; its ``input_key``).
+    ``frames`` above 1 makes it see the last ``frames`` observations (the view ``obs_frames``).
+
+    An observation space ``Dict(obs=..., action_mask=MultiBinary(n))`` adds the input ``action_mask``: the actions
+    it marks False get the value ``ILLEGAL_LOGIT``, below any legal action's, so that they are never the greedy
+    action nor the maximum a target bootstraps from.
     """
 
     def __init__(
@@ -323,15 +328,19 @@ class QNetwork(Model):
         super().__init__()
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"QNetwork needs a Discrete action space, got {action_space}: use TD3 for Box actions")
-        self.observation = ObservationFeatures({"obs": observation_space}, encoder, frames)
-        self.input_key = self.observation.input_name("obs")
-        """The input ``forward`` takes: the observation, or the view of the last ``frames`` of them."""
-        self.is_table = not hidden and bool(self.observation.one_hot["obs"]) and frames == 1
+        parts, self._mask_spec = observation_parts(observation_space, action_space)
+        self.observation = ObservationFeatures(parts, encoder, frames)
+        self.input_names = (
+            *(self.observation.input_name(name) for name in parts),
+            *(("action_mask",) if self._mask_spec else ()),
+        )
+        """The inputs ``forward`` reads: each observation (or its view of the last ``frames``), and the action mask."""
+        self.is_table = not hidden and frames == 1 and len(parts) == 1 and all(self.observation.one_hot.values())
         # ReLU is the usual choice for value-based methods.
         self.q = mlp([self.observation.size, *hidden, int(action_space.n)], activation=nn.ReLU, bias=not self.is_table)
 
     def input_specs(self) -> dict[str, Spec]:
-        return self.observation.specs
+        return {**self.observation.specs, **({"action_mask": self._mask_spec} if self._mask_spec else {})}
 
     def action_specs(self) -> dict[str, Spec]:
         return {"action": Spec((), "int64")}
@@ -339,9 +348,11 @@ class QNetwork(Model):
     def view_specs(self) -> dict[str, View]:
         return self.observation.views()
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q-values of ``inputs[self.input_key]``."""
-        return self.q(self.observation({self.input_key: obs}))
+    def forward(self, inputs: Tensors) -> torch.Tensor:
+        """Q-values ``[..., actions]`` of ``inputs`` (those of ``input_names``), the illegal actions' masked."""
+        q = self.q(self.observation(inputs))
+        mask = inputs.get("action_mask")
+        return q if mask is None else masked_logits(q, mask)
 
 
 class BoxActorCritic(Model):

@@ -26,6 +26,7 @@ import gymnasium as gym
 import torch
 
 from flare2.core.algorithm import Algorithm, Experience, Tensors
+from flare2.errors import ConfigError
 from flare2.zoo.models import QNetwork
 from flare2.zoo.record import QSettings
 from flare2.zoo.records.sarsa import SARSAConfig
@@ -41,6 +42,11 @@ class SARSA(Algorithm):
     may_learn_in_own_process = True
 
     def __init__(self, model: QNetwork, config: SARSAConfig = SARSAConfig()) -> None:
+        if "action_mask" in model.input_specs():
+            raise ConfigError(
+                "SARSA's epsilon-greedy policy and expected values take every action, and this model's inputs hold an "
+                "action_mask: learn an env with legal-move masks with DQN"
+            )
         super().__init__(model, max_grad_norm=config.max_grad_norm)
         self.config = config
         # A Q-model of the user's own is learned as a network, whatever its layers.
@@ -55,13 +61,13 @@ class SARSA(Algorithm):
         return cls(QNetwork(env.observation_space, env.action_space, hidden=hidden), config)
 
     def predict(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        q = self.model(inputs["obs"])
+        q = self.model(inputs)
         greedy = q.argmax(-1)
         explore = torch.rand(greedy.shape, device=q.device) < self.config.epsilon
         return {"action": torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy)}, {}
 
     def predict_greedy(self, inputs: Tensors, states: Tensors) -> tuple[Tensors, Tensors]:
-        return {"action": self.model(inputs["obs"]).argmax(-1)}, {}
+        return {"action": self.model(inputs).argmax(-1)}, {}
 
     def expected_value(self, q: torch.Tensor) -> torch.Tensor:
         """The value of Q-values ``[..., A]`` under the epsilon-greedy policy."""
@@ -72,7 +78,7 @@ class SARSA(Algorithm):
         """SARSA targets ``[B, T]`` (see the module docstring)."""
         actions = experience.actions["action"]
         with torch.no_grad():
-            next_q = self.model(experience.next_inputs["obs"])
+            next_q = self.model(experience.next_inputs)
             next_value = self.expected_value(next_q)
             # Within a sequence and an episode, the next step holds the action taken from next_obs.
             taken = next_q[:, :-1].gather(-1, actions[:, 1:].unsqueeze(-1)).squeeze(-1)
@@ -83,7 +89,7 @@ class SARSA(Algorithm):
 
     def learn(self, experience: Experience) -> dict[str, float]:
         target = self.targets(experience)
-        q = self.model(experience.inputs["obs"]).gather(-1, experience.actions["action"].unsqueeze(-1)).squeeze(-1)
+        q = self.model(experience.inputs).gather(-1, experience.actions["action"].unsqueeze(-1)).squeeze(-1)
         squared_errors = (q - target).pow(2)
         # Summed, a gradient step of lr moves each sampled entry of a table by lr times its own TD error.
         self.optimize(squared_errors.sum() / 2 if self.tabular else squared_errors.mean())

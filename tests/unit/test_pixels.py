@@ -153,7 +153,7 @@ def test_every_zoo_model_of_discrete_actions_takes_atari_frames():
     actor_critic = ActorCritic(env.observation_space, env.action_space, hidden=(), frames=4)
     assert actor_critic.policy({"obs_frames": frames}).shape == (6, 4)
     q = QNetwork(env.observation_space, env.action_space, hidden=(), frames=4)
-    assert q(frames).shape == (6, 4) and q.input_key == "obs_frames"
+    assert q({"obs_frames": frames}).shape == (6, 4) and q.input_names == ("obs_frames",)
     # Mnih et al.'s DQN: 1.69M parameters over 4 actions.
     assert sum(p.numel() for p in q.parameters()) == 1_686_180
     impala = ActorCritic(env.observation_space, env.action_space, hidden=(), frames=4, encoder="impala")
@@ -238,4 +238,4 @@ def test_an_observation_of_an_image_and_vectors_goes_through_a_cnn_and_an_mlp_si
     }
     logits = model.policy(inputs)
     assert logits.shape == (5, 3) and (logits[:, 1] < -1e3).all()
-    assert lookup("ppo").fits(space, gym.spaces.Discrete(3)) and not lookup("dqn").fits(space, gym.spaces.Discrete(3))
+    assert lookup("ppo").fits(space, gym.spaces.Discrete(3)) and not lookup("sarsa").fits(space, gym.spaces.Discrete(3))

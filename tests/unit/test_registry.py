@@ -209,7 +209,10 @@ def test_the_docs_table_has_a_row_per_algorithm_with_its_spaces_and_preset_envs(
     assert "| `td3` | Box | 1-d Box | `Pendulum-v1` |" in rows
     assert "| `sac` | Box | 1-d Box | `HalfCheetah-v5`, `Pendulum-v1` |" in rows
     assert "| `small` | Box, Discrete | Discrete | `CartPole-v1` |" in rows
-    assert "| `dqn` | Box, Discrete | Discrete | `Acrobot-v1`, `CartPole-v1`, Atari games, MinAtar games |" in rows
+    assert (
+        "| `dqn` | Box, Discrete, Dict of those | Discrete | `Acrobot-v1`, `CartPole-v1`, Atari games, MinAtar games |"
+        in rows
+    )
 
 
 def test_the_zoo_page_shows_the_table_the_tool_prints(capsys):

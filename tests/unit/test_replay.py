@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from doubles import received
 
-from flare2.core.helpers import ExpReplayHelper
+from flare2.core.helpers import ROW_IDS, ExpReplayHelper
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 
@@ -92,7 +92,9 @@ def test_memory_is_preallocated_and_stated():
     replay, _ = helper(capacity=1000, warmup=10)
     # obs once, action, reward, state, two flags, policy version, whether the next obs is kept apart
     per_step = 4 * 2 + 8 + 4 + 4 * 3 + 2 + 8 + 1
-    assert replay.nbytes == 1000 * per_step
+    # and, per env, its newest next obs, its next row and its step count
+    per_env = 4 * 2 + 8 + 8
+    assert replay.nbytes == 1000 * per_step + per_env
 
 
 @pytest.mark.parametrize(
@@ -124,7 +126,59 @@ def test_sequences_of_several_envs_are_consecutive_steps_of_one_env():
     assert (np.diff(actions, axis=1) == 1).all()
     assert set(np.unique(actions[:, 0] // 100)) == {0, 1, 2}
     # Each step's next observation is the following one's: only the newest step's is kept beside them.
-    assert replay.nbytes == 10 * 3 * (4 * 2 + 8 + 4 + 4 * 3 + 2 + 8 + 1) + 3 * 4 * 2
+    assert replay.nbytes == 10 * 3 * (4 * 2 + 8 + 4 + 4 * 3 + 2 + 8 + 1) + 3 * (4 * 2 + 8 + 8)
+
+
+def rows_of(steps: list[dict], row_ids: list[int]) -> dict:
+    """One stored step of the rows ``steps`` (each a row of 1), with their ids."""
+    joined = {
+        group: {key: np.concatenate([row[group][key] for row in steps]) for key in steps[0][group]}
+        if isinstance(steps[0][group], dict)
+        else np.concatenate([row[group] for row in steps])
+        for group in steps[0]
+    }
+    return {**joined, ROW_IDS: np.array(row_ids, np.int64)}
+
+
+def test_rows_that_come_and_go_each_fill_their_own_column():
+    # Turns of a two-seat game: the seat of id 7 acts at even times, the seat of id 3 at odd ones, then both at once;
+    # id 9 acts at every third time alone. Each row carries 100 * its id + the count of its own steps, and its
+    # episodes end every 5 of its steps, the final observation (-value) kept apart.
+    replay, _ = helper(capacity=120, warmup=4, sequence_length=3)
+    replay.attach("RL", SPECS, RecordingPort(), num_envs=3)
+    counts = {7: 0, 3: 0, 9: 0}
+    for t in range(60):
+        ids = [7] if t % 2 == 0 else [3]
+        ids = [*ids, 9] if t % 3 == 0 else ids
+        rows = []
+        for row_id in ids:
+            value = 100 * row_id + counts[row_id]
+            row = step(value, terminated=counts[row_id] % 5 == 4)
+            if counts[row_id] % 5 == 4:
+                row["next_inputs"]["obs"] = np.array([[-value, -value]], np.float32)
+            rows.append(row)
+            counts[row_id] += 1
+        replay.store(rows_of(rows, ids))
+    assert replay.sizes.tolist() == [30, 20, 30]  # columns in the order the ids came: 7, 9, 3
+    sample = received(SPECS, replay.sample(600))
+    obs, following = sample["inputs"]["obs"][..., 0], sample["next_inputs"]["obs"][..., 0]
+    assert (np.diff(obs, axis=1) == 1).all()
+    assert set(np.unique(obs[:, 0] // 100)) == {3, 7, 9}
+    np.testing.assert_array_equal(following, np.where(obs % 5 == 4, -obs, obs + 1))
+    np.testing.assert_array_equal(sample["terminated"], obs % 5 == 4)
+    # Drawn uniformly among the sequences: 28, 28 and 18 of them.
+    share = np.mean(obs[:, 0] // 100 == 9)
+    assert abs(share - 18 / 74) < 0.06
+
+
+def test_more_row_ids_than_columns_or_a_step_without_every_env_is_refused():
+    replay, _ = helper(warmup=4)
+    replay.attach("RL", SPECS, RecordingPort(), num_envs=2)
+    replay.store(rows_of([step(0), step(1)], [5, 6]))
+    with pytest.raises(ConfigError, match="CT 'RL' keeps 2 columns, one per row id, and row id 8 is one more"):
+        replay.store(rows_of([step(2)], [8]))
+    with pytest.raises(ConfigError, match="a step of 1 rows reached the replay buffer of CT 'RL'"):
+        replay.store(step(3))
 
 
 @pytest.mark.parametrize("capacity", [40, 9])
@@ -144,7 +198,7 @@ def test_the_final_observation_of_an_episode_is_kept_apart_and_sampled_as_its_st
     np.testing.assert_array_equal(following, expected)
     assert (obs % 4 == 3).any() and (obs == 29).any()
     # Only the finals of the steps still in the buffer are kept, one per episode end (the newest step, 29, ends none).
-    stored = replay._buffers["inputs"]["obs"][: replay.size, 0, 0]
+    stored = replay._buffers["inputs"]["obs"][: replay.sizes[0], 0, 0]
     assert len(replay._finals) == np.count_nonzero(stored % 4 == 3)
 
 
@@ -157,5 +211,6 @@ def test_a_hundred_thousand_atari_steps_take_the_frames_once():
     )
     replay = ExpReplayHelper(capacity=100_000, warmup=1_000, sample_interval=4, batch_size=32)
     replay.attach("RL", specs, RecordingPort(), num_envs=8)
-    # 7,056 bytes of frame, 8 of action, 4 of reward, 10 of flags, 1 to say whether the next frame is kept apart.
-    assert replay.nbytes == 100_000 * (84 * 84 + 8 + 4 + 10 + 1)
+    # 7,056 bytes of frame, 8 of action, 4 of reward, 10 of flags, 1 to say whether the next frame is kept apart;
+    # and each env's newest next frame, its next row and its step count.
+    assert replay.nbytes == 100_000 * (84 * 84 + 8 + 4 + 10 + 1) + 8 * (84 * 84 + 8 + 8)

@@ -48,7 +48,7 @@ def one_sequence(obs, next_obs, actions, rewards, terminated, truncated) -> Expe
 
 def test_linear_q_network_over_a_one_hot_state_is_a_q_table_and_with_hidden_layers_is_not():
     assert [name for name, _ in SARSA.for_env(Env()).model.named_parameters()] == ["q.0.weight"]
-    torch.testing.assert_close(tabular_sarsa().model(torch.tensor([0, 1, 2])), TABLE)
+    torch.testing.assert_close(tabular_sarsa().model({"obs": torch.tensor([0, 1, 2])}), TABLE)
     assert SARSA.for_env(Env()).model.is_table and not SARSA.for_env(Env(), hidden=(8,)).model.is_table
 
 
@@ -88,7 +88,7 @@ def test_a_table_moves_each_visited_entry_by_lr_times_its_own_td_error_and_no_ot
         truncated=torch.tensor([[False], [False]]),
     )
     algorithm.learn(experience)
-    change = algorithm.model(torch.tensor([0, 1, 2])).detach() - TABLE
+    change = algorithm.model({"obs": torch.tensor([0, 1, 2])}).detach() - TABLE
     torch.testing.assert_close(change, torch.tensor([[0.0, 0.5 * -2.0], [0.0, 0.0], [0.5 * 14.0, 0.0]]))
 
 
@@ -108,7 +108,7 @@ def test_sarsa_learns_a_two_step_chain_to_its_discounted_values():
                 truncated=[False, False],
             )
         )
-    q = algorithm.model(torch.tensor([0, 1])).detach()
+    q = algorithm.model({"obs": torch.tensor([0, 1])}).detach()
     torch.testing.assert_close(q, torch.tensor([[0.9, 0.9], [1.0, 1.0]]), atol=0.05, rtol=0)
 
 

@@ -98,7 +98,7 @@ def test_a_gymnasium_env_whose_package_is_missing_names_flare2s_extra(capsys, mo
         (
             ["--env", "Pendulum-v1", "--algo", "dqn"],
             (
-                "--algo dqn takes Box or Discrete observations and Discrete actions, "
+                "--algo dqn takes Box, Discrete or Dict of those observations and Discrete actions, "
                 "but Pendulum-v1 has observation space Box"
             ),
         ),

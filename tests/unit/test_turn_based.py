@@ -7,14 +7,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from doubles import AnsweringPort, KeepingHelper
+from doubles import AnsweringPort, KeepingHelper, received
 from turn_games.corridor_v0 import TURNS, Corridor
 
 import flare2
 from flare2.commands.evaluate import _against_line, play_games
 from flare2.commands.policies import load_policies
-from flare2.core.fragments import ROW_IDS
-from flare2.core.helpers import AskOnlyHelper
+from flare2.core.helpers import ROW_IDS, AskOnlyHelper
 from flare2.core.pettingzoo_agent import PettingZooAgent
 from flare2.core.specs import CTSpecs, Spec
 from flare2.runtime.agents.playing import StopRequested, make_envs
@@ -90,6 +89,44 @@ def test_a_masked_move_is_never_sampled_when_the_zoo_learns_a_turn_based_game(tm
     games, fixed = play_games(load_policies(tmp_path), 2, seed=0, greedy=True, video=None, against="random")
     assert fixed == ["runner_1", "runner_0"]
     assert _against_line(games, fixed, "random") == "against random: won 1, drew 0, lost 1 of 2 (win rate 50%)"
+
+
+def test_dqn_learns_a_turn_based_game_without_a_masked_move_sampled(tmp_path):
+    # As above for PPO: Corridor raises at the first illegal move. Exploring, DQN draws among the legal moves.
+    run = flare2.train(
+        "turn_games.corridor_v0", "dqn", max_steps=1200, serial=True, envs_per_agent=4, log_dir=str(tmp_path)
+    )
+    assert run.exit_code == 0 and run.env_steps >= 1200
+    games, _ = play_games(load_policies(tmp_path), 2, seed=0, greedy=True, video=None)
+    assert games == [{"runner_0": (1.0, 3), "runner_1": (-1.0, 3)}] * 2
+
+
+def test_a_replay_buffer_in_self_play_keeps_each_places_turns_in_a_column_of_its_own():
+    replay = {"capacity": 600, "warmup": 12, "sample_interval": 2, "batch_size": 16, "sequence_length": 3, "seed": 0}
+    agent = PettingZooAgent("turn_games.corridor_v0", self_play=True, replay=replay)
+    agent.num_envs = 3
+    agent.make_env = Corridor
+    make_envs(agent, 0)
+    ports = {"RL": AnsweringPort(80, legal_moves), "opponent": AnsweringPort(80, legal_moves)}
+    learned: list[dict] = []
+    ports["RL"].learn = learned.append
+    agent.connect(agent_id="a0", seed=0, specs={"RL": SPECS, "opponent": SPECS}, ports=ports, helpers=agent.helpers())
+    assert agent.rows_stored("RL") == 6  # a column for each seat of each game: the learner takes either
+    with pytest.raises(StopRequested):
+        agent.run()
+    assert learned
+    seats = set()
+    for payload in learned:
+        batch = received(SPECS, payload)
+        seen, following = batch["inputs"]["observation"], batch["next_inputs"]["observation"]
+        for sequence, next_sequence, ended in zip(seen, following, batch["terminated"]):
+            # One seat throughout, its turns two apart (runner i moves at turns i, i + 2, i + 4), and after its
+            # last turn the game's end (turn 6), where its episode ends.
+            assert len(set(sequence[:, 0].tolist())) == 1
+            seats.add(int(sequence[0, 0]))
+            np.testing.assert_array_equal(next_sequence[:, 1], np.where(ended, TURNS, sequence[:, 1] + 2))
+            assert (ended == (sequence[:, 1] + 2 >= TURNS)).all()
+    assert seats == {0, 1}
 
 
 def test_in_self_play_one_seat_a_game_is_the_learners_and_only_its_turns_are_learned_from():

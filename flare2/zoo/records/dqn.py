@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flare2.errors import ConfigError
-from flare2.zoo.record import BOX, DISCRETE, AlgorithmRecord, DQNSettings
+from flare2.zoo.record import BOX, DICT, DISCRETE, AlgorithmRecord, DQNSettings
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ RECORD = AlgorithmRecord(
     config_class=DQNConfig,
     settings_class=DQNSettings,
     build="flare2.zoo.dqn:build",
-    observations=(BOX, DISCRETE),
+    observations=(BOX, DISCRETE, DICT),
     actions=(DISCRETE,),
     # One agent process of 8 envs and one replay buffer: on 2 cores, Acrobot's preset reached -100 in 0.88 of the
     # wall time of 8 one-env processes (median of 3 seeds: 50.6 s against 57.7 s), in the same env steps.

@@ -273,6 +273,7 @@ class ExpReplayHelper(AgentHelper):
         """Env steps stored so far, over all envs."""
         self._intervals_seen = 0
         self._next = np.zeros(0, np.int64)  # each column's next time row
+        self._column_ids = np.zeros(0, np.int64)
         self._rows = 0
         self._column_of: dict[int, int] = {}
         self._buffers: dict[str, dict[str, np.ndarray]] = {}
@@ -314,6 +315,7 @@ class ExpReplayHelper(AgentHelper):
         self._flags = {name: np.zeros((self._rows, num_envs), spec.dtype) for name, spec in STEP_FLAG_SPECS.items()}
         self._has_final = np.zeros((self._rows, num_envs), bool)
         self._next = np.zeros(num_envs, np.int64)
+        self._column_ids = np.arange(num_envs)
         self.sizes = np.zeros(num_envs, np.int64)
         if specs.views:
             self._episode_ages = EpisodeAges(num_envs)
@@ -339,21 +341,24 @@ class ExpReplayHelper(AgentHelper):
 
     def store(self, step: dict[str, Any]) -> None:
         columns = self._columns(step.pop(ROW_IDS, None), len(step["terminated"]))
-        index = self._next[columns]
+        ids = self._column_ids[columns]
+        # Every env's row fills one time row of all the columns, which advance together: basic indexing, the fastest.
+        index = int(self._next[0]) if isinstance(columns, slice) else self._next[columns]
+        at = np.broadcast_to(index, ids.shape)
         # The previous step's next inputs of a column that are not this step's inputs are kept apart.
         previous = (index - 1) % self._rows
-        differs = np.zeros(len(columns), bool)
+        differs = np.zeros(len(ids), bool)
         for name, newest in self._newest_next.items():
-            differs |= (newest[columns] != step["inputs"][name]).reshape(len(columns), -1).any(-1)
+            differs |= (newest[columns] != step["inputs"][name]).reshape(len(ids), -1).any(-1)
         differs &= self.sizes[columns] > 0
         for row in np.flatnonzero(differs):
-            column = int(columns[row])
-            self._finals[(int(previous[row]), column)] = {
+            column = int(ids[row])
+            self._finals[(int(at[row] - 1) % self._rows, column)] = {
                 name: newest[column].copy() for name, newest in self._newest_next.items()
             }
         self._has_final[previous, columns] = differs
         for row in np.flatnonzero(self._has_final[index, columns]):
-            del self._finals[(int(index[row]), int(columns[row]))]
+            del self._finals[(int(at[row]), int(ids[row]))]
         self._has_final[index, columns] = False
         for name, newest in self._newest_next.items():
             newest[columns] = step["next_inputs"][name]
@@ -363,24 +368,25 @@ class ExpReplayHelper(AgentHelper):
         for name, array in self._flags.items():
             array[index, columns] = step[name]
         if self.specs.views:
-            self._ages[index, columns] = self._episode_ages.of(step, columns)
+            self._ages[index, columns] = self._episode_ages.of(step, ids)
         self._next[columns] = (index + 1) % self._rows
         self.sizes[columns] = np.minimum(self.sizes[columns] + 1, self._rows)
-        self.stored += len(columns)
+        self.stored += len(ids)
         intervals = self.stored // self.sample_interval
         due, self._intervals_seen = intervals - self._intervals_seen, intervals
         if due and self.sizes.sum() >= self.warmup and self._sequence_starts().sum():
             self.port.learn(self.sample(due * self.batch_size))
 
-    def _columns(self, row_ids: Any, rows: int) -> np.ndarray:
-        """The columns of a step's rows: every env's in order, or those of the rows' ids (class docstring)."""
+    def _columns(self, row_ids: Any, rows: int) -> np.ndarray | slice:
+        """The columns of a step's rows: every env's in order (a slice), or those of the rows' ids (class docstring)."""
         if row_ids is None:
-            if rows != self.num_envs:
+            if rows != self.num_envs or self._column_of:
                 raise ConfigError(
-                    f"a step of {rows} rows reached the replay buffer of CT {self.ct!r}, which keeps a column for each "
-                    f"of {self.num_envs} envs: store every env's row at every step, or give each row's {ROW_IDS!r}"
+                    f"a step of {rows} rows without {ROW_IDS!r} reached the replay buffer of CT {self.ct!r}, which "
+                    f"keeps a column for each of {self.num_envs} envs{' and took steps with them' * bool(self._column_of)}"
+                    f": store every env's row at every step, or give every step's {ROW_IDS!r}"
                 )
-            return np.arange(self.num_envs)
+            return slice(None)
         for row_id in row_ids.tolist():
             if row_id not in self._column_of:
                 if len(self._column_of) == self.num_envs:
@@ -429,10 +435,10 @@ class ExpReplayHelper(AgentHelper):
         following = (rows + 1) % self._rows
         next_inputs = {name: array[following, envs] for name, array in self._buffers["inputs"].items()}
         envs_of = np.broadcast_to(envs, rows.shape)
-        newest = (self._next[envs_of] - 1) % self._rows
-        for at in zip(*np.nonzero((rows == newest) | self._has_final[rows, envs])):
+        newest = (self._next - 1) % self._rows  # each column's newest row
+        for at in zip(*np.nonzero((rows == newest[envs]) | self._has_final[rows, envs])):
             row, env = int(rows[at]), int(envs_of[at])
-            kept = self._newest_next if row == newest[at] else self._finals[(row, env)]
+            kept = self._newest_next if row == newest[env] else self._finals[(row, env)]
             for name, values in next_inputs.items():
-                values[at] = kept[name][env] if row == newest[at] else kept[name]
+                values[at] = kept[name][env] if row == newest[env] else kept[name]
         return next_inputs

@@ -177,7 +177,7 @@ def test_more_row_ids_than_columns_or_a_step_without_every_env_is_refused():
     replay.store(rows_of([step(0), step(1)], [5, 6]))
     with pytest.raises(ConfigError, match="CT 'RL' keeps 2 columns, one per row id, and row id 8 is one more"):
         replay.store(rows_of([step(2)], [8]))
-    with pytest.raises(ConfigError, match="a step of 1 rows reached the replay buffer of CT 'RL'"):
+    with pytest.raises(ConfigError, match="a step of 1 rows without 'row_ids' reached the replay buffer of CT 'RL'"):
         replay.store(step(3))
 
 

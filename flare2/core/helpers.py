@@ -383,8 +383,8 @@ class ExpReplayHelper(AgentHelper):
             if rows != self.num_envs or self._column_of:
                 raise ConfigError(
                     f"a step of {rows} rows without {ROW_IDS!r} reached the replay buffer of CT {self.ct!r}, which "
-                    f"keeps a column for each of {self.num_envs} envs{' and took steps with them' * bool(self._column_of)}"
-                    f": store every env's row at every step, or give every step's {ROW_IDS!r}"
+                    f"keeps a column for each of {self.num_envs} envs (or row ids, once steps name them): store "
+                    f"every env's row at every step, or give every step's {ROW_IDS!r}"
                 )
             return slice(None)
         for row_id in row_ids.tolist():

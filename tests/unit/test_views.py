@@ -12,7 +12,7 @@ from flare2.core.acting import Acting
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.envs import GymAgent
-from flare2.core.helpers import ExpReplayHelper, OnlineHelper
+from flare2.core.helpers import ROW_IDS, ExpReplayHelper, OnlineHelper
 from flare2.core.model import Model
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.core.transforms import Transform, Transforms
@@ -154,6 +154,41 @@ def test_replayed_steps_carry_the_views_their_actions_were_chosen_from(capacity,
             assert as_lists(sample["inputs"], (sequence, t)) == expected_views(env, step), (sequence, t)
     # The buffer keeps the observations once (and next ones), not their frame stacks.
     assert "stack" not in replay._buffers["inputs"]
+
+
+def test_replayed_rows_that_come_and_go_carry_the_views_of_their_own_steps():
+    # Row i acts at its own times (turns of a game: row 0 at even ones, row 1 at odd ones, row 2 at every third), its
+    # step s of an episode observing 100 * i + s, as Counter env i does: each view is made of the row's own steps.
+    replay = ExpReplayHelper(capacity=45, warmup=8, sample_interval=1_000_000, batch_size=4, sequence_length=3, seed=1)
+    replay.attach("RL", view_specs(), AnsweringPort(0, obs_plus_one), num_envs=3)
+    steps = {0: 0, 1: 0, 2: 0}
+    for time in range(70):
+        rows = [time % 2, *([2] if time % 3 == 0 else [])]
+        t = np.array([steps[row] % EPISODE for row in rows])
+        obs = np.array([[100.0 * row + s] for row, s in zip(rows, t)], np.float32)
+        replay.store(
+            {
+                "inputs": {"obs": obs},
+                "next_inputs": {"obs": obs + 1},
+                "actions": {"action": obs[:, 0].astype(np.int64) + 1},
+                "rewards": {"reward": (t + 1).astype(np.float32)},
+                "states": {},
+                "extras": {},
+                "terminated": t == EPISODE - 1,
+                "truncated": np.zeros(len(rows), bool),
+                "policy_version": np.zeros(len(rows), np.int64),
+                ROW_IDS: np.array(rows, np.int64),
+            }
+        )
+        for row in rows:
+            steps[row] += 1
+    sample = received(view_specs(), replay.sample(60))
+    obs = sample["inputs"]["obs"][..., 0]
+    assert set(np.unique(obs // 100)) == {0, 1, 2}
+    for sequence in range(60):
+        for t in range(3):
+            row, step = int(obs[sequence, t]) // 100, int(obs[sequence, t]) % 100
+            assert as_lists(sample["inputs"], (sequence, t)) == expected_views(row, step), (sequence, t)
 
 
 def test_views_of_what_the_specs_lack_or_of_ragged_data_are_refused():

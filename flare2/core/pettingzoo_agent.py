@@ -201,14 +201,12 @@ class PettingZooAgent(VectorAgent):
         return policy_groups(self.possible_agents, self.policy_of)
 
     def helpers(self) -> dict[str, AgentHelper]:
-        return {
-            ct: AskOnlyHelper()
-            if self.self_play and ct == OPPONENT_CT
-            else FragmentsHelper(self.sample_interval)
-            if self.replay is None
-            else ExpReplayHelper(**self.replay)
-            for ct in self.policies()
-        }
+        return {ct: self._helper(ct) for ct in self.policies()}
+
+    def _helper(self, ct: str) -> AgentHelper:
+        if self.self_play and ct == OPPONENT_CT:
+            return AskOnlyHelper()  # the frozen copy learns nothing of its own
+        return FragmentsHelper(self.sample_interval) if self.replay is None else ExpReplayHelper(**self.replay)
 
     @cached_property
     def sparring_partners(self) -> dict[str, float]:

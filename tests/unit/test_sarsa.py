@@ -129,6 +129,12 @@ def test_bad_configs_and_spaces_name_the_problem():
         QNetwork(gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (1,)))
 
 
+def test_a_model_with_legal_move_masks_is_refused_and_dqn_named():
+    board = gym.spaces.Dict({"observation": gym.spaces.Discrete(4), "action_mask": gym.spaces.MultiBinary(2)})
+    with pytest.raises(ConfigError, match="legal-move masks with DQN"):
+        SARSA(QNetwork(board, gym.spaces.Discrete(2), hidden=()))
+
+
 def test_a_q_model_of_the_users_own_learns_as_a_network():
     class OwnQ(QNetwork):
         def __init__(self):

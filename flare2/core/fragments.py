@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from flare2.core.helpers import ROW_IDS, AgentHelper, CTPort
+from flare2.core.helpers import ROW_IDS, AgentHelper, CTPort, pop_row_ids
 from flare2.core.learn_requests import pack
 from flare2.core.specs import STEP_FLAG_SPECS, CTSpecs
 from flare2.errors import ConfigError
@@ -57,8 +57,8 @@ class FragmentsHelper(AgentHelper):
             )
 
     def store(self, step: dict[str, Any]) -> None:
-        ids = step.pop(ROW_IDS, None)
-        if not isinstance(ids, np.ndarray) or ids.shape != step["terminated"].shape:
+        ids = pop_row_ids(step, type(self).__name__)
+        if ids is None:
             raise ConfigError(f"{type(self).__name__} needs each step's {ROW_IDS!r}: an int per row, ids of rows")
         at = self._first + len(self._steps)
         self._steps.append(step)

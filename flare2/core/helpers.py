@@ -17,6 +17,17 @@ ROW_IDS = "row_ids"
 agent's place in its game from one episode to the next (``FragmentsHelper``, ``ExpReplayHelper``)."""
 
 
+def pop_row_ids(step: dict[str, Any], helper: str) -> np.ndarray | None:
+    """A stored step's ``ROW_IDS``, taken out of it (None where it has none); a ConfigError naming ``helper`` where
+    they are not an int array of one id per row."""
+    ids = step.pop(ROW_IDS, None)
+    if ids is not None and (
+        not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu" or ids.shape != np.shape(step["terminated"])
+    ):
+        raise ConfigError(f"{helper} needs each step's {ROW_IDS!r} as an int array of one id per row, got {ids!r}")
+    return ids
+
+
 class CTPort(Protocol):
     """How an agent reaches one ComputationTask (the runtime provides it)."""
 
@@ -340,7 +351,7 @@ class ExpReplayHelper(AgentHelper):
         return sum(array.nbytes for array in arrays)
 
     def store(self, step: dict[str, Any]) -> None:
-        columns = self._columns(step.pop(ROW_IDS, None), len(step["terminated"]))
+        columns = self._columns(pop_row_ids(step, type(self).__name__), len(step["terminated"]))
         ids = self._column_ids[columns]
         # Every env's row fills one time row of all the columns, which advance together: basic indexing, the fastest.
         index = int(self._next[0]) if isinstance(columns, slice) else self._next[columns]
@@ -377,7 +388,7 @@ class ExpReplayHelper(AgentHelper):
         if due and self.sizes.sum() >= self.warmup and self._sequence_starts().sum():
             self.port.learn(self.sample(due * self.batch_size))
 
-    def _columns(self, row_ids: Any, rows: int) -> np.ndarray | slice:
+    def _columns(self, row_ids: np.ndarray | None, rows: int) -> np.ndarray | slice:
         """The columns of a step's rows: every env's in order (a slice), or those of the rows' ids (class docstring)."""
         if row_ids is None:
             if rows != self.num_envs or self._column_of:
@@ -398,12 +409,16 @@ class ExpReplayHelper(AgentHelper):
                 self._column_of[row_id] = len(self._column_of)
         return np.array([self._column_of[row_id] for row_id in row_ids.tolist()], np.int64)
 
+    def _first_starts(self) -> np.ndarray:
+        """Each column's first step a sequence may start at: its views reach back ``context`` steps, which must not
+        be overwritten ones (until a column is full, the steps before its oldest are the start of its first
+        episodes, age 0 says so, never read)."""
+        return np.where(self.sizes == self._rows, self._context, 0)
+
     def _sequence_starts(self) -> np.ndarray:
-        """How many sequences each column holds: they start anywhere among its steps but never run past its newest
-        one, and their views reach back ``context`` steps, which must not be overwritten ones (until a column is
-        full, the steps before its oldest are the start of its first episodes, age 0 says so, never read)."""
-        full = self.sizes == self._rows
-        return np.maximum(self.sizes - self.sequence_length + 1 - np.where(full, self._context, 0), 0)
+        """How many sequences each column holds: they start from its first start on, and never run past its newest
+        step."""
+        return np.maximum(self.sizes - self.sequence_length + 1 - self._first_starts(), 0)
 
     def sample(self, count: int) -> dict[str, Any]:
         """A learn request (``pack``) of ``count`` random sequences of ``sequence_length`` steps, oldest step first."""
@@ -415,8 +430,7 @@ class ExpReplayHelper(AgentHelper):
         ends = np.cumsum(starts_of)
         draws = self.rng.integers(0, int(ends[-1]), size=count)
         envs = np.searchsorted(ends, draws, side="right")
-        least = np.where(self.sizes == self._rows, self._context, 0)
-        starts = least[envs] + draws - (ends[envs] - starts_of[envs])
+        starts = self._first_starts()[envs] + draws - (ends[envs] - starts_of[envs])
         oldest = (self._next[envs] - self.sizes[envs]) % self._rows
         context = self._context if self.specs.views else 0
         rows = (oldest[:, None] + starts[:, None] + np.arange(-context, length)[None, :]) % self._rows

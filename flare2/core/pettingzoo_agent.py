@@ -328,19 +328,22 @@ class PettingZooAgent(VectorAgent):
             next_rows.set(index, observation)
         rewards = step.rewards.astype(acting.reward_dtype, copy=False)
         next_inputs = acting.stepped(next_rows, rewards, actions, next_states)
-        stored = {
-            "inputs": inputs,
-            "actions": actions,
-            "rewards": {"reward": rewards},
-            "next_inputs": next_inputs,
-            "terminated": step.terminated,
-            "truncated": step.truncated,
-            "states": states,
-            "extras": None,
-            "policy_version": np.full(len(rows), pending.version, np.int64),
-            ROW_IDS: games.row_ids(rows),
-        }
-        self._store_rows(ct, stored, len(rows))
+        self._store_rows(
+            ct,
+            {
+                "inputs": inputs,
+                "actions": actions,
+                "rewards": {"reward": rewards},
+                "next_inputs": next_inputs,
+                "terminated": step.terminated,
+                "truncated": step.truncated,
+                "states": states,
+                "extras": None,
+                "policy_version": np.full(len(rows), pending.version, np.int64),
+                ROW_IDS: games.row_ids(rows),
+            },
+            len(rows),
+        )
 
 
 def _seen_space(spaces: AgentSpaces, *, with_state: bool) -> gym.Space:

@@ -179,6 +179,8 @@ def test_more_row_ids_than_columns_or_a_step_without_every_env_is_refused():
         replay.store(rows_of([step(2)], [8]))
     with pytest.raises(ConfigError, match="a step of 1 rows without 'row_ids' reached the replay buffer of CT 'RL'"):
         replay.store(step(3))
+    with pytest.raises(ConfigError, match="ExpReplayHelper needs each step's 'row_ids' as an int array of one id per"):
+        replay.store({**step(4), ROW_IDS: [5]})
 
 
 @pytest.mark.parametrize("capacity", [40, 9])

@@ -33,6 +33,7 @@ as the model's view of the last 4 observations (``--frames 4``).
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import re
 from collections.abc import Mapping, Sequence
@@ -259,7 +260,11 @@ def make_pettingzoo_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None
     try:
         module = importlib.import_module(env_id)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"--env {env_id!r}: no such module ({exc}): check the env's module path") from None
+        if exc.name is None or env_id == exc.name or env_id.startswith(exc.name + "."):
+            raise ConfigError(f"--env {env_id!r}: no such module ({exc}): check the env's module path") from None
+        raise ConfigError(
+            f"--env {env_id!r} imports {exc.name!r}, which is not installed: {_dependency_fix(env_id, exc.name)}"
+        ) from None
     make = getattr(module, "parallel_env", None) or getattr(module, "env", None)
     if make is None:
         raise ConfigError(
@@ -270,6 +275,20 @@ def make_pettingzoo_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None
         return make(**dict(env_kwargs or {}))
     except TypeError as exc:
         raise ConfigError(f"cannot make {env_id!r} with {dict(env_kwargs or {})}: {exc}") from None
+
+
+def _dependency_fix(env_id: str, missing: str) -> str:
+    """How to install what env module ``env_id`` imports and lacks: the extra of its package named after its family
+    where there is one (``pettingzoo.classic.texas_holdem_v4``: ``pettingzoo[classic]``, which brings rlcard)."""
+    top, _, rest = env_id.partition(".")
+    family = rest.partition(".")[0]
+    try:
+        extras = importlib.metadata.metadata(top).get_all("Provides-Extra") or []
+    except importlib.metadata.PackageNotFoundError:
+        extras = []
+    if family in extras:
+        return f'pip install "{top}[{family}]"'
+    return f"install the package that provides {missing!r}"
 
 
 @dataclass(frozen=True)

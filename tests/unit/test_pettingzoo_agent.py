@@ -250,6 +250,28 @@ def test_a_missing_env_package_names_what_to_install():
         make_pettingzoo_env("flare2.errors")
 
 
+def test_an_env_module_whose_own_import_fails_names_the_missing_package_and_its_extra(tmp_path, monkeypatch):
+    # A package with an extra per family of envs, as PettingZoo has ("pettingzoo[classic]" brings rlcard).
+    family = tmp_path / "fakegames" / "cards"
+    family.mkdir(parents=True)
+    (tmp_path / "fakegames" / "__init__.py").write_text("")
+    (family / "__init__.py").write_text("")
+    (family / "poker_v0.py").write_text("import nosuchdependency_xyz\n")
+    (tmp_path / "fakegames" / "standalone_v0.py").write_text("import nosuchdependency_xyz\n")
+    metadata = tmp_path / "fakegames-1.0.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: fakegames\nVersion: 1.0\nProvides-Extra: cards\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        ConfigError, match=r"imports 'nosuchdependency_xyz', which is not installed: pip install \"fakegames\[cards\]\""
+    ):
+        make_pettingzoo_env("fakegames.cards.poker_v0")
+    with pytest.raises(
+        ConfigError, match=r"which is not installed: install the package that provides 'nosuchdependency_xyz'"
+    ):
+        make_pettingzoo_env("fakegames.standalone_v0")
+
+
 def test_agents_of_different_spaces_cannot_share_one_ct():
     class Mixed(Patrol):
         def action_space(self, agent):

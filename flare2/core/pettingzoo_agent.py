@@ -85,7 +85,11 @@ def policy_map(agents: Sequence[str], spec: str, shared_ct: str = DEFAULT_CT) ->
         pairs[name] = ct
     unknown = sorted(set(pairs) - set(agents) - {team_of(agent) for agent in agents})
     if unknown:
-        raise ConfigError(f"--policy-map names {unknown}, which are neither agents nor teams of {list(agents)}")
+        teams = sorted({team_of(agent) for agent in agents})
+        raise ConfigError(
+            f"--policy-map {spec!r} names {unknown}, which are neither agents nor teams of the env: name an agent of "
+            f"{list(agents)} or a team of {teams} (an agent's name without its number)"
+        )
     uncovered = [agent for agent in agents if agent not in pairs and team_of(agent) not in pairs]
     if uncovered:
         raise ConfigError(

@@ -304,7 +304,7 @@ def test_a_policy_map_that_misses_an_agent_or_names_a_stranger_says_which():
     agents = ["adversary_0", "agent_0", "agent_1"]
     with pytest.raises(ConfigError, match=r"no CT to agents \['adversary_0'\].*adversary=CT"):
         policy_map(agents, "agent=good")
-    with pytest.raises(ConfigError, match=r"\['runner'\], which are neither agents nor teams"):
+    with pytest.raises(ConfigError, match=r"\['runner'\], which are neither .* a team of \['adversary', 'agent'\]"):
         policy_map(agents, "agent=good,adversary=bad,runner=x")
     with pytest.raises(ConfigError, match="pairs NAME=CT"):
         policy_map(agents, "everyone")

@@ -19,7 +19,13 @@ import gymnasium as gym
 import numpy as np
 
 from flare2.commands.policies import PolicyPort, TrainedPolicy, load_policies
-from flare2.core.board_players import PLAYERS, Tactics, check_fixed_players_can_play, plays_connect_four
+from flare2.core.board_players import (
+    PLAYERS,
+    Tactics,
+    baselines,
+    check_fixed_players_can_play,
+    plays_connect_four,
+)
 from flare2.core.env_making import is_pettingzoo_env, is_turn_based
 from flare2.core.envs import GymAgent
 from flare2.core.pettingzoo_agent import PettingZooAgent, team_of
@@ -200,6 +206,12 @@ def play_games(
                 f"--against {against}: a fixed player takes a seat of a turn-based game, and {policy.env_id} is none"
             )
         check_fixed_players_can_play(env.observation_space(env.possible_agents[0]), policy.env_id, "--against")
+        players = baselines(policy.env_id)
+        if against not in players:
+            raise ConfigError(
+                f"--against {against}: {policy.env_id} has no {against} player, its fixed players are "
+                f"{list(players)}: use --against {players[0]}"
+            )
         played = _Against(env, against, seed, tactics)
     agent = PettingZooAgent(
         policy.env_id, env_kwargs=policy.env_kwargs, policy_map=policy.policy_map, transforms=policy.transforms

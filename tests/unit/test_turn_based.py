@@ -16,6 +16,7 @@ from flare2.commands.policies import load_policies
 from flare2.core.helpers import ROW_IDS, AskOnlyHelper
 from flare2.core.pettingzoo_agent import PettingZooAgent
 from flare2.core.specs import CTSpecs, Spec
+from flare2.errors import ConfigError
 from flare2.runtime.agents.playing import StopRequested, make_envs
 
 SPECS = CTSpecs(
@@ -89,6 +90,11 @@ def test_a_masked_move_is_never_sampled_when_the_zoo_learns_a_turn_based_game(tm
     games, fixed = play_games(load_policies(tmp_path), 2, seed=0, greedy=True, video=None, against="random")
     assert fixed == ["runner_1", "runner_0"]
     assert _against_line(games, fixed, "random") == "against random: won 1, drew 0, lost 1 of 2 (win rate 50%)"
+    # The connect four players play no other game.
+    with pytest.raises(
+        ConfigError, match=r"no lookahead player, its fixed players are \['random'\]: use --against random"
+    ):
+        play_games(load_policies(tmp_path), 1, seed=0, greedy=True, video=None, against="lookahead")
 
 
 def test_dqn_learns_a_turn_based_game_without_a_masked_move_sampled(tmp_path):

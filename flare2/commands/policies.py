@@ -151,7 +151,13 @@ def load_policy(path: str | Path, *, device: str = "cpu", ct: str = DEFAULT_CT) 
     CTs (a PettingZoo run with ``--policy-map`` has one per team or agent: ``load_policies`` gives them all)."""
     path = Path(path)
     run_dir, run = _read_run(path)
-    agents = _agents_by_ct(run).get(ct, ())
+    by_ct = _agents_by_ct(run)
+    if by_ct and ct not in by_ct and path.suffix != ".pt":
+        raise ConfigError(
+            f"{path} has no CT {ct!r}: its policy map made CTs {sorted(by_ct)} (load_policy(..., ct=NAME) loads one, "
+            "load_policies all)"
+        )
+    agents = by_ct.get(ct, ())
     checkpoint = path if path.suffix == ".pt" else resume_checkpoint_path(run_dir, ct)
     return _load(run_dir / TRAIN_FILE, run, ct, tuple(agents), checkpoint, device)
 

@@ -14,8 +14,10 @@ import pytest
 from extras import needs_modules, skip_without
 from runs import read_csv
 
+from flare2.commands.policies import load_policy
 from flare2.commands.train import resolve
 from flare2.commands.tune import Study
+from flare2.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -243,6 +245,10 @@ def test_a_pettingzoo_env_trains_a_ct_per_team_and_eval_reports_each_team(tmp_pa
         "agent 'agent_1'",
     ]
     assert (tmp_path / "game.gif").read_bytes()[:6] == b"GIF89a"
+    # From Python, one CT at a time: the run has no CT RL.
+    with pytest.raises(ConfigError, match=r"has no CT 'RL': its policy map made CTs \['adversary', 'agent'\]"):
+        load_policy(tmp_path)
+    assert load_policy(tmp_path, ct="agent").agents == ("agent_0", "agent_1")
     shared = flare2("train", "--env", "mpe2.simple_adversary_v3", "--algo", "ppo", "--log-dir", str(tmp_path / "x"))
     assert shared.returncode == 2 and "give each kind of agent a CT of its own" in shared.stderr
 

@@ -245,6 +245,19 @@ def is_pettingzoo_env(env_id: str) -> bool:
     return _MODULE_PATH.fullmatch(env_id) is not None
 
 
+def is_classic_game(env_id: str) -> bool:
+    """Whether ``env_id`` is one of PettingZoo's classic games played in turns (``pettingzoo.classic.*`` of the AEC
+    API: connect four, tic-tac-toe, chess, go...; not rock-paper-scissors, whose moves are simultaneous). A game whose
+    module does not import is none: making it names what to install."""
+    if not env_id.startswith("pettingzoo.classic."):
+        return False
+    try:
+        module = importlib.import_module(env_id)
+    except ImportError:
+        return False
+    return hasattr(module, "env") and not hasattr(module, "parallel_env")
+
+
 def make_pettingzoo_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Any:
     """A game of PettingZoo env ``env_id``: its module's ``parallel_env(**env_kwargs)`` where it has one (all live
     agents act at once), else its ``env(**env_kwargs)`` (turn-based, the AEC API); a ConfigError naming the package or

@@ -25,7 +25,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from flare2.core.env_making import env_spaces, is_atari, is_minatar, registered_id
+from flare2.core.env_making import env_spaces, is_atari, is_classic_game, is_minatar, registered_id
 from flare2.core.spaces import holds_entities
 from flare2.errors import ConfigError
 
@@ -40,10 +40,15 @@ OBSERVATION_KINDS = (BOX, DISCRETE, DICT, ENTITIES)
 VECTOR_BOX = "1-d Box"
 ACTION_KINDS = (DISCRETE, VECTOR_BOX)
 
-PRESET_FAMILIES: dict[str, Callable[[str], bool]] = {"Atari": is_atari, "MinAtar": is_minatar}
+PRESET_FAMILIES: dict[str, Callable[[str], bool]] = {
+    "Atari": is_atari,
+    "MinAtar": is_minatar,
+    "PettingZoo classic": is_classic_game,
+}
 """Kinds of env that share one preset (``AlgorithmRecord.family_presets``), by the test of an env id: ``Atari`` is
 every game of ale-py (``ALE/Breakout-v5``, ``PongNoFrameskip-v4``...), played with its published preprocessing;
-``MinAtar`` every game of MinAtar (``MinAtar/Breakout-v1``...)."""
+``MinAtar`` every game of MinAtar (``MinAtar/Breakout-v1``...); ``PettingZoo classic`` every classic game of
+PettingZoo played in turns (``pettingzoo.classic.tictactoe_v3``...)."""
 
 PRESET_GROUPS = ("algorithm", "agent", "run")
 """The parts of a preset: the config's fields, the agent settings' fields, run options."""

@@ -73,6 +73,29 @@ def test_connect_fours_preset_plays_self_play_against_a_pool_and_self_play_0_tur
     assert [ct.name for ct in resolve([*argv, "--self-play", "0"]).run.cts] == ["RL"]
 
 
+@needs_env("pettingzoo.classic.tictactoe_v3")
+def test_pettingzoo_classic_games_played_in_turns_start_from_connect_fours_settings_without_a_sparring_partner(
+    tmp_path,
+):
+    def plan(env_id: str, *options: str):
+        return resolve(["--env", env_id, "--algo", "ppo", "--log-dir", str(tmp_path), *options])
+
+    tictactoe = plan("pettingzoo.classic.tictactoe_v3")
+    assert [(ct.name, ct.follows, ct.snapshots) for ct in tictactoe.run.cts] == [
+        ("RL", None, 1),
+        ("opponent", "RL", 16),
+    ]
+    assert tictactoe.options["self_play_sparring"] == "" and tictactoe.options["max_steps"] == 300_000
+    connect_four = plan("pettingzoo.classic.connect_four_v3")
+    assert (tictactoe.config, tictactoe.settings) == (connect_four.config, connect_four.settings)
+    assert tictactoe.settings.hidden == (256, 256) and tictactoe.config.minibatch_size == 64
+    # Rock-paper-scissors moves at once (no seat to take in turn), and a turn-based game of one's own is no
+    # PettingZoo classic game: neither plays self-play unless asked.
+    for env_id in ("pettingzoo.classic.rps_v2", "turn_games.corridor_v0"):
+        assert [ct.name for ct in plan(env_id).run.cts] == ["RL"]
+        assert plan(env_id).settings.hidden == (64, 64)
+
+
 @pytest.mark.parametrize(
     "env_id, module, extra", [("LunarLander-v3", "Box2D", "box2d"), ("HalfCheetah-v5", "mujoco", "mujoco")]
 )

@@ -171,7 +171,13 @@ def test_peers_without_an_allowed_key_get_no_service(tmp_path, ctx):
             if curve is not None:
                 make_client_socket(sock, curve)
             sock.connect(endpoint)
-            sock.send_multipart(frames)
+            # A DEALER blocks its send while it holds no connection, which a refused handshake can leave it without.
+            sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
+            try:
+                sock.send_multipart(frames)
+            except zmq.Again:
+                sock.close()
+                return None
             reply = sock.recv_multipart() if sock.poll(timeout_ms) else None
             sock.close()
             return reply

@@ -34,7 +34,7 @@ _EXPORTS = {
     "VectorAgent": "flare2.core.agent",
     "AgentHelper": "flare2.core.helpers",
     "OnlineHelper": "flare2.core.helpers",
-    "ExpReplayHelper": "flare2.core.helpers",
+    "ExpReplayHelper": "flare2.core.replay",
     "GymAgent": "flare2.core.envs",
     # core (torch)
     "Model": "flare2.core.model",

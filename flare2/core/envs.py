@@ -21,7 +21,8 @@ from flare2.core.env_engines import (
     resolve_engine,
 )
 from flare2.core.env_making import LEARNING_EPISODE_ENDS, make_gym_env
-from flare2.core.helpers import AgentHelper, ExpReplayHelper, OnlineHelper
+from flare2.core.helpers import AgentHelper, OnlineHelper
+from flare2.core.replay import ExpReplayHelper
 from flare2.core.spaces import action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms

@@ -39,8 +39,9 @@ from flare2.core.board_players import baselines, check_fixed_players_can_play
 from flare2.core.env_making import AgentSpaces, is_turn_based, make_pettingzoo_env, shared_spaces
 from flare2.core.envs import DEFAULT_CT
 from flare2.core.fragments import FragmentsHelper
-from flare2.core.helpers import ROW_IDS, AgentHelper, AskOnlyHelper, ExpReplayHelper
+from flare2.core.helpers import ROW_IDS, AgentHelper, AskOnlyHelper
 from flare2.core.parallel_games import GLOBAL_STATE, ParallelGames, Step
+from flare2.core.replay import ExpReplayHelper
 from flare2.core.spaces import OBS_KEY, action_specs, input_specs
 from flare2.core.specs import CTSpecs
 from flare2.core.transforms import Transforms

@@ -185,7 +185,8 @@ def test_a_request_to_a_ct_without_arrays_is_counted_by_its_step_flags():
 
 
 def test_an_agent_whose_requests_cannot_fit_the_message_limit_stops_before_its_first_step_naming_both_sizes():
-    from flare2.core.helpers import ExpReplayHelper, OnlineHelper
+    from flare2.core.helpers import OnlineHelper
+    from flare2.core.replay import ExpReplayHelper
     from flare2.runtime.agents.playing import check_request_sizes
 
     online = OnlineHelper(sample_interval=128)

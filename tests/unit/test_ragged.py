@@ -10,10 +10,11 @@ from doubles import KeepingHelper
 from flare2.core.agent import Agent
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
-from flare2.core.helpers import ExpReplayHelper, stack_steps
+from flare2.core.helpers import stack_steps
 from flare2.core.learn_requests import pack, unpack
 from flare2.core.model import Model
 from flare2.core.ragged_tensor import RaggedTensor, pad_rows
+from flare2.core.replay import ExpReplayHelper
 from flare2.core.specs import CTSpecs, Spec, check_arrays
 from flare2.errors import ConfigError, SpecError
 from flare2.runtime.compute.cdp import ComputationDataProcessor

@@ -241,7 +241,7 @@ def test_the_env_module_does_not_import_torch():
 def test_sequences_replayed_from_a_buffer_unroll_to_the_states_the_agent_carried_while_acting():
     # A recurrent learner from replay starts each sampled sequence from its stored first state and resets at the
     # episode ends inside it; the states after each step must then be those the agent carried into the next one.
-    from flare2.core.helpers import ExpReplayHelper
+    from flare2.core.replay import ExpReplayHelper
     from flare2.core.specs import CTSpecs
 
     torch.manual_seed(0)

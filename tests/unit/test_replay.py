@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from doubles import received
 
-from flare2.core.helpers import ROW_IDS, ExpReplayHelper
+from flare2.core.helpers import ROW_IDS
+from flare2.core.replay import ExpReplayHelper
 from flare2.core.specs import CTSpecs, Spec
 from flare2.errors import ConfigError
 

@@ -12,8 +12,9 @@ from flare2.core.acting import Acting
 from flare2.core.algorithm import Algorithm
 from flare2.core.computation_task import ComputationTask
 from flare2.core.envs import GymAgent
-from flare2.core.helpers import ROW_IDS, ExpReplayHelper, OnlineHelper
+from flare2.core.helpers import ROW_IDS, OnlineHelper
 from flare2.core.model import Model
+from flare2.core.replay import ExpReplayHelper
 from flare2.core.specs import CTSpecs, Spec, View
 from flare2.core.transforms import Transform, Transforms
 from flare2.errors import ConfigError, SpecError

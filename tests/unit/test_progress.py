@@ -260,6 +260,14 @@ def test_the_summary_names_the_best_and_last_mean_return_and_where_the_files_are
     assert f"checkpoints in {tmp_path / 'checkpoints'}; logs in" in summary_line("run complete", totals, tmp_path)
 
 
+def test_a_run_in_which_no_episode_ended_says_so_instead_of_a_mean_return(tmp_path):
+    totals = RunTotals()
+    totals.add_agent_stats(300, [])
+    line = summary_line("budget reached", totals, tmp_path)
+    assert "300 env steps, 0 episodes in 0s; no episode ended within the budget; no checkpoint written" in line
+    assert "nan" not in line
+
+
 def _board_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
     """The scalars TensorBoard itself reads from the event files of ``log_dir``, by tag."""
     skip_without("tensorboard", "tensorboard")

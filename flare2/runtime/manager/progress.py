@@ -80,10 +80,14 @@ def summary_line(outcome: str, totals: RunTotals, log_dir: Path) -> str:
     """The run's last line: how it ended, what it did, and where its logs and checkpoints are."""
     checkpoints = log_dir / "checkpoints"
     saved = f"checkpoints in {checkpoints}" if any(checkpoints.glob("*.pt")) else "no checkpoint written"
+    returns = (
+        f"mean return last {totals.return_mean:.1f}, best {totals.best_return_mean:.1f}"
+        if totals.episodes
+        else "no episode ended within the budget"
+    )
     return (
         f"{outcome}: {totals.env_steps} env steps, {totals.episodes} episodes in "
-        f"{duration_text(time.monotonic() - totals.started)}; mean return last {totals.return_mean:.1f}, "
-        f"best {totals.best_return_mean:.1f}; {saved}; logs in {log_dir}"
+        f"{duration_text(time.monotonic() - totals.started)}; {returns}; {saved}; logs in {log_dir}"
     )
 
 

@@ -227,3 +227,12 @@ def test_bench_checkpoint_writes_loadable_checkpoints_of_both_models_and_measure
         size, seconds = bench.save_seconds(name, 2, tmp_path)
         assert size == (tmp_path / "RL.pt").stat().st_size and seconds > 0
         assert torch.load(tmp_path / "RL.pt", weights_only=False)["counters"]["env_steps"] == 1
+
+
+def test_bench_threads_times_a_serial_run_and_stops_its_busy_processes(tmp_path):
+    bench = load_tool("bench_threads")
+    with bench.busy_cores(2) as spinners:
+        assert [spinner.poll() for spinner in spinners] == [None, None]
+    assert all(spinner.poll() is not None for spinner in spinners)
+    assert bench.timed_run({"GOMP_SPINCOUNT": "1000"}, ["--torch-threads", "1"], 16, str(tmp_path)) > 0
+    assert [path.name for path in tmp_path.glob("*/progress.csv")] == ["progress.csv"]

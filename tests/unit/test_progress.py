@@ -264,7 +264,7 @@ def test_a_run_in_which_no_episode_ended_says_so_instead_of_a_mean_return(tmp_pa
     totals = RunTotals()
     totals.add_agent_stats(300, [])
     line = summary_line("budget reached", totals, tmp_path)
-    assert "300 env steps, 0 episodes in 0s; no episode ended within the budget; no checkpoint written" in line
+    assert "300 env steps, 0 episodes in 0s; no episode ended; no checkpoint written" in line
     assert "nan" not in line
 
 

@@ -83,7 +83,7 @@ def summary_line(outcome: str, totals: RunTotals, log_dir: Path) -> str:
     returns = (
         f"mean return last {totals.return_mean:.1f}, best {totals.best_return_mean:.1f}"
         if totals.episodes
-        else "no episode ended within the budget"
+        else "no episode ended"
     )
     return (
         f"{outcome}: {totals.env_steps} env steps, {totals.episodes} episodes in "

@@ -19,9 +19,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from proctree import MeasureTimeout, run_measured  # noqa: E402
 
 SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
     "libgomp's default": ({}, []),
@@ -45,20 +49,25 @@ def busy_cores(count: int) -> Iterator[list[subprocess.Popen]]:
             spinner.wait()
 
 
-def timed_run(extra_env: dict[str, str], extra_args: list[str], steps: int, scratch: str) -> float:
+def timed_run(extra_env: dict[str, str], extra_args: list[str], steps: int, scratch: str, timeout_s: float) -> float:
     """Seconds of one serial SAC run under ``extra_env`` (over an environment without either OpenMP setting)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     command = [sys.executable, "-m", "flare2.cli", "train", "--env", "Pendulum-v1", "--algo", "sac"]
     command += ["--max-steps", str(steps), "--serial", "--log-dir", tempfile.mkdtemp(dir=scratch), *extra_args]
-    started = time.perf_counter()
-    subprocess.run(command, env={**env, **extra_env}, check=True, capture_output=True)
-    return time.perf_counter() - started
+    try:
+        measured = run_measured(command, env={**env, **extra_env}, timeout_s=timeout_s)
+    except MeasureTimeout as timeout:
+        raise SystemExit(f"give a slower machine a larger --timeout or fewer --steps: {timeout}") from None
+    if measured.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited with {measured.returncode}:\n{measured.stderr[-2000:]}")
+    return measured.wall_s
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1500, help="env steps of each run")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each setting under each load (the median)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds a run may take before it is killed")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     print(f"SAC, Pendulum-v1, --serial, 2 torch threads, {args.steps} env steps a run, {cores} cores")
@@ -68,7 +77,9 @@ def main() -> None:
         for load, spinners in (("none", 0), (f"{cores} busy processes", cores)):
             with busy_cores(spinners):
                 seconds = {
-                    name: statistics.median(timed_run(*setting, args.steps, scratch) for _ in range(args.repeat))
+                    name: statistics.median(
+                        timed_run(*setting, args.steps, scratch, args.timeout) for _ in range(args.repeat)
+                    )
                     for name, setting in SETTINGS.items()
                 }
             for name, value in seconds.items():

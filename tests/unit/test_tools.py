@@ -234,5 +234,5 @@ def test_bench_threads_times_a_serial_run_and_stops_its_busy_processes(tmp_path)
     with bench.busy_cores(2) as spinners:
         assert [spinner.poll() for spinner in spinners] == [None, None]
     assert all(spinner.poll() is not None for spinner in spinners)
-    assert bench.timed_run({"GOMP_SPINCOUNT": "1000"}, ["--torch-threads", "1"], 16, str(tmp_path)) > 0
+    assert bench.timed_run({"GOMP_SPINCOUNT": "1000"}, ["--torch-threads", "1"], 16, str(tmp_path), 120) > 0
     assert [path.name for path in tmp_path.glob("*/progress.csv")] == ["progress.csv"]

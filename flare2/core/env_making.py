@@ -32,9 +32,11 @@ as the model's view of the last 4 observations (``--frames 4``).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
+import pkgutil
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -239,6 +241,9 @@ _EXTRA_MODULES = ("pettingzoo", "mpe2")
 _MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
+_PETTINGZOO_EXAMPLES = " (mpe2.simple_spread_v3, pettingzoo.classic.connect_four_v3)"
+
+
 def is_pettingzoo_env(env_id: str) -> bool:
     """Whether ``env_id`` names a PettingZoo env by its module (a dotted path of Python names, ``mpe2.simple_spread_v3``)
     rather than a Gymnasium id (``CartPole-v1``, ``ALE/Breakout-v5``, ``module:Id``)."""
@@ -267,27 +272,73 @@ def make_pettingzoo_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None
         fix = (
             f'pip install "flare2[{PETTINGZOO_EXTRA}]"'
             if top in _EXTRA_MODULES
-            else f"install the package that provides {top!r}"
+            else f"install the package that provides {top!r}{_close_top_level(env_id)}"
         )
         raise ConfigError(f"--env {env_id!r} names a PettingZoo env module, and {top!r} is not installed: {fix}")
     try:
         module = importlib.import_module(env_id)
     except ModuleNotFoundError as exc:
         if exc.name is None or env_id == exc.name or env_id.startswith(exc.name + "."):
-            raise ConfigError(f"--env {env_id!r}: no such module ({exc}): check the env's module path") from None
+            raise ConfigError(f"--env {env_id!r}: no such module ({exc}): {_nearest_modules(env_id)}") from None
         raise ConfigError(
             f"--env {env_id!r} imports {exc.name!r}, which is not installed: {_dependency_fix(env_id, exc.name)}"
         ) from None
     make = getattr(module, "parallel_env", None) or getattr(module, "env", None)
     if make is None:
+        package_name, _, name = env_id.rpartition(".")
+        close = [f"{package_name}.{sibling}" for sibling in _close_names(importlib.import_module(package_name), name)]
+        examples = f": did you mean {' or '.join(close)}?" if close else _PETTINGZOO_EXAMPLES
         raise ConfigError(
-            f"--env {env_id!r} has neither parallel_env() nor env(): name the module of a PettingZoo env "
-            "(mpe2.simple_spread_v3, pettingzoo.classic.connect_four_v3)"
+            f"--env {env_id!r} has neither parallel_env() nor env(): name the module of a PettingZoo env{examples}"
         )
     try:
         return make(**dict(env_kwargs or {}))
     except TypeError as exc:
         raise ConfigError(f"cannot make {env_id!r} with {dict(env_kwargs or {})}: {exc}") from None
+
+
+def _nearest_modules(env_id: str) -> str:
+    """What to check in a module path that does not import, as Gymnasium names the versions an env id has: the
+    modules of the deepest package on it that imports whose names are closest to the next part, with the rest of the
+    path where that imports (``pettingzoo.butterfly.knights_archers_zombies_v10``: ``..._v11``)."""
+    parts = env_id.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        package_name = ".".join(parts[:depth])
+        try:
+            package = importlib.import_module(package_name)
+        except ImportError:
+            continue
+        if not hasattr(package, "__path__"):
+            return f"{package_name} is a module, not a package: did you mean {package_name}?"
+        close = [f"{package_name}.{name}" for name in _close_names(package, parts[depth])]
+        whole = [".".join([path, *parts[depth + 1 :]]) for path in close]
+        suggested = [path for path in whole if _importable(path)] or close
+        if suggested:
+            return f"did you mean {' or '.join(suggested)}?"
+        return f"check the env's module path ({package_name} has no module {parts[depth]!r})"
+    return "check the env's module path"
+
+
+def _close_top_level(env_id: str) -> str:
+    """The installed top-level packages closest to the first part of ``env_id`` (``mpe.simple_spread_v3``: mpe2), as
+    what else to try."""
+    top, _, rest = env_id.partition(".")
+    names = {module.name for module in pkgutil.iter_modules() if module.ispkg}
+    close = difflib.get_close_matches(top, sorted(names), n=3, cutoff=0.6)
+    return f", or did you mean {' or '.join(f'{name}.{rest}' for name in close)}?" if close else ""
+
+
+def _close_names(package: Any, name: str) -> list[str]:
+    """The names of ``package``'s modules closest to ``name`` (at most three), ``name`` itself left out."""
+    names = [module.name for module in pkgutil.iter_modules(package.__path__) if module.name != name]
+    return difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+
+
+def _importable(module_path: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_path) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _dependency_fix(env_id: str, missing: str) -> str:

@@ -244,10 +244,38 @@ def test_pettingzoo_env_ids_are_module_paths():
 def test_a_missing_env_package_names_what_to_install():
     with pytest.raises(ConfigError, match=r"'nosuchpackage_xyz' is not installed: install the package"):
         make_pettingzoo_env("nosuchpackage_xyz.simple_v1")
-    with pytest.raises(ConfigError, match="no such module"):
+    with pytest.raises(ConfigError, match="no such module.*check the env's module path"):
         make_pettingzoo_env("flare2.no_such_env_v1")
     with pytest.raises(ConfigError, match=r"has neither parallel_env\(\) nor env\(\)"):
         make_pettingzoo_env("flare2.errors")
+
+
+def test_a_module_path_that_does_not_import_names_the_nearest_modules_of_its_package(tmp_path, monkeypatch):
+    # A wrong version or a typo, as a new user types them: the package's modules closest to the name are given.
+    games = tmp_path / "fakeboards"
+    games.mkdir()
+    (games / "__init__.py").write_text("")
+    for name in ("race_v11", "race", "chess_v6"):
+        (games / f"{name}.py").write_text("" if name == "race" else "def env(): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"no such module .*did you mean fakeboards\.race_v11 or fakeboards\.race\?"):
+        make_pettingzoo_env("fakeboards.race_v10")
+    with pytest.raises(
+        ConfigError, match=r"fakeboards\.chess_v6 is a module, not a package: did you mean fakeboards\.chess_v6\?"
+    ):
+        make_pettingzoo_env("fakeboards.chess_v6.more")
+    with pytest.raises(ConfigError, match=r"fakeboards has no module 'go_v1'"):
+        make_pettingzoo_env("fakeboards.go_v1")
+    with pytest.raises(ConfigError, match=r"'fakeboardz' is not installed: .* or did you mean fakeboards\.race_v11\?"):
+        make_pettingzoo_env("fakeboardz.race_v11")
+    (games / "cards").mkdir()
+    (games / "cards" / "__init__.py").write_text("")
+    (games / "cards" / "poker_v1.py").write_text("def env(): ...\n")
+    with pytest.raises(ConfigError, match=r"did you mean fakeboards\.cards\.poker_v1\?"):
+        make_pettingzoo_env("fakeboards.cardz.poker_v1")
+    # A package of the env's code beside its versioned module, as PettingZoo ships them.
+    with pytest.raises(ConfigError, match=r"neither parallel_env\(\) nor env\(\).*did you mean fakeboards\.race_v11\?"):
+        make_pettingzoo_env("fakeboards.race")
 
 
 def test_an_env_module_whose_own_import_fails_names_the_missing_package_and_its_extra(tmp_path, monkeypatch):

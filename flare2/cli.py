@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -250,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_slurm(commands, attach, learn)
     _add_keys(commands)
 
+    if argv is None:
+        # As `python -m` does: modules of the working directory (an env's --env mygames.tag_v0 or mymodule:MyEnv-v0, an
+        # agent's mymodule:MyAgent) import here as they do in the processes the run starts, and in a spawned compute
+        # process, which takes this sys.path.
+        sys.path.insert(0, os.getcwd())
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
         from flare2.commands.train import main as train

@@ -162,6 +162,13 @@ def make_gym_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, pr
         if preprocessing and is_atari(env_id):
             return atari_game(env_id, env_kwargs)
         return gym.make(env_id, **dict(env_kwargs or {}))
+    except ModuleNotFoundError as exc:
+        missing = exc.__cause__ if isinstance(exc.__cause__, ModuleNotFoundError) else exc
+        raise ConfigError(
+            f"cannot make Gymnasium environment {env_id!r}: it imports {missing.name!r}, which is not installed: "
+            "check the module path of a module:EnvId (a module of the working directory or of an installed package), "
+            "or install what the env needs"
+        ) from None
     except gym.error.Error as exc:
         raise ConfigError(
             f"cannot make Gymnasium environment {env_id!r} ({exc}): check the id "
@@ -272,7 +279,8 @@ def make_pettingzoo_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None
         fix = (
             f'pip install "flare2[{PETTINGZOO_EXTRA}]"'
             if top in _EXTRA_MODULES
-            else f"install the package that provides {top!r}{_close_top_level(env_id)}"
+            else f"install the package that provides {top!r} or start flare2 in the folder that holds it"
+            f"{_close_top_level(env_id)}"
         )
         raise ConfigError(f"--env {env_id!r} names a PettingZoo env module, and {top!r} is not installed: {fix}")
     try:
@@ -320,12 +328,13 @@ def _nearest_modules(env_id: str) -> str:
 
 
 def _close_top_level(env_id: str) -> str:
-    """The installed top-level packages closest to the first part of ``env_id`` (``mpe.simple_spread_v3``: mpe2), as
-    what else to try."""
+    """The module paths of ``env_id`` with its first part replaced by the closest installed packages, where they import
+    (``mpe.simple_spread_v3``: ``mpe2.simple_spread_v3``), as what else to try."""
     top, _, rest = env_id.partition(".")
     names = {module.name for module in pkgutil.iter_modules() if module.ispkg}
     close = difflib.get_close_matches(top, sorted(names), n=3, cutoff=0.6)
-    return f", or did you mean {' or '.join(f'{name}.{rest}' for name in close)}?" if close else ""
+    whole = [f"{name}.{rest}" for name in close if _importable(f"{name}.{rest}")]
+    return f", or did you mean {' or '.join(whole)}?" if whole else ""
 
 
 def _close_names(package: Any, name: str) -> list[str]:

@@ -47,6 +47,11 @@ def test_an_id_of_a_namespace_whose_package_is_missing_names_the_package_and_the
         make_gym_env("Nowhere/Game-v0")
 
 
+def test_the_module_of_a_module_id_that_does_not_import_is_named_without_a_traceback():
+    with pytest.raises(ConfigError, match=r"'no_such_module_xyz:MyEnv-v0': it imports 'no_such_module_xyz', which is"):
+        make_gym_env("no_such_module_xyz:MyEnv-v0")
+
+
 def test_atari_games_come_preprocessed_as_bytes_and_raw_on_request():
     env = make_gym_env("ALE/Breakout-v5")
     assert env.observation_space == gym.spaces.Box(0, 255, (84, 84), np.uint8)

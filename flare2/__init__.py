@@ -51,6 +51,7 @@ _EXPORTS = {
     "train": "flare2.commands.train",
     "TrainedRun": "flare2.commands.train",
     "load_policy": "flare2.commands.policies",
+    "load_policies": "flare2.commands.policies",
     "TrainedPolicy": "flare2.commands.policies",
 }
 

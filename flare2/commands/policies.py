@@ -16,6 +16,8 @@ agent that plays evaluation episodes over it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,44 +63,85 @@ class TrainedPolicy:
         env = env_spaces(self.env_id, self.env_kwargs, preprocessing=self.preprocessing, agents=agents or None)
         self.observation_space, self.action_space = env.observation_space, env.action_space
         env.close()
+        self._playing: dict[str | None, _Playing] = {}
+        """What each agent plays with (the key None: the one of a Gymnasium env): its acting pipeline and last reply."""
+
+    def make_env(self, **kwargs: Any) -> Any:
+        """The run's env (with its time limit and preprocessing); ``kwargs`` go to ``gymnasium.make``
+        (``render_mode="rgb_array"``). A PettingZoo env's game (its ``parallel_env`` or ``env``): ``predict`` takes
+        the dict of its agents' observations."""
+        if is_pettingzoo_env(self.env_id):
+            return make_pettingzoo_env(self.env_id, {**self.env_kwargs, **kwargs})
+        return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs}, preprocessing=self.preprocessing)
+
+    def predict(
+        self,
+        observation: Any,
+        *,
+        reward: float | Mapping[str, float] = 0.0,
+        episode_start: bool = False,
+        greedy: bool = True,
+    ) -> Any:
+        """The action for ``observation``, as the env takes it; ``greedy`` False samples as training did.
+
+        In a PettingZoo env's game, ``observation`` is a dict of agents' observations (every live agent's, as
+        ``reset()`` and ``step()`` of the parallel API give them; the one agent to move, ``{agent:
+        env.observe(agent)}``, in a turn-based game) and ``reward`` the dict of their rewards: the answer is the dict
+        of the actions of this policy's agents among them (``agents``; another CT's are left to its own policy). Each
+        agent keeps its own model states and views; its first observation, and its first after
+        ``episode_start=True``, starts its episode."""
+        if isinstance(observation, Mapping) and not set(observation).isdisjoint(self.agents):
+            if episode_start:
+                self._playing.clear()
+            rewards = reward if isinstance(reward, Mapping) else {}
+            return {
+                agent: self._act(agent, agent_observation, float(rewards.get(agent, 0.0)), greedy)
+                for agent, agent_observation in observation.items()
+                if agent in self.agents
+            }
+        if isinstance(reward, Mapping):
+            raise ConfigError("predict() takes a dict of rewards with the dict of its agents' observations alone")
+        if episode_start:
+            self._playing.pop(None, None)
+        elif None not in self._playing:
+            raise ConfigError(
+                "the first predict() of a policy needs episode_start=True: it starts the model's states and views"
+            )
+        return self._act(None, observation, float(reward), greedy)
+
+    def _act(self, agent: str | None, observation: Any, reward: float, greedy: bool) -> Any:
+        playing = self._playing.get(agent)
+        if playing is None:
+            playing = self._playing[agent] = _Playing(self._new_acting())
+            playing.acting.start([observation])
+        else:
+            acting = playing.acting
+            rows = acting.next_rows()
+            rows.set(0, observation)
+            acting.stepped(rows, np.array([reward], acting.reward_dtype), *playing.reply)
+        _, inputs, states = playing.acting.request()
+        playing.reply = self.ct.predict(inputs, states, greedy=greedy)
+        return playing.acting.env_actions(playing.reply[0])[0]
+
+    def _new_acting(self) -> Acting:
         transforms = Transforms.from_options(self.transforms)
-        transforms.bind(DEFAULT_CT, ct.specs, PolicyPort(ct))
-        self._acting = Acting(
-            specs=ct.specs,
+        transforms.bind(DEFAULT_CT, self.ct.specs, PolicyPort(self.ct))
+        return Acting(
+            specs=self.ct.specs,
             observation_space=self.observation_space,
             action_space=self.action_space,
             transforms=transforms,
             count=1,
             training=False,
         )
-        self._reply: tuple[dict[str, Any], dict[str, Any]] | None = None
 
-    def make_env(self, **kwargs: Any) -> Any:
-        """The run's env (with its time limit and preprocessing); ``kwargs`` go to ``gymnasium.make``
-        (``render_mode="rgb_array"``). A PettingZoo env's game (its ``parallel_env``): the policy acts for each of
-        its agents, one observation at a time."""
-        if is_pettingzoo_env(self.env_id):
-            return make_pettingzoo_env(self.env_id, {**self.env_kwargs, **kwargs})
-        return make_gym_env(self.env_id, {**self.env_kwargs, **kwargs}, preprocessing=self.preprocessing)
 
-    def predict(
-        self, observation: Any, *, reward: float = 0.0, episode_start: bool = False, greedy: bool = True
-    ) -> Any:
-        """The action for ``observation``, as the env takes it; ``greedy`` False samples as training did."""
-        acting = self._acting
-        if episode_start:
-            acting.start([observation])
-        elif self._reply is None:
-            raise ConfigError(
-                "the first predict() of a policy needs episode_start=True: it starts the model's states and views"
-            )
-        else:
-            rows = acting.next_rows()
-            rows.set(0, observation)
-            acting.stepped(rows, np.array([reward], acting.reward_dtype), *self._reply)
-        _, inputs, states = acting.request()
-        self._reply = self.ct.predict(inputs, states, greedy=greedy)
-        return acting.env_actions(self._reply[0])[0]
+@dataclass
+class _Playing:
+    """One agent's play with a TrainedPolicy: its acting pipeline, and the reply to its last request."""
+
+    acting: Acting
+    reply: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
 
 
 class PolicyPort:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from extras import needs_modules, skip_without
 from runs import read_csv
@@ -191,8 +192,6 @@ def test_eval_plays_a_trained_run_and_reports_its_return(trained, tmp_path):
 
 
 def test_a_loaded_policy_acts_with_the_runs_statistics_and_views(trained):
-    import numpy as np
-
     import flare2 as package
 
     policy = package.load_policy(trained)
@@ -206,7 +205,7 @@ def test_a_loaded_policy_acts_with_the_runs_statistics_and_views(trained):
         observation, reward, terminated, truncated, _ = env.step(action)
         action = policy.predict(observation, reward=reward)
     # The frames the model sees are the normalised observations, newest last.
-    frames = policy._acting.views.current()["obs_frames"][0]
+    frames = policy._playing[None].acting.views.current()["obs_frames"][0]
     expected = np.clip((observation - saved.mean) / np.sqrt(saved.variance + 1e-8), -10, 10)
     np.testing.assert_allclose(frames[-1], expected, rtol=1e-5, atol=1e-5)
 
@@ -248,7 +247,22 @@ def test_a_pettingzoo_env_trains_a_ct_per_team_and_eval_reports_each_team(tmp_pa
     # From Python, one CT at a time: the run has no CT RL.
     with pytest.raises(ConfigError, match=r"has no CT 'RL': its policy map made CTs \['adversary', 'agent'\]"):
         load_policy(tmp_path)
-    assert load_policy(tmp_path, ct="agent").agents == ("agent_0", "agent_1")
+    agents = load_policy(tmp_path, ct="agent")
+    assert agents.agents == ("agent_0", "agent_1")
+    # A game played from Python: each policy answers for its own agents of the dict, each agent with its own views.
+    adversaries = load_policy(tmp_path, ct="adversary")
+    env = agents.make_env()
+    observations, _ = env.reset(seed=0)
+    actions = {**agents.predict(observations, episode_start=True), **adversaries.predict(observations)}
+    assert sorted(actions) == ["adversary_0", "agent_0", "agent_1"]
+    for _ in range(3):
+        observations, rewards, _, _, _ = env.step(actions)
+        actions = {**agents.predict(observations, reward=rewards), **adversaries.predict(observations, reward=rewards)}
+    assert all(env.action_space(agent).contains(action) for agent, action in actions.items())
+    assert sorted(agents._playing) == ["agent_0", "agent_1"]
+    for agent in ("agent_0", "agent_1"):
+        alone, _ = agents.ct.predict({"obs": observations[agent][None].astype(np.float32)}, {}, greedy=True)
+        assert actions[agent] == alone["action"][0]
     shared = flare2("train", "--env", "mpe2.simple_adversary_v3", "--algo", "ppo", "--log-dir", str(tmp_path / "x"))
     assert shared.returncode == 2 and "give each kind of agent a CT of its own" in shared.stderr
 

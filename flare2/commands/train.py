@@ -220,7 +220,10 @@ def resolve(
     if getattr(settings, "critic", "own") == "state" and not is_pettingzoo_env(env_id):
         parser.error(f"--critic state: a centralised critic sees a multi-agent env's state(), and {env_id!r} is none")
     if is_pettingzoo_env(env_id):
-        agent_path, kwargs = pettingzoo_agent(parser, args, algo, env_id, settings.helper_kwargs(args.num_agents))
+        frames = getattr(settings, "frames", 1)
+        agent_path, kwargs = pettingzoo_agent(
+            parser, args, algo, env_id, settings.helper_kwargs(args.num_agents), frames
+        )
         cts = pettingzoo_cts(parser, args, record, env_id, config, settings)
     else:
         if args.policy_map is not None or args.self_play or args.self_play_pool > 1 or args.self_play_sparring:

@@ -17,12 +17,18 @@ from flare2.zoo.registry import check_spaces
 
 
 def pettingzoo_agent(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, algo: str, env_id: str, helper_kwargs: dict[str, Any]
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    algo: str,
+    env_id: str,
+    helper_kwargs: dict[str, Any],
+    frames: int,
 ) -> tuple[str, dict[str, Any]]:
     """The stock multi-agent agent's path and keyword arguments; a usage error for what it does not do."""
     refused = [
         option
         for option, given in (
+            (f"--frames {frames}", frames > 1),
             ("--max-episode-steps", args.max_episode_steps is not None),
             (f"--env-engine {args.env_engine}", args.env_engine not in ("python", "auto")),
             ("--double-buffer", helper_kwargs.get("double_buffer", False)),
@@ -34,8 +40,8 @@ def pettingzoo_agent(
     if refused:
         parser.error(
             f"{', '.join(refused)}: flare2 plays the PettingZoo env {env_id!r} with its own episode length, in Python, "
-            "each agent's steps in fragments of --sample-interval, with evaluation games in self-play alone (against "
-            "fixed players): leave them out"
+            "each agent's steps in fragments of --sample-interval, without frame stacks (agents come and go), with "
+            "evaluation games in self-play alone (against fixed players): leave them out"
         )
     # Sparring that the env's preset gives goes with the preset's self-play, which --self-play 0 turns off.
     sparring = args.self_play_sparring if args.self_play else ""

@@ -90,13 +90,13 @@ class RunProcess:
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:
-    """The rows of a run's CSV file, numbers as floats (episodes.csv's team, a name, as it is)."""
+    """The rows of a run's CSV file, numbers as floats (the names, episodes.csv's team and cts.csv's ct, as they are)."""
     with open(path, newline="") as file:
         return [{key: _number_or_name(key, value) for key, value in row.items()} for row in csv.DictReader(file)]
 
 
 def _number_or_name(key: str, value: str) -> Any:
-    return value if key == "team" else float(value)
+    return value if key in ("team", "ct") else float(value)
 
 
 def finite(values) -> list[float]:

@@ -236,6 +236,7 @@ SERIAL_RUNS = {
     "cartpole_memory.py": ["--max-steps", "1000", "--epochs", "2"],
     "cartpole_multi_ct.py": ["--max-steps", "1000"],
     "custom_agent.py": ["--max-episodes", "100"],
+    "spread_roles.py": ["--max-steps", "600", "--envs-per-agent", "2", "--sample-interval", "8", "--epochs", "1"],
     "minefield_entities.py": [
         "--max-steps",
         "600",
@@ -268,6 +269,25 @@ def test_every_example_runs_to_its_budget_in_serial_mode(tmp_path):
 
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         list(pool.map(run_serially, SERIAL_RUNS))
+
+
+def test_an_agents_own_policy_map_gives_each_ct_the_rows_of_its_agents_and_a_checkpoint(tmp_path):
+    # policy_of puts agent_0 on CT scout and the other two on CT RL: twice scout's rows reach RL, from both processes.
+    options = ("--num-agents", "2", "--envs-per-agent", "4", "--sample-interval", "16", "--epochs", "1")
+    run_example("spread_roles.py", *options, "--max-steps", "3000", "--device", "cpu", log_dir=tmp_path)
+    assert sorted(path.name for path in (tmp_path / "checkpoints").glob("*.pt")) == ["RL.pt", "scout.pt"]
+    rows = read_csv(tmp_path / "cts.csv")
+    predicted = {
+        ct: sum(
+            row["predict_batches"] * row["predict_batch_mean"]
+            for row in rows
+            if row["ct"] == ct and row["predict_batches"]
+        )
+        for ct in ("RL", "scout")
+    }
+    assert predicted["scout"] > 0 and predicted["RL"] == pytest.approx(2 * predicted["scout"], rel=0.01)
+    learned = {ct: sum(row["learn_calls"] for row in rows if row["ct"] == ct) for ct in ("RL", "scout")}
+    assert min(learned.values()) >= 1, learned
 
 
 def test_a_one_env_agent_asked_for_several_envs_stops_the_run_with_the_option_and_the_fix(tmp_path):

@@ -73,15 +73,6 @@ def test_connect_fours_preset_plays_self_play_against_a_pool_and_self_play_0_tur
     assert [ct.name for ct in resolve([*argv, "--self-play", "0"]).run.cts] == ["RL"]
 
 
-@needs_env("mpe2.simple_spread_v3")
-def test_what_the_stock_multi_agent_agent_does_not_do_is_refused_in_one_message_naming_each_option(tmp_path, capsys):
-    argv = ["--env", "mpe2.simple_spread_v3", "--algo", "ppo", "--log-dir", str(tmp_path)]
-    message = usage_error(capsys, [*argv, "--frames", "4", "--max-episode-steps", "50"])
-    assert "--frames 4, --max-episode-steps: flare2 plays the PettingZoo env 'mpe2.simple_spread_v3'" in message
-    assert "without frame stacks (agents come and go)" in message and message.rstrip().endswith("leave them out")
-    assert resolve([*argv, "--frames", "1"]).settings.frames == 1
-
-
 @needs_env("pettingzoo.classic.tictactoe_v3")
 def test_pettingzoo_classic_games_played_in_turns_start_from_connect_fours_settings_without_a_sparring_partner(
     tmp_path,

@@ -53,11 +53,9 @@ def build_ppo(agents: tuple[str, ...], config: PPOConfig):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample-interval", type=int, default=128, help="steps of each agent in each learn request")
-    add_config_options(parser, PPOConfig)
     # MAPPO's settings for simple_spread, as flare2 train's preset: each learn batch in one minibatch.
-    parser.set_defaults(
-        lr=7e-4, anneal_steps=None, gamma=0.99, gae_lambda=0.95, epochs=10, minibatch_size=6144, entropy_coef=0.01
-    )
+    mappo = {"lr": 7e-4, "anneal_steps": None, "gamma": 0.99, "gae_lambda": 0.95, "epochs": 10, "entropy_coef": 0.01}
+    add_config_options(parser, PPOConfig, minibatch_size=6144, **mappo)
     add_run_options(parser, max_steps=3_000_000, log_dir="runs/spread_roles")
     parser.set_defaults(envs_per_agent=16)
     args = parser.parse_args(argv)

@@ -9,7 +9,9 @@ agent_0 the CT "scout" and the others the CT "RL". Each CT batches the rows
 of its agents from every agent process (cts.csv: "RL" gets two rows a game,
 "scout" one) and has its own PPO, learner and checkpoint
 (checkpoints/scout.pt and checkpoints/RL.pt). The settings are those of
-`flare2 train --env mpe2.simple_spread_v3 --algo ppo`.
+`flare2 train --env mpe2.simple_spread_v3 --algo ppo`. The command above (seed
+0, 5 minutes on 2 cores) ends with an agent's return at -17.7 over its last
+3,000 episodes, where uniformly random actions get -26.5 (docs/results.md).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from flare2.core.learn_requests import unpack
 from flare2.core.predict_requests import ViewsSender
 from flare2.errors import ConfigError, UserCodeError
 from flare2.runtime.compute.cdp import ComputationDataProcessor
+from flare2.runtime.compute.learn_calls import Learned
 from flare2.runtime.config import BatchingConfig
 from flare2.wire.protocol import ERROR, LEARN, PREDICT, PREDICTION, Message
 from flare2.zoo.ppo import PPO, PPOActorCritic
@@ -67,7 +68,7 @@ def test_a_learn_request_holding_nan_or_infinity_is_refused_naming_the_array():
     for reply in (nan_reply, inf_reply):
         assert reply.kind == ERROR and reply.payload["code"] == "spec"
         assert "inputs['x'] holds NaN or infinity" in reply.payload["reason"]
-    assert served.cdp.stats.rejected == 2 and served.cdp.stats.learn_requests == 0
+    assert served.cdp.stats.rejected == 2 and served.cdp.stats.learned_requests == 0
     assert served.cdp.take_learn_batch(1e9, flush=True) is None
 
 
@@ -126,6 +127,20 @@ def test_a_learn_request_that_overtakes_the_managers_word_waits_for_it_and_is_th
     assert served.replies_to("a") == []
 
 
+def test_learn_requests_are_counted_with_the_call_that_learned_them_not_as_they_arrive():
+    # With a learner process a call ends long after its requests came: cts.csv's requests per call reads both counts.
+    served = Served()
+    served.cdp.live = frozenset({"a", "b"})
+    served.learn("a")
+    served.learn("b")
+    batch = served.cdp.take_learn_batch(1e9)
+    assert batch is not None and served.cdp.stats.take_report()["learned_requests"] == 0
+    served.ct.learn_calls += 1  # as the learner's call does
+    served.cdp.learned(batch, Learned({}, 0, 0, 0.0))
+    report = served.cdp.stats.take_report()
+    assert (report["learned_requests"], report["learn_calls"]) == (2, 1)
+
+
 def test_a_learn_request_of_an_agent_never_named_is_refused_after_the_grace_period_or_past_the_holding_limit():
     served = Served()
     for _ in range(16):
@@ -167,7 +182,6 @@ def test_a_frozen_copy_takes_its_cts_weights_at_the_start_and_after_every_n_of_i
 
     from flare2.runtime.compute.cdp import LearnBatch
     from flare2.runtime.compute.frozen_copies import follow
-    from flare2.runtime.compute.learn_calls import Learned
     from flare2.runtime.config import CTConfig
 
     def scaler():
@@ -194,7 +208,6 @@ def test_a_frozen_copy_with_a_pool_plays_one_of_a_uniform_sample_of_all_the_copi
 
     from flare2.runtime.compute.cdp import LearnBatch
     from flare2.runtime.compute.frozen_copies import follow
-    from flare2.runtime.compute.learn_calls import Learned
     from flare2.runtime.config import CTConfig
 
     def scaler():

@@ -96,7 +96,7 @@ def test_a_report_writes_a_progress_row_the_costs_the_episodes_and_the_batching_
             "RL": {
                 "predict_rows": 400,
                 "predict_batches": 100,
-                "learn_requests": 10,
+                "learned_requests": 10,
                 "learn_calls": 5,
                 "rejected": 1,
                 "max_predict_wait_ms": 2.5,
@@ -169,7 +169,7 @@ def test_a_second_report_counts_only_what_happened_since_the_first(tmp_path):
     report = {
         "predict_rows": 400,
         "predict_batches": 100,
-        "learn_requests": 10,
+        "learned_requests": 10,
         "learn_calls": 5,
         "policy_lag_sum": 30,
         "policy_lag_steps": 100,

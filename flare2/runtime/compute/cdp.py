@@ -136,7 +136,9 @@ class CDPStats:
     predict_requests: int = 0
     predict_rows: int = 0
     predict_batches: int = 0
-    learn_requests: int = 0
+    learned_requests: int = 0
+    """Learn requests answered, counted as their learn call ends, with it: so a report's requests per call holds
+    wherever learn() runs and however long it takes."""
     learn_calls: int = 0
     learned_rows: int = 0
     rejected: int = 0
@@ -161,7 +163,7 @@ class CDPStats:
             "predict_requests": self.predict_requests,
             "predict_rows": self.predict_rows,
             "predict_batches": self.predict_batches,
-            "learn_requests": self.learn_requests,
+            "learned_requests": self.learned_requests,
             "learn_calls": self.learn_calls,
             "learned_rows": self.learned_rows,
             "rejected": self.rejected,
@@ -308,9 +310,7 @@ class ComputationDataProcessor:
                 reply_to, learn, message.seq, f"more than {_MAX_PENDING_PER_AGENT} requests waiting", "bad_request"
             )
             return
-        if learn:
-            self.stats.learn_requests += 1
-        else:
+        if not learn:
             self.stats.predict_requests += 1
             self._note_evaluation(message.agent_id, payload.get("evaluation"))
         queue.add(_Request(reply_to, message.agent_id, message.seq, payload, now, size, own_inputs))
@@ -430,6 +430,7 @@ class ComputationDataProcessor:
         # The CT's counts, which a resumed run continues.
         self.ct.learned_rows += result.lag_steps
         stats.learn_calls, stats.learned_rows = self.ct.learn_calls, self.ct.learned_rows
+        stats.learned_requests += len(batch.requests)
         stats.policy_lag_sum += result.lag_sum
         stats.policy_lag_steps += result.lag_steps
         stats.learn_seconds += result.seconds

@@ -324,13 +324,13 @@ class ProgressLog:
             keys = (
                 "predict_rows",
                 "predict_batches",
-                "learn_requests",
+                "learned_requests",
                 "learn_calls",
                 "predict_seconds",
                 "learn_seconds",
             )
             counts = tuple(float(report.get(key, 0)) for key in keys)
-            rows, batches, learn_requests, learn_calls, predict_s, learn_s = (
+            rows, batches, learned_requests, learn_calls, predict_s, learn_s = (
                 now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * len(keys)))
             )
             self._last_ct_counts[ct] = counts
@@ -341,7 +341,7 @@ class ProgressLog:
                     int(batches),
                     round(rows / batches, 3) if batches else float("nan"),
                     int(learn_calls),
-                    round(learn_requests / learn_calls, 3) if learn_calls else float("nan"),
+                    round(learned_requests / learn_calls, 3) if learn_calls else float("nan"),
                     round(predict_s, 3),
                     round(learn_s, 3),
                 )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from flare2.core.acting import Acting
@@ -90,7 +91,7 @@ class TrainedPolicy:
         of the actions of this policy's agents among them (``agents``; another CT's are left to its own policy). Each
         agent keeps its own model states and views; its first observation, and its first after
         ``episode_start=True``, starts its episode."""
-        if isinstance(observation, Mapping) and not set(observation).isdisjoint(self.agents):
+        if self._by_agent(observation):
             if episode_start:
                 self._playing.clear()
             rewards = reward if isinstance(reward, Mapping) else {}
@@ -108,6 +109,15 @@ class TrainedPolicy:
                 "the first predict() of a policy needs episode_start=True: it starts the model's states and views"
             )
         return self._act(None, observation, float(reward), greedy)
+
+    def _by_agent(self, observation: Any) -> bool:
+        """Whether ``observation`` is a dict of a PettingZoo game's agents' observations (any other keys than one
+        agent's Dict observation has; none when no agent is left) rather than one agent's."""
+        if not (is_pettingzoo_env(self.env_id) and isinstance(observation, Mapping)):
+            return False
+        if not isinstance(self.observation_space, gym.spaces.Dict):
+            return True
+        return set(observation) != set(self.observation_space.spaces)
 
     def _act(self, agent: str | None, observation: Any, reward: float, greedy: bool) -> Any:
         playing = self._playing.get(agent)

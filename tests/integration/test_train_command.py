@@ -260,6 +260,8 @@ def test_a_pettingzoo_env_trains_a_ct_per_team_and_eval_reports_each_team(tmp_pa
         actions = {**agents.predict(observations, reward=rewards), **adversaries.predict(observations, reward=rewards)}
     assert all(env.action_space(agent).contains(action) for agent, action in actions.items())
     assert sorted(agents._playing) == ["agent_0", "agent_1"]
+    # Another team's agent alone (its turn in a turn-based game), or none left: nothing for this policy to answer.
+    assert agents.predict({"adversary_0": observations["adversary_0"]}) == {} and agents.predict({}) == {}
     for agent in ("agent_0", "agent_1"):
         alone, _ = agents.ct.predict({"obs": observations[agent][None].astype(np.float32)}, {}, greedy=True)
         assert actions[agent] == alone["action"][0]

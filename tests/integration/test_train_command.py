@@ -247,89 +247,29 @@ def test_a_pettingzoo_env_trains_a_ct_per_team_and_eval_reports_each_team(tmp_pa
     # From Python, one CT at a time: the run has no CT RL.
     with pytest.raises(ConfigError, match=r"has no CT 'RL': its policy map made CTs \['adversary', 'agent'\]"):
         load_policy(tmp_path)
-    agents = load_policy(tmp_path, ct="agent")
-    assert agents.agents == ("agent_0", "agent_1")
+    agent_policy = load_policy(tmp_path, ct="agent")
+    assert agent_policy.agents == ("agent_0", "agent_1")
     # A game played from Python: each policy answers for its own agents of the dict, each agent with its own views.
-    adversaries = load_policy(tmp_path, ct="adversary")
-    env = agents.make_env()
+    adversary_policy = load_policy(tmp_path, ct="adversary")
+    env = agent_policy.make_env()
     observations, _ = env.reset(seed=0)
-    actions = {**agents.predict(observations, episode_start=True), **adversaries.predict(observations)}
+    actions = {**agent_policy.predict(observations, episode_start=True), **adversary_policy.predict(observations)}
     assert sorted(actions) == ["adversary_0", "agent_0", "agent_1"]
     for _ in range(3):
         observations, rewards, _, _, _ = env.step(actions)
-        actions = {**agents.predict(observations, reward=rewards), **adversaries.predict(observations, reward=rewards)}
+        actions = {
+            **agent_policy.predict(observations, reward=rewards),
+            **adversary_policy.predict(observations, reward=rewards),
+        }
     assert all(env.action_space(agent).contains(action) for agent, action in actions.items())
-    assert sorted(agents._playing) == ["agent_0", "agent_1"]
+    assert sorted(agent_policy._playing) == ["agent_0", "agent_1"]
     # Another team's agent alone (its turn in a turn-based game), or none left: nothing for this policy to answer.
-    assert agents.predict({"adversary_0": observations["adversary_0"]}) == {} and agents.predict({}) == {}
+    assert agent_policy.predict({"adversary_0": observations["adversary_0"]}) == {} and agent_policy.predict({}) == {}
     for agent in ("agent_0", "agent_1"):
-        alone, _ = agents.ct.predict({"obs": observations[agent][None].astype(np.float32)}, {}, greedy=True)
+        alone, _ = agent_policy.ct.predict({"obs": observations[agent][None].astype(np.float32)}, {}, greedy=True)
         assert actions[agent] == alone["action"][0]
     shared = flare2("train", "--env", "mpe2.simple_adversary_v3", "--algo", "ppo", "--log-dir", str(tmp_path / "x"))
     assert shared.returncode == 2 and "give each kind of agent a CT of its own" in shared.stderr
-
-
-_TAG_GAME = """
-import numpy as np
-from gymnasium import spaces
-from pettingzoo import ParallelEnv
-
-
-class Tag(ParallelEnv):
-    metadata = {"name": "tag_v0"}
-    possible_agents = ["runner_0", "runner_1"]
-
-    def observation_space(self, agent):
-        return spaces.Box(0.0, 9.0, (2,), np.float32)
-
-    def action_space(self, agent):
-        return spaces.Discrete(3)
-
-    def reset(self, seed=None, options=None):
-        self.agents, self.target, self.t = list(self.possible_agents), 5, 0
-        self.cells = dict.fromkeys(self.agents, 0)
-        return self._observations(), {agent: {} for agent in self.agents}
-
-    def _observations(self):
-        return {agent: np.array([self.cells[agent], self.target], np.float32) for agent in self.agents}
-
-    def step(self, actions):
-        self.t += 1
-        for agent, action in actions.items():
-            self.cells[agent] = min(9, max(0, self.cells[agent] + int(action) - 1))
-        ended = {agent: self.cells[agent] == self.target for agent in self.agents}
-        rewards = {agent: float(ended[agent]) for agent in self.agents}
-        observations, truncated = self._observations(), dict.fromkeys(self.agents, self.t >= 20)
-        infos = {agent: {} for agent in self.agents}
-        self.agents = [agent for agent in self.agents if not (ended[agent] or truncated[agent])]
-        return observations, rewards, ended, truncated, infos
-
-
-def parallel_env():
-    return Tag()
-"""
-
-
-@needs_modules("pettingzoo", "pettingzoo")
-def test_env_modules_of_the_working_directory_train_through_the_flare2_command(tmp_path):
-    # The console script, as a user types it: unlike `python -m`, it does not put the working directory on sys.path.
-    command = os.path.join(os.path.dirname(sys.executable), "flare2")
-    (tmp_path / "mygames").mkdir()
-    (tmp_path / "mygames" / "__init__.py").write_text("")
-    (tmp_path / "mygames" / "tag_v0.py").write_text(_TAG_GAME)
-    (tmp_path / "mygym.py").write_text(
-        'import gymnasium\ngymnasium.register("MyCart-v0", "gymnasium.envs.classic_control:CartPoleEnv")\n'
-    )
-    runs = {
-        # Real processes: the agent process and the spawned compute process import the module too.
-        "tag": ["--env", "mygames.tag_v0", "--envs-per-agent", "2", "--max-steps", "300"],
-        "cart": ["--env", "mygym:MyCart-v0", "--serial", "--max-steps", "300"],
-    }
-    for name, options in runs.items():
-        argv = [command, "train", *options, "--algo", "ppo", "--epochs", "1", "--device", "cpu", "--log-dir", name]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert (tmp_path / name / "checkpoints" / "RL.pt").exists()
 
 
 def test_eval_of_a_directory_that_is_no_flare2_train_run_says_so(tmp_path):

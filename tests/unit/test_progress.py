@@ -186,6 +186,25 @@ def test_a_second_report_counts_only_what_happened_since_the_first(tmp_path):
     assert [(r["predict_batches"], r["predict_batch_mean"]) for r in rows] == [("100", "4.0"), ("100", "6.0")]
 
 
+def test_a_restarted_compute_process_counts_from_its_own_start_in_cts_csv(tmp_path):
+    # Its counters begin again at 0, but its learn calls go on from the checkpoint it resumed (here 40 of them).
+    log = ProgressLog(tmp_path)
+    totals = RunTotals()
+    first = {"compute_pid": 11, "learn_calls_at_start": 0, "predict_batches": 100, "predict_rows": 400}
+    totals.add_compute_stats({"RL": {**first, "learned_requests": 60, "learn_calls": 50, "learn_seconds": 5.0}})
+    log.report(totals, agents=1)
+    restarted = {"compute_pid": 12, "learn_calls_at_start": 40, "predict_batches": 10, "predict_rows": 30}
+    totals.add_compute_stats({"RL": {**restarted, "learned_requests": 4, "learn_calls": 42, "learn_seconds": 0.5}})
+    log.report(totals, agents=1)
+    log.close()
+    rows = read(tmp_path / "cts.csv")
+    columns = ("predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean", "learn_s")
+    assert [tuple(row[column] for column in columns) for row in rows] == [
+        ("100", "4.0", "50", "1.2", "5.0"),
+        ("10", "3.0", "2", "2.0", "0.5"),
+    ]
+
+
 def test_a_resumed_run_appends_to_its_files_and_a_foreign_progress_file_is_replaced(tmp_path):
     log = ProgressLog(tmp_path)
     totals = RunTotals()

@@ -27,6 +27,7 @@ reply comes back through ``learned``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from collections import defaultdict
@@ -136,6 +137,10 @@ class CDPStats:
     predict_requests: int = 0
     predict_rows: int = 0
     predict_batches: int = 0
+    compute_pid: int = field(default_factory=os.getpid)
+    """The process that counts: a restarted compute process counts again from 0 (cts.csv's rows start over)."""
+    learn_calls_at_start: int = 0
+    """``learn_calls`` as this process began: a resumed CT's count goes on from its checkpoint."""
     learned_requests: int = 0
     """Learn requests answered, counted as their learn call ends, with it: so a report's requests per call holds
     wherever learn() runs and however long it takes."""
@@ -163,6 +168,8 @@ class CDPStats:
             "predict_requests": self.predict_requests,
             "predict_rows": self.predict_rows,
             "predict_batches": self.predict_batches,
+            "compute_pid": self.compute_pid,
+            "learn_calls_at_start": self.learn_calls_at_start,
             "learned_requests": self.learned_requests,
             "learn_calls": self.learn_calls,
             "learned_rows": self.learned_rows,
@@ -216,7 +223,9 @@ class ComputationDataProcessor:
         self.reply = reply
         self._live: frozenset[str] = frozenset()
         self._evaluating: set[str] = set()
-        self.stats = CDPStats(learn_calls=ct.learn_calls, learned_rows=ct.learned_rows)
+        self.stats = CDPStats(
+            learn_calls=ct.learn_calls, learned_rows=ct.learned_rows, learn_calls_at_start=ct.learn_calls
+        )
         self._predict_queue = _BatchQueue(config.max_batch, config.max_wait_ms / 1000)
         self._learn_queues: dict[int, _BatchQueue] = {}
         self._views = ViewsReceiver(ct.specs)

@@ -196,7 +196,8 @@ class ProgressLog:
         self._last_steps = start_steps
         self._last_rows = 0.0
         self._last_batches = 0.0
-        self._last_ct_counts: dict[str, tuple[float, ...]] = {}
+        self._last_ct_counts: dict[str, tuple[Any, tuple[float, ...]]] = {}
+        """Each CT's last counts for cts.csv, with the compute process that counted them."""
         self._last_lag = (0.0, 0.0)
         # A resumed run's events hide those an earlier run wrote after its checkpoint; a fresh run's hide them all.
         self._board = _board_writer(self.dir, purge_step=start_steps + 1 if append else 0) if tensorboard else None
@@ -330,10 +331,18 @@ class ProgressLog:
                 "learn_seconds",
             )
             counts = tuple(float(report.get(key, 0)) for key in keys)
+            counter, last = report.get("compute_pid"), self._last_ct_counts.get(ct)
+            if last is None or last[0] != counter:
+                # The first report of a compute process (the run's first, or one a restart began): it counts from 0,
+                # but for its learn calls, which go on from the checkpoint it resumed.
+                start = float(report.get("learn_calls_at_start", 0))
+                before = tuple(start if key == "learn_calls" else 0.0 for key in keys)
+            else:
+                before = last[1]
             rows, batches, learned_requests, learn_calls, predict_s, learn_s = (
-                now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * len(keys)))
+                now - then for now, then in zip(counts, before)
             )
-            self._last_ct_counts[ct] = counts
+            self._last_ct_counts[ct] = (counter, counts)
             self._cts.writerow(
                 (
                     wall_time,

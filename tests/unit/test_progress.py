@@ -195,8 +195,11 @@ def test_a_restarted_compute_process_counts_from_its_own_start_in_cts_csv(tmp_pa
     log.report(totals, agents=1)
     restarted = {"compute_pid": 12, "learn_calls_at_start": 40, "predict_batches": 10, "predict_rows": 30}
     totals.add_compute_stats({"RL": {**restarted, "learned_requests": 4, "learn_calls": 42, "learn_seconds": 0.5}})
-    log.report(totals, agents=1)
+    second = log.report(totals, agents=1)
     log.close()
+    # The run's totals go on over the restart: the new process's counts add to those of the one it replaced.
+    assert (totals.ct_total("predict_batches"), totals.ct_total("learn_calls")) == (110, 42)
+    assert second["batch_size_mean"] == 3.0
     rows = read(tmp_path / "cts.csv")
     columns = ("predict_batches", "predict_batch_mean", "learn_calls", "learn_batch_mean", "learn_s")
     assert [tuple(row[column] for column in columns) for row in rows] == [

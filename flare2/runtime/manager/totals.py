@@ -12,6 +12,16 @@ from flare2.runtime.latency import LatencyHistogram
 
 RETURN_WINDOW = 100
 EVAL_RETURN_WINDOW = 20
+PROCESS_COUNTS = (
+    "predict_rows",
+    "predict_batches",
+    "rejected",
+    "closed_connections",
+    "policy_lag_sum",
+    "policy_lag_steps",
+)
+"""What a compute process counts from 0 however the run began (its learn calls and learned rows go on from the
+checkpoint it resumed): the run's totals carry them over a compute restart."""
 
 
 @dataclass
@@ -50,6 +60,8 @@ class RunTotals:
     """Prediction round trips as the agents timed them, since the last progress row."""
     best_return_mean: float = float("nan")
     """The highest ``return_mean`` of any progress row so far."""
+    _carried: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PROCESS_COUNTS, 0.0))
+    """The ``PROCESS_COUNTS`` of compute processes that restarts replaced, summed over their CTs."""
     _finished: list = field(default_factory=list)
     """(return, length, evaluation, team) of the episodes finished since the last ``take_finished``."""
 
@@ -87,6 +99,9 @@ class RunTotals:
     def add_compute_stats(self, reports: dict[str, dict[str, Any]]) -> None:
         for ct, report in reports.items():
             previous = self.ct_reports.get(ct, {})
+            if previous and previous.get("compute_pid") != report.get("compute_pid"):
+                for key in PROCESS_COUNTS:
+                    self._carried[key] += float(previous.get(key, 0))
             if not report.get("costs") and previous.get("costs"):
                 # No learn() since the last report: the costs of the last one stand, as they do between rows.
                 report = {**report, "costs": previous["costs"]}
@@ -145,7 +160,8 @@ class RunTotals:
         return len(self.recent_eval_returns) == EVAL_RETURN_WINDOW
 
     def ct_total(self, key: str) -> float:
-        return sum(report.get(key, 0) for report in self.ct_reports.values())
+        """``key`` summed over the CTs' reports, and over the compute processes of the run for ``PROCESS_COUNTS``."""
+        return sum(report.get(key, 0) for report in self.ct_reports.values()) + self._carried.get(key, 0.0)
 
 
 MAX_TEAM_CHARS = 64

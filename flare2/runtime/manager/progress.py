@@ -331,8 +331,8 @@ class ProgressLog:
                 "learn_seconds",
             )
             counts = tuple(float(report.get(key, 0)) for key in keys)
-            counter, last = report.get("compute_pid"), self._last_ct_counts.get(ct)
-            if last is None or last[0] != counter:
+            process, last = report.get("compute_pid"), self._last_ct_counts.get(ct)
+            if last is None or last[0] != process:
                 # The first report of a compute process (the run's first, or one a restart began): it counts from 0,
                 # but for its learn calls, which go on from the checkpoint it resumed.
                 start = float(report.get("learn_calls_at_start", 0))
@@ -342,7 +342,7 @@ class ProgressLog:
             rows, batches, learned_requests, learn_calls, predict_s, learn_s = (
                 now - then for now, then in zip(counts, before)
             )
-            self._last_ct_counts[ct] = (counter, counts)
+            self._last_ct_counts[ct] = (process, counts)
             self._cts.writerow(
                 (
                     wall_time,

@@ -25,15 +25,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, NoReturn
 
-import gymnasium as gym
-
 from flare2.commands.train_pettingzoo import pettingzoo_agent, pettingzoo_cts
 from flare2.core.env_engines import DEFAULT_ENGINE, ENGINES, engine_threads, resolve_engine
-from flare2.core.env_making import (
-    is_pettingzoo_env,
-    make_gym_env,
-    register_env_package,
-)
+from flare2.core.env_making import check_env_id, is_pettingzoo_env, make_gym_env
 from flare2.core.envs import DEFAULT_CT, GymAgent
 from flare2.core.pettingzoo_agent import POLICY_MAPS
 from flare2.errors import ConfigError, RunFailed
@@ -220,10 +214,7 @@ def resolve(
     if getattr(settings, "critic", "own") == "state" and not is_pettingzoo_env(env_id):
         parser.error(f"--critic state: a centralised critic sees a multi-agent env's state(), and {env_id!r} is none")
     if is_pettingzoo_env(env_id):
-        frames = getattr(settings, "frames", 1)
-        agent_path, kwargs = pettingzoo_agent(
-            parser, args, algo, env_id, settings.helper_kwargs(args.num_agents), frames
-        )
+        agent_path, kwargs = pettingzoo_agent(parser, args, algo, env_id, settings)
         cts = pettingzoo_cts(parser, args, record, env_id, config, settings)
     else:
         if args.policy_map is not None or args.self_play or args.self_play_pool > 1 or args.self_play_sparring:
@@ -388,17 +379,6 @@ def _engine_kwargs(parser: argparse.ArgumentParser, args: argparse.Namespace, en
     except ConfigError as exc:
         parser.error(str(exc))
     return {"engine": args.env_engine, "engine_threads": engine_threads(args.num_agents)}
-
-
-def check_env_id(env_id: str) -> None:
-    """A ConfigError naming an env id Gymnasium does not know, with the registered ids closest to it."""
-    if ":" in env_id or is_pettingzoo_env(env_id):
-        return  # the module is imported first: making the env names what is wrong
-    register_env_package(env_id)
-    if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}?" if close else "gymnasium.pprint_registry() lists the ids"
-        raise ConfigError(f"--env {env_id!r} is no registered Gymnasium environment: {hint}")
 
 
 def check_preset(data: Any, source: str, known: Mapping[str, set[str]]) -> dict[str, dict[str, Any]]:

@@ -21,10 +21,11 @@ def pettingzoo_agent(
     args: argparse.Namespace,
     algo: str,
     env_id: str,
-    helper_kwargs: dict[str, Any],
-    frames: int,
+    settings: Any,
 ) -> tuple[str, dict[str, Any]]:
-    """The stock multi-agent agent's path and keyword arguments; a usage error for what it does not do."""
+    """The stock multi-agent agent's path and keyword arguments (``settings``: the algorithm's agent settings); a
+    usage error for what it does not do."""
+    helper_kwargs, frames = settings.helper_kwargs(args.num_agents), getattr(settings, "frames", 1)
     refused = [
         option
         for option, given in (

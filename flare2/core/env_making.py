@@ -104,6 +104,17 @@ def register_env_package(env_id: str) -> None:
     _register(space)
 
 
+def check_env_id(env_id: str) -> None:
+    """A ConfigError naming an env id Gymnasium does not know, with the registered ids closest to it."""
+    if ":" in env_id or is_pettingzoo_env(env_id):
+        return  # the module is imported first: making the env names what is wrong
+    register_env_package(env_id)
+    if env_id not in gym.registry:
+        close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "gymnasium.pprint_registry() lists the ids"
+        raise ConfigError(f"--env {env_id!r} is no registered Gymnasium environment: {hint}")
+
+
 def _register(space: str) -> None:
     """Register the ids of namespace ``space`` (an ImportError when its package is missing)."""
     module_name, function = ENV_PACKAGES[space]

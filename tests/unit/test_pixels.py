@@ -12,9 +12,8 @@ import torch
 from doubles import ATARI_SPECS, KeepingHelper
 from extras import skip_without
 
-from flare2.commands.train import check_env_id
 from flare2.core import env_making
-from flare2.core.env_making import LEARNING_EPISODE_ENDS, is_atari, make_gym_env
+from flare2.core.env_making import LEARNING_EPISODE_ENDS, check_env_id, is_atari, make_gym_env
 from flare2.core.envs import GymAgent
 from flare2.core.spaces import input_specs
 from flare2.errors import ConfigError

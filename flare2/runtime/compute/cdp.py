@@ -32,7 +32,7 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
@@ -130,6 +130,10 @@ class _BatchQueue:
         return sum(request.agent_id == agent_id for request in self.requests)
 
 
+_NOT_REPORTED = frozenset({"costs_sum", "costs_count"})
+"""CDPStats' sums of learn costs, which a report gives as their means since the previous report."""
+
+
 @dataclass
 class CDPStats:
     """Cumulative counters, reported to the manager."""
@@ -164,27 +168,12 @@ class CDPStats:
 
     def take_report(self) -> dict[str, Any]:
         """Counters plus the mean costs since the previous report."""
-        report = {
-            "predict_requests": self.predict_requests,
-            "predict_rows": self.predict_rows,
-            "predict_batches": self.predict_batches,
-            "compute_pid": self.compute_pid,
-            "learn_calls_at_start": self.learn_calls_at_start,
-            "learned_requests": self.learned_requests,
-            "learn_calls": self.learn_calls,
-            "learned_rows": self.learned_rows,
-            "rejected": self.rejected,
-            "closed_connections": self.closed_connections,
-            "discarded": self.discarded,
-            "max_predict_wait_ms": self.max_predict_wait_ms,
-            "policy_lag_sum": self.policy_lag_sum,
-            "policy_lag_steps": self.policy_lag_steps,
-            "predict_seconds": self.predict_seconds,
-            "learn_seconds": self.learn_seconds,
-            "costs": {key: value / self.costs_count for key, value in self.costs_sum.items()}
-            if self.costs_count
-            else {},
+        report: dict[str, Any] = {
+            counter.name: getattr(self, counter.name) for counter in fields(self) if counter.name not in _NOT_REPORTED
         }
+        report["costs"] = (
+            {key: value / self.costs_count for key, value in self.costs_sum.items()} if self.costs_count else {}
+        )
         self.costs_sum = defaultdict(float)
         self.costs_count = 0
         self.max_predict_wait_ms = 0.0

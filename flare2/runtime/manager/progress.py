@@ -196,8 +196,7 @@ class ProgressLog:
         self._last_steps = start_steps
         self._last_rows = 0.0
         self._last_batches = 0.0
-        self._last_ct_counts: dict[str, tuple[Any, tuple[float, ...]]] = {}
-        """Each CT's last counts for cts.csv, with the compute process that counted them."""
+        self._last_ct_counts: dict[str, tuple[float, ...]] = {}
         self._last_lag = (0.0, 0.0)
         # A resumed run's events hide those an earlier run wrote after its checkpoint; a fresh run's hide them all.
         self._board = _board_writer(self.dir, purge_step=start_steps + 1 if append else 0) if tensorboard else None
@@ -321,7 +320,7 @@ class ProgressLog:
         return (lag_sum - before_sum) / (lag_steps - before_steps) if lag_steps > before_steps else float("nan")
 
     def _write_ct_rows(self, wall_time: float, totals: RunTotals) -> None:
-        for ct, report in totals.ct_reports.items():
+        for ct in totals.ct_reports:
             keys = (
                 "predict_rows",
                 "predict_batches",
@@ -330,19 +329,12 @@ class ProgressLog:
                 "predict_seconds",
                 "learn_seconds",
             )
-            counts = tuple(float(report.get(key, 0)) for key in keys)
-            process, last = report.get("compute_pid"), self._last_ct_counts.get(ct)
-            if last is None or last[0] != process:
-                # The first report of a compute process (the run's first, or one a restart began): it counts from 0,
-                # but for its learn calls, which go on from the checkpoint it resumed.
-                start = float(report.get("learn_calls_at_start", 0))
-                before = tuple(start if key == "learn_calls" else 0.0 for key in keys)
-            else:
-                before = last[1]
+            activity = totals.ct_activity(ct)
+            counts = tuple(activity[key] for key in keys)
             rows, batches, learned_requests, learn_calls, predict_s, learn_s = (
-                now - then for now, then in zip(counts, before)
+                now - before for now, before in zip(counts, self._last_ct_counts.get(ct, (0.0,) * len(keys)))
             )
-            self._last_ct_counts[ct] = (process, counts)
+            self._last_ct_counts[ct] = counts
             self._cts.writerow(
                 (
                     wall_time,

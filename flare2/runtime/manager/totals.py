@@ -15,13 +15,23 @@ EVAL_RETURN_WINDOW = 20
 PROCESS_COUNTS = (
     "predict_rows",
     "predict_batches",
+    "learned_requests",
     "rejected",
     "closed_connections",
     "policy_lag_sum",
     "policy_lag_steps",
+    "predict_seconds",
+    "learn_seconds",
 )
-"""What a compute process counts from 0 however the run began (its learn calls and learned rows go on from the
-checkpoint it resumed): the run's totals carry them over a compute restart."""
+"""What a compute process counts from 0 however the run began: the run's totals carry them over a compute restart.
+Its learn calls and learned rows go on from the checkpoint it resumed."""
+
+
+def _process_activity(report: dict[str, Any]) -> dict[str, float]:
+    """What the compute process of a CT's report did itself: its ``PROCESS_COUNTS`` and the learn calls it made."""
+    activity = {key: float(report.get(key, 0)) for key in PROCESS_COUNTS}
+    activity["learn_calls"] = float(report.get("learn_calls", 0)) - float(report.get("learn_calls_at_start", 0))
+    return activity
 
 
 @dataclass
@@ -60,8 +70,8 @@ class RunTotals:
     """Prediction round trips as the agents timed them, since the last progress row."""
     best_return_mean: float = float("nan")
     """The highest ``return_mean`` of any progress row so far."""
-    _carried: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PROCESS_COUNTS, 0.0))
-    """The ``PROCESS_COUNTS`` of compute processes that restarts replaced, summed over their CTs."""
+    _carried: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each CT's activity (``_process_activity``) in the compute processes that restarts replaced."""
     _finished: list = field(default_factory=list)
     """(return, length, evaluation, team) of the episodes finished since the last ``take_finished``."""
 
@@ -100,8 +110,9 @@ class RunTotals:
         for ct, report in reports.items():
             previous = self.ct_reports.get(ct, {})
             if previous and previous.get("compute_pid") != report.get("compute_pid"):
-                for key in PROCESS_COUNTS:
-                    self._carried[key] += float(previous.get(key, 0))
+                carried = self._carried.setdefault(ct, {})
+                for key, value in _process_activity(previous).items():
+                    carried[key] = carried.get(key, 0.0) + value
             if not report.get("costs") and previous.get("costs"):
                 # No learn() since the last report: the costs of the last one stand, as they do between rows.
                 report = {**report, "costs": previous["costs"]}
@@ -160,8 +171,16 @@ class RunTotals:
         return len(self.recent_eval_returns) == EVAL_RETURN_WINDOW
 
     def ct_total(self, key: str) -> float:
-        """``key`` summed over the CTs' reports, and over the compute processes of the run for ``PROCESS_COUNTS``."""
-        return sum(report.get(key, 0) for report in self.ct_reports.values()) + self._carried.get(key, 0.0)
+        """``key`` summed over the CTs' reports, and for ``PROCESS_COUNTS`` over the run's compute processes."""
+        if key in PROCESS_COUNTS:
+            return sum(self.ct_activity(ct)[key] for ct in self.ct_reports)
+        return sum(report.get(key, 0) for report in self.ct_reports.values())
+
+    def ct_activity(self, ct: str) -> dict[str, float]:
+        """What the run's compute processes did for ``ct``, summed over them: its ``PROCESS_COUNTS`` and the learn
+        calls they made (not those of a checkpoint they resumed)."""
+        carried = self._carried.get(ct, {})
+        return {key: value + carried.get(key, 0.0) for key, value in _process_activity(self.ct_reports[ct]).items()}
 
 
 MAX_TEAM_CHARS = 64

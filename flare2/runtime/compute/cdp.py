@@ -142,7 +142,8 @@ class CDPStats:
     predict_rows: int = 0
     predict_batches: int = 0
     compute_pid: int = field(default_factory=os.getpid)
-    """The process that counts: a restarted compute process counts again from 0 (cts.csv's rows start over)."""
+    """The process that counts: a restarted one counts again from 0, and the manager's totals carry what the one it
+    replaced had counted (``RunTotals.ct_activity``)."""
     learn_calls_at_start: int = 0
     """``learn_calls`` as this process began: a resumed CT's count goes on from its checkpoint."""
     learned_requests: int = 0

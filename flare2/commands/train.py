@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import difflib
 import json
-import multiprocessing
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -45,6 +44,7 @@ from flare2.runtime.options import (
     run_config_from_args,
     transforms_from_args,
 )
+from flare2.runtime.processes import refuse_start_in_a_spawned_child
 from flare2.runtime.run_files import TRAIN_FILE
 from flare2.zoo.record import PRESET_GROUPS, AlgorithmRecord, field_names
 from flare2.zoo.registry import check_spaces, lookup, names
@@ -108,14 +108,7 @@ def train(env: str, algo: str = "ppo", *, max_steps: int | None = None, **settin
     like options on the command line. Returns when the run ends; a run that fails raises :class:`flare2.RunFailed`
     naming its log.
     """
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        # The spawn start method imports the parent's main module again in each child, and marks the process so
-        # while it does (multiprocessing's own check reads the same mark): without the guard, each child would
-        # start a run of its own.
-        raise ConfigError(
-            "flare2.train() was called again while a run's process was starting: in a script, call it under "
-            '`if __name__ == "__main__":`'
-        )
+    refuse_start_in_a_spawned_child("flare2.train()")
     if max_steps is not None:
         settings["max_steps"] = max_steps
     plan = resolve(["--env", env, "--algo", algo], settings, parser_class=_RaisingParser)

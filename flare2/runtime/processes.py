@@ -19,11 +19,25 @@ from pathlib import Path
 from typing import Any, cast
 
 from flare2.errors import ConfigError
+from flare2.runtime import exit_codes
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 COMPUTE_IDENTITY = "compute"
 """The compute process's identity on the manager's control socket."""
+
+
+def refuse_start_in_a_spawned_child(what: str) -> None:
+    """End this process, with one line that says why, if it is a child that is still importing its parent's main
+    module: the spawn start method imports that module again in each child (multiprocessing marks the process while it
+    does), so a script that starts a run (``what``) outside ``if __name__ == "__main__":`` would start one more run
+    in each process of its own run. The exit code, CONFIG_ERROR, tells the run not to restart the process."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        sys.stderr.write(
+            f"flare2: {what} was called again in a process of the run as it started: in a script, call it under "
+            '`if __name__ == "__main__":`\n'
+        )
+        raise SystemExit(exit_codes.CONFIG_ERROR)
 
 
 def stop_resource_tracker() -> None:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from extras import needs_modules, skip_without
-from runs import read_csv
+from runs import REPO, read_csv
 
 from flare2.commands.policies import load_policy
 from flare2.commands.train import resolve
@@ -379,13 +379,23 @@ def read_until_end(pipe, stop_after: bytes | None, timeout_s: float) -> bytes:
     return data
 
 
-def test_flare2_train_in_a_script_without_the_main_guard_ends_with_a_message_naming_the_guard(tmp_path):
+@pytest.mark.parametrize(
+    "starts_the_run",
+    [
+        "import flare2\nflare2.train('CartPole-v1', algo='ppo', max_steps=600, log_dir=LOG_DIR)\n",
+        # A manager script's main(), called at the top of another script.
+        f"import sys\nsys.path.insert(0, {str(REPO / 'examples')!r})\nfrom cartpole_a2c import main\n"
+        "sys.exit(main(['--max-steps', '600', '--log-dir', LOG_DIR]))\n",
+    ],
+    ids=["flare2.train", "Manager"],
+)
+def test_a_script_that_starts_a_run_without_the_main_guard_ends_once_with_a_message_naming_the_guard(
+    tmp_path, starts_the_run
+):
     script = tmp_path / "no_guard.py"
-    script.write_text(
-        f"import flare2\nflare2.train('CartPole-v1', algo='ppo', max_steps=600, log_dir={str(tmp_path / 'run')!r})\n",
-        encoding="utf-8",
-    )
+    script.write_text(f"LOG_DIR = {str(tmp_path / 'run')!r}\n{starts_the_run}", encoding="utf-8")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert result.returncode != 0
-    assert 'call it under `if __name__ == "__main__":`' in result.stderr
-    assert "RunFailed" in result.stderr.splitlines()[-1]
+    assert result.returncode != 0 and "a setting is wrong" in result.stderr.splitlines()[-1], result.stderr[-3000:]
+    # The compute process, importing the script again, said why once and was not restarted to say it again.
+    assert result.stderr.count('call it under `if __name__ == "__main__":`') == 1, result.stderr[-3000:]
+    assert "compute restart" not in result.stderr

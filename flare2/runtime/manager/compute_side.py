@@ -165,6 +165,11 @@ class ComputeProcess:
         )
         if self.regrouping and self.process is not None and self.process.exitcode == exit_codes.OK:
             logger.info("the compute process stopped for a new group of learners; starting a new one from %s", source)
+        elif self.process is not None and self.process.exitcode == exit_codes.CONFIG_ERROR:
+            # It said why as it ended (flare2.runtime.processes.refuse_start_in_a_spawned_child): a new one would too.
+            raise RunFailed(
+                f"the compute process {how}: a setting is wrong (its message above)", exit_codes.CONFIG_ERROR
+            )
         else:
             self.deaths += 1
             most = self.config.max_restarts

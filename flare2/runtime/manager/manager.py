@@ -40,6 +40,7 @@ from flare2.runtime.manager.parallel import ParallelSchedule
 from flare2.runtime.manager.progress import ProgressLog, summary_line, wandb_logging
 from flare2.runtime.manager.schedule import Schedule
 from flare2.runtime.manager.totals import RunTotals
+from flare2.runtime.processes import refuse_start_in_a_spawned_child
 from flare2.runtime.run_files import record_run, run_logs_and_signals
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Manager:
     """Runs one :class:`RunConfig` to its budget: ``Manager(config).run()`` returns the exit code."""
 
     def __init__(self, config: RunConfig) -> None:
+        refuse_start_in_a_spawned_child("Manager(config).run()")
         self.config = config
         self.log_dir = Path(config.log_dir)
         self.totals = RunTotals()

@@ -156,12 +156,13 @@ class Cluster:
     def victims(self) -> dict[str, list[Any]]:
         """What a fault of each kind may hit."""
         children = _children(self.run.pid)
-        # By the names flare2 gives them: a spare compute process (or learner), waiting, is no part of the run yet.
+        # By the names flare2 gives them: a spare compute process, waiting, is no part of the run yet.
         compute = [pid for pid in children if _name(pid) == "flare2-compute"]
         agents = [pid for pid in children if b"agent_process" in _cmdline(pid)]
-        learners = [
-            pid for pid in (_children(compute[0]) if compute else []) if _name(pid).startswith("flare2-learner")
-        ]
+        # Every process the compute process spawned is one of its learners, named so only once its imports are done:
+        # on a busy machine that takes seconds after each restart, and a learner killed meanwhile (as its group
+        # forms) is a lost learner too. Its resource tracker is not spawned this way.
+        learners = [pid for pid in (_children(compute[0]) if compute else []) if b"spawn_main" in _cmdline(pid)]
         attaches = [process.pid for name, process in self.helpers.items() if name.startswith("attach")]
         for pid in attaches:
             agents += [child for child in _children(pid) if b"agent_process" in _cmdline(child)]

@@ -43,10 +43,12 @@ def test_a_run_killed_at_random_everywhere_reaches_its_budget_and_leaves_nothing
 def test_a_run_across_three_hosts_takes_a_hundred_faults_of_every_kind_and_reaches_its_budget(tmp_path):
     # Agents here and attached, attach processes, both learners (one on host B), the compute process, and the links
     # of B and C cut for 5-40 s: 100 faults, one every 1.6 s on average (about 3 minutes), then the run goes on to
-    # its budget. A checkpoint a second: a compute process killed takes at most that much learning with it.
-    options = ("--max-steps", "80000", "--fault-every", "1.6", "--faults", "100", "--checkpoint-every", "1s")
+    # its budget, which must outlast the faults: on 2 cores 80,000 steps took 129 s of faults in one run (70 of the
+    # 100 came) and 197 s in another. A checkpoint a second: a compute process killed takes at most that much
+    # learning with it.
+    options = ("--max-steps", "200000", "--fault-every", "1.6", "--faults", "100", "--checkpoint-every", "1s")
     report, faults = soak(tmp_path, "--hosts", *options)
     assert sum(faults.values()) == 100 and len(faults) == 5 and min(faults.values()) >= 8, report
-    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 80000
+    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 200000
     rejoined = re.search(r"remote agents rejoined (\d+)", report)
     assert rejoined is not None and int(rejoined[1]) > 0, report

@@ -32,11 +32,13 @@ def soak(tmp_path: Path, *options: str) -> tuple[str, dict[str, int]]:
 
 
 def test_a_run_killed_at_random_everywhere_reaches_its_budget_and_leaves_nothing_running(tmp_path):
-    report, faults = soak(tmp_path, "--max-steps", "40000", "--fault-every", "1.5", "--faults", "30")
+    # The budget outlasts the 30 faults (45 s on average): on 2 cores 40,000 steps took 79 s with the last fault at
+    # 64 s.
+    report, faults = soak(tmp_path, "--max-steps", "80000", "--fault-every", "1.5", "--faults", "30")
     assert sum(faults.values()) == 30 and min(faults.values()) >= 8, report
     restarts = re.search(r"agents (\d+), compute process (\d+)", report)
     assert restarts is not None and int(restarts[2]) >= faults["compute"], report
-    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 40000
+    assert int(re.search(r"\| env steps, of them never learned from \| (\d+)", report)[1]) >= 80000
 
 
 @needs_root

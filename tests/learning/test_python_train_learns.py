@@ -2,9 +2,9 @@
 (about 15 s; runs by default), and the run it returns holds its figures and a policy that plays.
 
 It runs in one process (``serial=True``), where the agent waits for each learn() and the run's course follows from
-its seed alone: with a learner process, when each update lands depends on the machine's load, and 1 of 14 runs of
-seed 1 beside a busy core fell back from a return of 240 and missed 475 within 100k steps. In serial, seeds 0-9 each
-reached 475 within 200k steps (56k to 176k)."""
+its seed alone. With a learner process, when each update lands depends on the machine's load: 1 of 16 runs of seed
+1 beside a busy core missed 475 within 100k steps, and one run of this test fell back from a return of 240 to 64 and
+missed it within 200k. In serial, seeds 0-9 each reached 475 within 200k steps (56k to 176k)."""
 
 from __future__ import annotations
 

@@ -157,7 +157,12 @@ class ComputeProcess:
 
     def restart(self, how: str) -> None:
         """Start a new process in place of the one that ended (``how``: as ``died()`` says), from the run's last
-        checkpoint; RunFailed past ``max_restarts`` deaths."""
+        checkpoint; RunFailed past ``max_restarts`` deaths, or at once for one that exited with CONFIG_ERROR."""
+        if self.process is not None and self.process.exitcode == exit_codes.CONFIG_ERROR:
+            # It said why as it ended (flare2.runtime.processes.refuse_start_in_a_spawned_child): a new one would too.
+            raise RunFailed(
+                f"the compute process {how}: a setting is wrong (its message above)", exit_codes.CONFIG_ERROR
+            )
         self.totals.compute_restarts += 1
         resume_dir = self._last_checkpoints()
         source = (
@@ -165,11 +170,6 @@ class ComputeProcess:
         )
         if self.regrouping and self.process is not None and self.process.exitcode == exit_codes.OK:
             logger.info("the compute process stopped for a new group of learners; starting a new one from %s", source)
-        elif self.process is not None and self.process.exitcode == exit_codes.CONFIG_ERROR:
-            # It said why as it ended (flare2.runtime.processes.refuse_start_in_a_spawned_child): a new one would too.
-            raise RunFailed(
-                f"the compute process {how}: a setting is wrong (its message above)", exit_codes.CONFIG_ERROR
-            )
         else:
             self.deaths += 1
             most = self.config.max_restarts

@@ -350,6 +350,7 @@ def config_from_args(
 ) -> Any:
     """The ``config_class`` of the options :func:`add_config_options` added; ``derived_values`` gives the value of
     each field left to its derived default. A value the config refuses is a usage error naming it."""
+    _refuse_defaults_that_miss_the_config(parser, args, config_class)
     values = {}
     for field in dataclasses.fields(config_class):
         value = getattr(args, f"{config_class.__name__}.{field.name}")
@@ -362,6 +363,25 @@ def config_from_args(
         parser.error(str(exc))
     except TypeError as exc:  # a preset's value of the wrong kind meets the config's checks
         parser.error(f"{config_class.__name__}: a value of the wrong kind ({exc}): {values}")
+
+
+def _refuse_defaults_that_miss_the_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, config_class: type
+) -> None:
+    """``parser.set_defaults(lr=...)`` sets an attribute that no option reads (the config's options keep their values
+    under ``PPOConfig.lr``), so the script would run with the field's own default without a word."""
+    options = {action.dest for action in parser._actions}
+    missed = [
+        field.name
+        for field in dataclasses.fields(config_class)
+        if field.name in vars(args) and field.name not in options
+    ]
+    if missed:
+        given = ", ".join(f"{name}=..." for name in missed)
+        raise TypeError(
+            f"parser.set_defaults({given}) reaches no option: {config_class.__name__}'s options keep their own "
+            f"defaults; give a script's default as add_config_options(parser, {config_class.__name__}, {given})"
+        )
 
 
 # ---- the agent side's data transforms ----------------------------------------------------------------------------

@@ -79,3 +79,10 @@ def test_defaults_for_no_field_and_fields_without_a_command_line_form_are_refuse
 
     with pytest.raises(TypeError, match="Odd.table is a <class 'dict'>, which has no command-line form"):
         parser_for(Odd)
+
+
+def test_a_default_set_on_the_parser_for_a_config_field_is_refused_with_the_way_that_works():
+    parser = parser_for(PPOConfig)
+    parser.set_defaults(lr=1e-3)
+    with pytest.raises(TypeError, match=r"add_config_options\(parser, PPOConfig, lr=\.\.\.\)"):
+        config_from_args(parser, parser.parse_args([]), PPOConfig)

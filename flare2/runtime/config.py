@@ -228,7 +228,8 @@ class RunConfig:
     """Run the compute side and one agent in this process, over in-process ports (for debuggers; see
     flare2.runtime.manager.serial)."""
     max_message_bytes: int = DEFAULT_MAX_BYTES
-    """Largest message any socket accepts."""
+    """Largest message a socket accepts from another machine; the Unix streams of local agents take at least
+    ``STREAM_MAX_BYTES`` (``flare2.wire.streams``)."""
     max_restarts: int = 10
     """Agent restarts allowed over the whole run (an agent that crashes or goes silent is restarted); past it the run fails."""
     restart_backoff_s: float = 0.5

@@ -139,8 +139,9 @@ OPTIONS: tuple[tuple[str, str, type, str, dict[str, Any]], ...] = (
         "with `flare2 learn MANAGER_ENDPOINT --keys DIR` (torch.distributed's traffic is not encrypted: a trusted "
         "network only)")),
     ("batching", "--max-message-bytes", _RUN, "max_message_bytes", dict(
-        type=number_option(int, least=1024), help="largest message any socket of the run accepts (observations and learn "
-        "requests must fit; larger ones are refused with an error)")),
+        type=number_option(int, least=1024), help="largest message a socket of the run accepts from another machine "
+        "(observations and learn requests must fit; larger ones are refused with an error); agents on the compute "
+        "process's machine may send up to this or 1 GiB, whichever is more")),
     (_SUPERVISION, "--max-restarts", _RUN, "max_restarts", dict(
         type=number_option(int, least=0), help="agent restarts (crash, kill, heartbeat timeout) allowed before the run fails")),
     (_SUPERVISION, "--restart-backoff", _RUN, "restart_backoff_s", dict(

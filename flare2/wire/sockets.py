@@ -17,7 +17,7 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import ERROR, Message, VersionMismatchError, pack, unpack
 from flare2.wire.security import CurveClient, CurveServer, make_client_socket, make_server_socket, worth_logging
 from flare2.wire.streams import SCHEME as STREAM_SCHEME
-from flare2.wire.streams import StreamClient
+from flare2.wire.streams import StreamClient, stream_max_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -204,13 +204,14 @@ class Requester:
         """``shared_arrays``: on a stream, large arrays cross through shared memory (``flare2.wire.shared_arrays``)."""
         self.endpoint = endpoint
         self.identity = identity
-        self._max_bytes = max_bytes
+        self.max_bytes = stream_max_bytes(max_bytes) if endpoint.startswith(STREAM_SCHEME) else max_bytes
+        """The largest message this link takes (a stream of this machine takes more than the run's limit)."""
         self._sock: zmq.Socket | None = None
         self._stream: StreamClient | None = None
         if endpoint.startswith(STREAM_SCHEME):
             self._stream = StreamClient(
                 endpoint,
-                max_bytes=max_bytes,
+                max_bytes=self.max_bytes,
                 on_blocked=on_blocked,
                 blocked_every_s=blocked_every_s,
                 busy_wait_s=busy_wait_s,
@@ -238,13 +239,13 @@ class Requester:
         shared = self._stream.shared_arrays if self._stream is not None else None
         frames = pack(Message(kind, payload, self.identity, self._seq + 1, ct), shared=shared)
         size = len(frames[-1]) + (shared.placed_bytes if shared is not None else 0)
-        if size > self._max_bytes:
+        if size > self.max_bytes:
             if shared is not None:
                 shared.cancel()
             # The receiver would close the connection without a word, and the reply would never come.
             raise ConfigError(
-                f"a {kind} message to {self.endpoint} holds {size} bytes, more than the run's "
-                f"max_message_bytes ({self._max_bytes}): send fewer or smaller arrays per message (fewer steps per "
+                f"a {kind} message to {self.endpoint} holds {size} bytes, more than the {self.max_bytes} a message "
+                f"to it may hold (max_message_bytes): send fewer or smaller arrays per message (fewer steps per "
                 "learn request or envs per agent: --sample-interval, --batch-size, --envs-per-agent) or raise "
                 "--max-message-bytes"
             )
@@ -301,7 +302,7 @@ class Requester:
                     on_idle()
                 continue
             try:
-                reply = unpack(frames, max_bytes=self._max_bytes)
+                reply = unpack(frames, max_bytes=self.max_bytes)
             except VersionMismatchError:
                 raise
             except DecodeError as exc:

@@ -33,6 +33,16 @@ from flare2.wire.stream_bytes import OversizeError, StreamDecoder, read_buffer, 
 logger = logging.getLogger(__name__)
 
 SCHEME = "unix://"
+STREAM_MAX_BYTES = 1 << 30
+"""The least limit of a message on a stream, whatever the run's ``max_message_bytes`` (which bounds what comes from
+other machines): a stream's peers are processes of the run's own user, and an agent that plays many envs sends learn
+requests past a limit meant for the network (PPO's Atari preset at 32 envs a process: 29 MB)."""
+
+
+def stream_max_bytes(max_bytes: int) -> int:
+    """The largest message a stream of a run whose ``max_message_bytes`` is ``max_bytes`` takes."""
+    return max(max_bytes, STREAM_MAX_BYTES)
+
 
 _PEER_CREDENTIALS = struct.Struct("3i")
 # Drops logged one by one before they are only counted.

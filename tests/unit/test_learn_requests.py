@@ -194,7 +194,9 @@ def test_an_agent_whose_requests_cannot_fit_the_message_limit_stops_before_its_f
     replay = ExpReplayHelper(capacity=100, warmup=10, batch_size=32, sample_interval=4, sequence_length=3)
     replay.attach("RL", SPECS, None, num_envs=8)
     assert online.largest_request() == (8, 128) and replay.largest_request() == (64, 3)
-    check_request_sizes({"RL": online}, {"RL": SPECS}, 16 << 20)
-    with pytest.raises(ConfigError, match=r"128 steps, at least 73,872 bytes, more than the run's --max-message-bytes"):
-        check_request_sizes({"RL": online}, {"RL": SPECS}, 50_000)
+    check_request_sizes({"RL": online}, {"RL": SPECS}, {"RL": 16 << 20})
+    with pytest.raises(
+        ConfigError, match=r"128 steps, at least 73,872 bytes, more than the 50,000 a message to it may"
+    ):
+        check_request_sizes({"RL": online}, {"RL": SPECS}, {"RL": 50_000})
     assert OnlineHelper(sample_interval=8, complete_episodes=True).largest_request() is None

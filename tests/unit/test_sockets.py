@@ -99,8 +99,8 @@ def test_a_message_over_the_size_limit_is_refused_before_it_goes_out_naming_the_
     big = {"inputs": {"obs": np.zeros(1024, np.float32)}}
     with pytest.raises(
         ConfigError,
-        match=r"a predict message to .* holds \d+ bytes, more than the run's "
-        r"max_message_bytes \(2048\).*raise --max-message-bytes",
+        match=r"a predict message to .* holds \d+ bytes, more than the 2048 a message to it may hold "
+        r"\(max_message_bytes\).*raise --max-message-bytes",
     ):
         requester.send(PREDICT, big)
     # Nothing went out, and the next message keeps the sequence numbers in order.

@@ -275,7 +275,7 @@ def _connect(
     welcome.agent.connect(
         agent_id=settings.agent_id, seed=settings.seed, specs=specs, ports=ports, helpers=welcome.helpers
     )
-    check_request_sizes(welcome.helpers, specs, welcome.max_bytes)
+    check_request_sizes(welcome.helpers, specs, {name: ports[name].learner.max_bytes for name in welcome.helpers})
 
 
 def _ended(

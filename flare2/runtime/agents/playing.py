@@ -14,6 +14,7 @@ from flare2.core.specs import CTSpecs
 from flare2.errors import ConfigError
 from flare2.runtime.agents.episodes import EpisodeStats, VectorEpisodeRecorder, recorder
 from flare2.runtime.processes import import_object
+from flare2.wire.streams import STREAM_MAX_BYTES
 
 
 class StopRequested(Exception):
@@ -63,19 +64,23 @@ def check_envs_per_agent(agent: AgentBase, envs_per_agent: int) -> None:
         )
 
 
-def check_request_sizes(helpers: Mapping[str, AgentHelper], specs: Mapping[str, CTSpecs], max_bytes: int) -> None:
-    """A ConfigError, before the first step, for a helper whose learn requests cannot fit the message limit."""
+def check_request_sizes(
+    helpers: Mapping[str, AgentHelper], specs: Mapping[str, CTSpecs], max_bytes: Mapping[str, int]
+) -> None:
+    """A ConfigError, before the first step, for a helper whose learn requests cannot fit the message limit of its
+    link to its CT (``max_bytes``, by CT)."""
     for ct, helper in helpers.items():
         shape = helper.largest_request()
         if shape is None:
             continue
         least = least_bytes(specs[ct], *shape)
-        if least > max_bytes:
+        if least > max_bytes[ct]:
             sequences, steps = shape
             raise ConfigError(
                 f"learn requests to CT {ct!r} hold {sequences} sequences of {steps} steps, at least {least:,} bytes, "
-                f"more than the run's --max-message-bytes ({max_bytes:,}): send fewer steps per request or fewer "
-                "envs per agent (--sample-interval, --batch-size, --envs-per-agent) or raise --max-message-bytes"
+                f"more than the {max_bytes[ct]:,} a message to it may hold (--max-message-bytes, and at least "
+                f"{STREAM_MAX_BYTES >> 30} GiB on the compute process's own machine): send fewer steps per request or "
+                "fewer envs per agent (--sample-interval, --batch-size, --envs-per-agent) or raise --max-message-bytes"
             )
 
 

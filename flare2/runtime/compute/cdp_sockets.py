@@ -19,7 +19,7 @@ from flare2.wire.codec import DEFAULT_MAX_BYTES
 from flare2.wire.protocol import Message, pack, unpack
 from flare2.wire.security import CurveServer
 from flare2.wire.sockets import ConnectionWatch, bind_router, router_send
-from flare2.wire.streams import StreamConnection, StreamServer
+from flare2.wire.streams import StreamConnection, StreamServer, stream_max_bytes
 
 if TYPE_CHECKING:
     from flare2.core.computation_task import ComputationTask
@@ -61,12 +61,15 @@ class SocketFront:
             try:
                 self.local_predict = StreamServer(
                     f"{local_prefix}-predict",
-                    max_bytes=max_bytes,
+                    max_bytes=stream_max_bytes(max_bytes),
                     receive=self._receive_predict,
                     on_drop=self._count_drop,
                 )
                 self.local_learn = StreamServer(
-                    f"{local_prefix}-learn", max_bytes=max_bytes, receive=self._receive_learn, on_drop=self._count_drop
+                    f"{local_prefix}-learn",
+                    max_bytes=stream_max_bytes(max_bytes),
+                    receive=self._receive_learn,
+                    on_drop=self._count_drop,
                 )
             except BaseException:
                 self.close()
@@ -147,9 +150,10 @@ class SocketFront:
             logger.exception("CT %r dropped a request it could not handle", self.cdp.ct.name)
 
     def _accept(self, reply_to: bytes | StreamConnection, frames: list[bytes], now: float, *, learn: bool) -> None:
-        shared = reply_to.shared_arrays if isinstance(reply_to, StreamConnection) else None
+        stream = reply_to if isinstance(reply_to, StreamConnection) else None
+        max_bytes = self.max_bytes if stream is None else stream.server.max_bytes
         try:
-            message = unpack(frames, max_bytes=self.max_bytes, shared=shared)
+            message = unpack(frames, max_bytes=max_bytes, shared=None if stream is None else stream.shared_arrays)
         except DecodeError as exc:
             self.cdp.reject(reply_to, learn, 0, str(exc), "bad_request")
             return

@@ -36,7 +36,7 @@ SCHEME = "unix://"
 STREAM_MAX_BYTES = 1 << 30
 """The least limit of a message on a stream, whatever the run's ``max_message_bytes`` (which bounds what comes from
 other machines): a stream's peers are processes of the run's own user, and an agent that plays many envs sends learn
-requests past a limit meant for the network (PPO's Atari preset at 32 envs a process: 29 MB)."""
+requests past a limit meant for the network (PPO's Atari preset at 32 envs a process: 30 MB)."""
 
 
 def stream_max_bytes(max_bytes: int) -> int:

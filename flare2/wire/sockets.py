@@ -204,11 +204,12 @@ class Requester:
         """``shared_arrays``: on a stream, large arrays cross through shared memory (``flare2.wire.shared_arrays``)."""
         self.endpoint = endpoint
         self.identity = identity
-        self.max_bytes = stream_max_bytes(max_bytes) if endpoint.startswith(STREAM_SCHEME) else max_bytes
+        is_stream = endpoint.startswith(STREAM_SCHEME)
+        self.max_bytes = stream_max_bytes(max_bytes) if is_stream else max_bytes
         """The largest message this link takes (a stream of this machine takes more than the run's limit)."""
         self._sock: zmq.Socket | None = None
         self._stream: StreamClient | None = None
-        if endpoint.startswith(STREAM_SCHEME):
+        if is_stream:
             self._stream = StreamClient(
                 endpoint,
                 max_bytes=self.max_bytes,

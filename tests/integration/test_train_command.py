@@ -275,23 +275,8 @@ def test_a_pettingzoo_env_trains_a_ct_per_team_and_eval_reports_each_team(tmp_pa
 def test_local_agents_send_learn_requests_past_the_networks_message_limit(tmp_path):
     """--max-message-bytes bounds what comes from other machines; an agent of the compute process's own machine sends
     its learn requests (here about 75 kB: 8 envs x 256 steps) over a stream of the run's own user, which takes more."""
-    result = flare2(
-        "train",
-        "--env",
-        "CartPole-v1",
-        "--algo",
-        "ppo",
-        "--max-steps",
-        "4000",
-        "--sample-interval",
-        "256",
-        "--max-message-bytes",
-        "32768",
-        "--device",
-        "cpu",
-        "--log-dir",
-        str(tmp_path / "run"),
-    )
+    options = "--env CartPole-v1 --algo ppo --max-steps 4000 --sample-interval 256 --max-message-bytes 32768"
+    result = flare2("train", *options.split(), "--device", "cpu", "--log-dir", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-4000:]
     rows = read_csv(tmp_path / "run" / "progress.csv")
     assert float(rows[-1]["learn_steps"]) >= 1

@@ -19,9 +19,13 @@ import array
 import logging
 import math
 import os
+import re
 import select
+import shutil
 import socket
+import stat
 import struct
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +46,63 @@ requests past a limit meant for the network (PPO's Atari preset at 32 envs a pro
 def stream_max_bytes(max_bytes: int) -> int:
     """The largest message a stream of a run whose ``max_message_bytes`` is ``max_bytes`` takes."""
     return max(max_bytes, STREAM_MAX_BYTES)
+
+
+# A run's socket folder is named after the manager's pid, so that a later run can tell a dead run's folder.
+_SOCKET_DIR = re.compile(r"flare2-(\d+)-[A-Za-z0-9_]+")
+
+
+def make_socket_dir() -> str:
+    """A new private folder (mode 0700) for a run's Unix sockets, which the run removes as it ends. First removes the
+    folders of this user's runs whose manager was killed before it could remove its own (SIGKILL, the OOM killer)."""
+    remove_stale_socket_dirs(tempfile.gettempdir())
+    return tempfile.mkdtemp(prefix=f"flare2-{os.getpid()}-")
+
+
+def remove_stale_socket_dirs(root: str) -> None:
+    """Removes each socket folder in ``root`` of this user whose manager is not running and none of whose sockets
+    answers (the second check keeps the folder of a run whose pid another pid namespace hides from this one)."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        match = _SOCKET_DIR.fullmatch(entry.name)
+        try:
+            if not match or not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if not _is_running(int(match[1])) and not _any_socket_answers(entry.path):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _any_socket_answers(folder: str) -> bool:
+    for parent, _dirs, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                    continue
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                    probe.settimeout(1.0)
+                    probe.connect(path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                continue
+            except OSError:
+                return True  # a listener with a full backlog, or a socket this process may not reach: leave it
+            return True
+    return False
 
 
 _PEER_CREDENTIALS = struct.Struct("3i")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from flare2.runtime.config import AUTO_BUSY_WAIT_US, busy_wait_us
 from flare2.wire.protocol import HELLO, PREDICT, Message, pack, unpack
 from flare2.wire.sockets import Requester
 from flare2.wire.stream_bytes import OversizeError, StreamDecoder, stream_chunks
-from flare2.wire.streams import StreamClient, StreamServer
+from flare2.wire.streams import StreamClient, StreamServer, make_socket_dir, remove_stale_socket_dirs
 
 LIMIT = 64 * 1024
 
@@ -233,3 +234,54 @@ def test_the_busy_wait_is_on_only_while_the_busy_processes_fit_the_cores():
     assert busy_wait_us(None, cores + 1) == 0
     assert busy_wait_us(0, 1) == 0
     assert busy_wait_us(50, cores + 8) == 50
+
+
+def _bound_socket(path: str, listening: bool) -> socket.socket | None:
+    """A Unix socket file at ``path``: with a listener that stays (returned), or left behind by a closed one."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    if listening:
+        sock.listen(1)
+        return sock
+    sock.close()
+    return None
+
+
+def test_a_new_run_removes_the_socket_folders_of_killed_runs_and_leaves_every_live_one():
+    # A short root: a socket's path must fit in 108 bytes, which pytest's tmp_path under xdist can pass.
+    with tempfile.TemporaryDirectory(prefix="f2-") as root:
+        _remove_the_stale_folders_in(Path(root))
+
+
+def _remove_the_stale_folders_in(root: Path) -> None:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(finished.stdout)
+    killed = root / f"flare2-{dead_pid}-killed"
+    restarted = killed / "restart1"
+    restarted.mkdir(parents=True)
+    _bound_socket(str(killed / "ct0-predict"), listening=False)
+    _bound_socket(str(restarted / "ct0-predict"), listening=False)
+    live = root / f"flare2-{os.getpid()}-live"
+    live.mkdir()
+    _bound_socket(str(live / "ct0-predict"), listening=False)
+    # A manager this pid namespace cannot see: its pid looks dead here, but its compute process answers.
+    hidden = root / f"flare2-{dead_pid}-hidden"
+    (hidden / "restart1").mkdir(parents=True)
+    listener = _bound_socket(str(hidden / "restart1" / "ct0-predict"), listening=True)
+    not_a_run = root / f"flare2-{dead_pid}"
+    not_a_run.mkdir()
+
+    remove_stale_socket_dirs(str(root))
+
+    assert listener is not None
+    listener.close()
+    assert sorted(path.name for path in root.iterdir()) == sorted([live.name, hidden.name, not_a_run.name])
+
+
+def test_a_runs_socket_folder_is_private_and_named_after_its_manager():
+    folder = make_socket_dir()
+    try:
+        assert os.path.basename(folder).startswith(f"flare2-{os.getpid()}-")
+        assert os.stat(folder).st_mode & 0o777 == 0o700
+    finally:
+        os.rmdir(folder)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -68,6 +67,7 @@ from flare2.wire.sockets import (
     poll_timeout_ms,
     router_send,
 )
+from flare2.wire.streams import make_socket_dir
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +130,8 @@ class ParallelSchedule:
                 # Other machines can reach this socket: what ZeroMQ does to them unseen is counted and logged.
                 self._connections = ConnectionWatch(control, self.config.max_message_bytes)
                 cleanup.callback(self._connections.close)
-            # The Unix sockets local agents reach the CDPs by: mode 0700, removed as the run ends however
-            # the compute process ended.
-            self._socket_dir = tempfile.mkdtemp(prefix="flare2-")
+            # The Unix sockets local agents reach the CDPs by, removed as the run ends however the compute process ended.
+            self._socket_dir = make_socket_dir()
             cleanup.callback(shutil.rmtree, self._socket_dir, ignore_errors=True)
             yield
 

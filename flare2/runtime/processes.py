@@ -154,7 +154,7 @@ class WarmProcess:
 
 def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args: tuple[Any, ...]) -> None:
     die_with_parent(parent_pid)
-    ignore_interrupts()
+    ignore_stop_signals()
     name_process("flare2-spare")
     module, _, function = warm_up.partition(":")
     loaded = importlib.import_module(module)
@@ -171,9 +171,14 @@ def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args
     target(*args)
 
 
-def ignore_interrupts() -> None:
-    """Children ignore Ctrl+C (the terminal sends it to the whole group) and obey the manager's STOP instead."""
+def ignore_stop_signals() -> None:
+    """Children ignore Ctrl+C and SIGTERM and obey their owner's STOP instead: the terminal sends Ctrl+C to the whole
+    process group, and `timeout`, Slurm's scancel and systemd send SIGTERM to every process of the run. The manager
+    stops them in order (agents first, then the compute process, which writes the checkpoints); a compute process
+    that died of the signal would be restarted and the run's last steps lost. An agent process takes SIGTERM back (its
+    owner may be ``flare2 attach``, which stops its agents with it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def import_object(path: str) -> Any:

@@ -221,3 +221,12 @@ def test_a_restart_count_kept_elsewhere_counts_toward_the_limit():
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_process_stopped_by_a_signal_exits_with_that_signals_code(signum, code):
     assert exit_codes.stopped_by(signum) == code
+
+
+def test_a_restarted_compute_process_whose_hello_comes_after_the_stop_gets_no_spare(tmp_path, control):
+    # A spare started then would wait for work to the end, and the manager's exit with it.
+    compute = manager_schedule(tmp_path).compute
+    compute.restarted = True
+    compute.stop(control, serving=False, counters={}, timeout_s=1.0)
+    compute.keep_a_spare("inline")
+    assert compute.spare is None

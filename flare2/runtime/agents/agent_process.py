@@ -40,7 +40,7 @@ from flare2.runtime.agents.episodes import EpisodeStats
 from flare2.runtime.agents.playing import StopRequested, check_request_sizes, make_agent, make_envs, play
 from flare2.runtime.agents.socket_port import SocketPort
 from flare2.runtime.latency import LatencyHistogram
-from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_interrupts
+from flare2.runtime.processes import configure_child_logging, die_with_parent, ignore_stop_signals
 from flare2.wire.protocol import BYE, ERROR, HELLO, STATS, STOP, error_payload, unpack
 from flare2.wire.security import AGENT_CURVE_ENV, CurveClient
 from flare2.wire.sockets import Requester, context
@@ -154,7 +154,7 @@ def run_agent(settings: AgentSettings) -> int:
     """Run one agent until the manager stops it; returns the process exit code."""
     if settings.parent_pid:
         die_with_parent(settings.parent_pid)
-    ignore_interrupts()
+    ignore_stop_signals()
     signal.signal(signal.SIGTERM, _on_sigterm)
     with context() as ctx:
         requester = Requester(ctx, settings.control_endpoint, identity=settings.agent_id, curve=settings.curve)

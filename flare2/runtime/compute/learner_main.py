@@ -47,7 +47,7 @@ from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import (
     configure_child_logging,
     die_with_parent,
-    ignore_interrupts,
+    ignore_stop_signals,
 )
 from flare2.wire.codec import decode, encode
 
@@ -113,7 +113,7 @@ def learner_main(
     learner is gone; the first learner stays until it is told to stop, to write the checkpoints the next group
     starts from) and FAILED when its own learn() or build failed."""
     die_with_parent(settings.parent_pid)
-    ignore_interrupts()
+    ignore_stop_signals()
     configure_child_logging()
     try:
         code = _learn_until_stopped(settings, pipe, weights)

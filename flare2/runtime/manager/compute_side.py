@@ -85,6 +85,8 @@ class ComputeProcess:
         """The process now running is a restarted one (its hello continues the run, it does not start it)."""
         self.spare: WarmProcess | None = None
         """A compute process waiting to take over, its imports done (``keep_a_spare``)."""
+        self.stopped = False
+        """The run stopped it: a hello still on its way starts no spare (one would wait for work to the end)."""
 
     def start(self, resume_dir: str | None) -> None:
         """Start a compute process: the spare where one waits, else a new one."""
@@ -98,7 +100,7 @@ class ComputeProcess:
         spare learner processes of its own where the one that serves now learns in processes (``learner``, as its
         hello says): the next restart (a death, a lost learner, a regroup) does not wait for torch to load. A run
         that never restarts pays nothing for it."""
-        if self.restarted and (self.spare is None or not self.spare.alive):
+        if self.restarted and not self.stopped and (self.spare is None or not self.spare.alive):
             self._discard_spare()  # one that died waiting
             config = self.config
             learners = config.learners - config.remote_learners if learner == "process" else 0
@@ -229,6 +231,7 @@ class ComputeProcess:
     def stop(self, control: zmq.Socket, *, serving: bool, counters: dict[str, Any], timeout_s: float) -> None:
         """Ask it to stop (it learns what waits and writes its checkpoints with ``counters``); kill it past the
         timeout. One that does not serve yet is only waited for. A spare is let go first."""
+        self.stopped = True
         self._discard_spare()
         process = self.process
         if process is None or process.exitcode is not None:

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import sys
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -45,7 +46,7 @@ from flare2.runtime.options import (
     transforms_from_args,
 )
 from flare2.runtime.processes import refuse_start_in_a_spawned_child
-from flare2.runtime.run_files import TRAIN_FILE
+from flare2.runtime.run_files import TRAIN_FILE, make_log_dir
 from flare2.zoo.record import PRESET_GROUPS, AlgorithmRecord, field_names
 from flare2.zoo.registry import check_spaces, lookup, names
 
@@ -72,7 +73,11 @@ def _choice_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     plan = resolve(argv)
-    _write_train_file(plan)
+    try:
+        _write_train_file(plan)
+    except ConfigError as exc:
+        sys.stderr.write(f"flare2 train: error: {exc}\n")
+        return exit_codes.CONFIG_ERROR
     return Manager(plan.run).run()
 
 
@@ -414,8 +419,7 @@ def _read_preset(path: str) -> dict[str, Any]:
 
 def _write_train_file(plan: TrainPlan) -> None:
     """LOG_DIR/train.json: every resolved setting, in the form of a preset."""
-    log_dir = Path(plan.run.log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = make_log_dir(plan.run.log_dir)
     record = {
         "algo": plan.algo,
         "env": plan.env_id,

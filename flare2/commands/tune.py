@@ -34,7 +34,7 @@ from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.options import number_option
 from flare2.runtime.processes import interrupt_at_parent_death
-from flare2.runtime.run_files import TRAIN_FILE
+from flare2.runtime.run_files import TRAIN_FILE, make_log_dir
 from flare2.zoo.registry import lookup, names
 
 BEST_FILE = "best.json"
@@ -99,6 +99,10 @@ def main(argv: list[str]) -> int:
     ]
     # A command line flare2 train refuses ends here, before any trial, with its own message.
     plan = resolve([*base_argv, "--log-dir", str(log_dir / "trial_0")])
+    try:
+        make_log_dir(log_dir)
+    except ConfigError as exc:
+        parser.error(str(exc))
     trial_steps = args.trial_steps or plan.run.max_steps
     if trial_steps is None:
         parser.error("give --trial-steps: the trials have no step budget")

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from flare2.errors import ConfigError
 from flare2.runtime.config import RunConfig
 
 logger = logging.getLogger(__name__)
@@ -113,10 +114,26 @@ def write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, A
     )
 
 
+def make_log_dir(log_dir: str | Path) -> Path:
+    """The run's log dir, made with its parents where missing; a ConfigError naming it where it cannot be written."""
+    path = Path(log_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"the log dir {path} is a file: give --log-dir a folder") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot make the log dir {path} ({exc.strerror}): give --log-dir a folder you can write to"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"the log dir {path} is not writable: give --log-dir a folder you can write to")
+    return path
+
+
 @contextmanager
 def run_logs_and_signals(log_dir: Path, on_signal: Any) -> Iterator[None]:
-    """While a run lasts: its log also in LOG_DIR/manager.log, and Ctrl+C/SIGTERM handed to ``on_signal``."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    """While a run lasts: its log also in LOG_DIR/manager.log (the folder made already: ``make_log_dir``), and
+    Ctrl+C/SIGTERM handed to ``on_signal``."""
     log_handler = _attach_log_file(log_dir / "manager.log")
     previous_handlers = _install_signal_handlers(on_signal)
     try:

@@ -1,4 +1,4 @@
-"""LOG_DIR/config.json and the changes a resumed run logs."""
+"""LOG_DIR itself, LOG_DIR/config.json and the changes a resumed run logs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,14 @@ import functools
 import json
 import logging
 
+import pytest
+
+from flare2.commands.train import main as train_main
+from flare2.errors import ConfigError
+from flare2.runtime import exit_codes
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
-from flare2.runtime.run_files import log_resumed_changes, record_run, run_record
+from flare2.runtime.manager.manager import Manager
+from flare2.runtime.run_files import log_resumed_changes, make_log_dir, record_run, run_record
 
 
 def build(hidden: int):  # named in the record, never called
@@ -70,3 +76,25 @@ def test_any_build_callable_is_recorded_by_name_without_being_copied(tmp_path):
     record_run(config(cts=(CTConfig("RL", functools.partial(builder.__call__)),), log_dir=str(tmp_path)), SERVED)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["run"]["cts"][0]["build"]["function"] == f"{__name__}:_Builder.__call__"
+
+
+def test_a_log_dir_that_cannot_be_a_folder_ends_in_a_message_naming_it_and_the_fix(tmp_path, caplog):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match=r"the log dir .*a_file is a file: give --log-dir a folder"):
+        make_log_dir(a_file)
+    with pytest.raises(ConfigError, match=r"cannot make the log dir .*a_file/run \(Not a directory\)"):
+        make_log_dir(a_file / "run")
+    assert make_log_dir(tmp_path / "new" / "run").is_dir()
+    # A manager script's run ends with that message and the exit code of a wrong setting.
+    with caplog.at_level(logging.ERROR, logger="flare2"):
+        assert Manager(config(log_dir=str(a_file))).run() == exit_codes.CONFIG_ERROR
+    assert "is a file: give --log-dir a folder" in caplog.text
+
+
+def test_flare2_train_given_a_log_dir_it_cannot_make_says_so_before_it_starts(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    argv = ["--env", "CartPole-v1", "--algo", "ppo", "--log-dir", str(a_file / "run")]
+    assert train_main(argv) == exit_codes.CONFIG_ERROR
+    assert "flare2 train: error: cannot make the log dir" in capsys.readouterr().err

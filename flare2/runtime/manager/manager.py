@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flare2.errors import FlareError, RunFailed
+from flare2.errors import ConfigError, FlareError, RunFailed
 from flare2.runtime import exit_codes
 from flare2.runtime.checkpoints import (
     CheckpointSchedule,
@@ -41,7 +41,7 @@ from flare2.runtime.manager.progress import ProgressLog, summary_line, wandb_log
 from flare2.runtime.manager.schedule import Schedule
 from flare2.runtime.manager.totals import RunTotals
 from flare2.runtime.processes import refuse_start_in_a_spawned_child
-from flare2.runtime.run_files import record_run, run_logs_and_signals
+from flare2.runtime.run_files import make_log_dir, record_run, run_logs_and_signals
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,11 @@ class Manager:
 
     def run(self) -> int:
         """Start the run, take it to its end and return the process exit code."""
+        try:
+            make_log_dir(self.log_dir)
+        except ConfigError as exc:
+            logger.error("%s", exc)
+            return exit_codes.CONFIG_ERROR
         with run_logs_and_signals(self.log_dir, self._on_signal), wandb_logging(self.config):
             try:
                 code = self._run()

@@ -30,6 +30,7 @@ from flare2.core.env_making import is_pettingzoo_env, is_turn_based
 from flare2.core.envs import GymAgent
 from flare2.core.pettingzoo_agent import PettingZooAgent, team_of
 from flare2.errors import ConfigError
+from flare2.runtime.run_files import check_output_file
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +293,6 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
         import imageio.v3 as imageio
     except ImportError:
         raise ConfigError("--video needs the video extra: python -m pip install -e '.[video]'") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if path.suffix == ".mp4":
             # Blocks of 8 keep classic control's 600x400 frames as they are (16 would resize them, with a warning);
@@ -303,6 +303,10 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
     except (ImportError, RuntimeError, ValueError) as exc:
         raise ConfigError(
             f"cannot write {path} ({exc}): a .gif needs Pillow, a .mp4 imageio-ffmpeg (the video extra)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"--video {path}: cannot write it ({exc.strerror or exc}): give a path you can write to"
         ) from None
     logger.info("wrote %s (%d frames)", path, len(frames))
 
@@ -340,8 +344,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("--episodes must be >= 1")
-    if args.video is not None and args.video.suffix not in (".mp4", ".gif"):
-        parser.error(f"--video {args.video}: give a file name ending in .mp4 or .gif")
+    if args.video is not None:
+        if args.video.suffix not in (".mp4", ".gif"):
+            parser.error(f"--video {args.video}: give a file name ending in .mp4 or .gif")
+        try:
+            check_output_file(args.video, "--video")
+        except ConfigError as exc:
+            parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     kind = "greedy" if args.greedy else "stochastic"
     try:

@@ -22,7 +22,7 @@ import numpy as np
 
 from flare2.errors import ConfigError
 from flare2.runtime.manager.totals import EVAL_RETURN_WINDOW, RETURN_WINDOW
-from flare2.runtime.run_files import TRAIN_FILE
+from flare2.runtime.run_files import TRAIN_FILE, check_output_file
 
 _SEED_SUFFIX = re.compile(r"[_-](s|seed)\d+$")
 _SEED_NAME = re.compile(r"(s|seed)\d+")
@@ -172,9 +172,14 @@ def plot(run_dirs: list[Path], output: Path, *, title: str | None = None) -> lis
     axes.set_title(title or "return against env steps")
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize="small")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output, dpi=100, bbox_inches="tight")
-    plt.close(figure)
+    try:
+        figure.savefig(output, dpi=100, bbox_inches="tight")
+    except OSError as exc:
+        raise ConfigError(
+            f"-o {output}: cannot write it ({exc.strerror or exc}): give a path you can write to"
+        ) from None
+    finally:
+        plt.close(figure)
     return lines
 
 
@@ -197,6 +202,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--title", default=None, help="the figure's title")
     args = parser.parse_args(argv)
     try:
+        check_output_file(args.output, "-o")
         lines = plot(args.runs, args.output, title=args.title)
     except ConfigError as exc:
         parser.error(str(exc))

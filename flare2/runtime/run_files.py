@@ -116,18 +116,38 @@ def write_run_file(path: Path, control_endpoint: str, compute_hello: dict[str, A
 
 def make_log_dir(log_dir: str | Path) -> Path:
     """The run's log dir, made with its parents where missing; a ConfigError naming it where it cannot be written."""
-    path = Path(log_dir)
+    return make_folder(log_dir, "--log-dir")
+
+
+def make_folder(folder: str | Path, option: str) -> Path:
+    """``folder`` made with its parents where missing, for what ``option`` writes there; a ConfigError naming both
+    where it cannot be made or written."""
+    path = Path(folder)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ConfigError(f"the log dir {path} is a file: give --log-dir a folder") from None
+        raise ConfigError(f"{option}: {path} is a file, not a folder: give {option} another path") from None
     except OSError as exc:
         raise ConfigError(
-            f"cannot make the log dir {path} ({exc.strerror}): give --log-dir a folder you can write to"
+            f"{option}: cannot make the folder {path} ({exc.strerror}): give {option} a path you can write to"
         ) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"the log dir {path} is not writable: give --log-dir a folder you can write to")
+        raise ConfigError(f"{option}: the folder {path} is not writable: give {option} a path you can write to")
     return path
+
+
+def check_output_file(file: Path, option: str) -> None:
+    """That ``file``, which ``option`` names, can be written (its folder made where missing), before the work that
+    ends in writing it; a ConfigError naming both where it cannot. Leaves no file behind that was not there."""
+    make_folder(file.parent, option)
+    existed = file.exists()
+    try:
+        with open(file, "ab"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {file}: cannot write it ({exc.strerror}): give a path you can write to") from None
+    if not existed:
+        file.unlink()
 
 
 @contextmanager

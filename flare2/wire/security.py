@@ -69,7 +69,12 @@ def make_keys(directory: str | os.PathLike, client_name: str = "client") -> list
         raise ConfigError(f"a client key name must be an identifier, got {client_name!r}")
     directory = Path(directory)
     allowed = directory / "allowed"
-    allowed.mkdir(parents=True, exist_ok=True)
+    try:
+        allowed.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot make {allowed} ({exc.strerror}): give flare2 keys a folder you can write to"
+        ) from None
     written = []
     if not (directory / "server.key_secret").exists():
         written += [Path(p) for p in zmq.auth.create_certificates(directory, "server")]

@@ -44,3 +44,10 @@ def test_a_secret_key_file_holding_only_a_public_key_is_refused_naming_the_file(
     shutil.copy(keys / "client.key", keys / "client.key_secret")
     with pytest.raises(ConfigError, match=r"client\.key_secret holds no secret key"):
         load_client(keys)
+
+
+def test_keys_for_a_folder_that_cannot_be_made_end_in_a_message_naming_it(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match=r"cannot make .*a_file/keys/allowed \(Not a directory\): give flare2 keys"):
+        make_keys(a_file / "keys")

@@ -8,12 +8,13 @@ import logging
 
 import pytest
 
+from flare2.commands.plot import main as plot_main
 from flare2.commands.train import main as train_main
 from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.runtime.manager.manager import Manager
-from flare2.runtime.run_files import log_resumed_changes, make_log_dir, record_run, run_record
+from flare2.runtime.run_files import check_output_file, log_resumed_changes, make_log_dir, record_run, run_record
 
 
 def build(hidden: int):  # named in the record, never called
@@ -81,15 +82,15 @@ def test_any_build_callable_is_recorded_by_name_without_being_copied(tmp_path):
 def test_a_log_dir_that_cannot_be_a_folder_ends_in_a_message_naming_it_and_the_fix(tmp_path, caplog):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    with pytest.raises(ConfigError, match=r"the log dir .*a_file is a file: give --log-dir a folder"):
+    with pytest.raises(ConfigError, match=r"--log-dir: .*a_file is a file, not a folder: give --log-dir another path"):
         make_log_dir(a_file)
-    with pytest.raises(ConfigError, match=r"cannot make the log dir .*a_file/run \(Not a directory\)"):
+    with pytest.raises(ConfigError, match=r"--log-dir: cannot make the folder .*a_file/run \(Not a directory\)"):
         make_log_dir(a_file / "run")
     assert make_log_dir(tmp_path / "new" / "run").is_dir()
     # A manager script's run ends with that message and the exit code of a wrong setting.
     with caplog.at_level(logging.ERROR, logger="flare2"):
         assert Manager(config(log_dir=str(a_file))).run() == exit_codes.CONFIG_ERROR
-    assert "is a file: give --log-dir a folder" in caplog.text
+    assert "is a file, not a folder: give --log-dir another path" in caplog.text
 
 
 def test_flare2_train_given_a_log_dir_it_cannot_make_says_so_before_it_starts(tmp_path, capsys):
@@ -97,4 +98,26 @@ def test_flare2_train_given_a_log_dir_it_cannot_make_says_so_before_it_starts(tm
     a_file.write_text("")
     argv = ["--env", "CartPole-v1", "--algo", "ppo", "--log-dir", str(a_file / "run")]
     assert train_main(argv) == exit_codes.CONFIG_ERROR
-    assert "flare2 train: error: cannot make the log dir" in capsys.readouterr().err
+    assert "flare2 train: error: --log-dir: cannot make the folder" in capsys.readouterr().err
+
+
+def test_an_output_file_is_checked_before_the_work_and_the_check_leaves_no_file(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match=r"--video: .*a_file is a file, not a folder: give --video another path"):
+        check_output_file(a_file / "game.gif", "--video")
+    a_folder = tmp_path / "curve.png"
+    a_folder.mkdir()
+    with pytest.raises(ConfigError, match=r"-o .*curve.png: cannot write it \(Is a directory\)"):
+        check_output_file(a_folder, "-o")
+    check_output_file(tmp_path / "new" / "curve.png", "-o")
+    assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / "curve.png").exists()
+
+
+def test_flare2_plot_given_an_output_it_cannot_write_says_so(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(SystemExit) as stopped:
+        plot_main([str(tmp_path), "-o", str(a_file / "curve.png")])
+    assert stopped.value.code == 2
+    assert "-o: " in capsys.readouterr().err

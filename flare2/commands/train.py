@@ -46,7 +46,7 @@ from flare2.runtime.options import (
     transforms_from_args,
 )
 from flare2.runtime.processes import refuse_start_in_a_spawned_child
-from flare2.runtime.run_files import TRAIN_FILE, make_log_dir
+from flare2.runtime.run_files import TRAIN_FILE, make_log_dir, unused_log_dir
 from flare2.zoo.record import PRESET_GROUPS, AlgorithmRecord, field_names
 from flare2.zoo.registry import check_spaces, lookup, names
 
@@ -186,7 +186,7 @@ def resolve(
     add_config_options(parser, record.settings_class, title="how its agents send experience, and its network")
     add_run_options(
         parser,
-        log_dir=f"runs/{algo}_{env_id.rsplit(':', 1)[-1].replace('/', '_')}",
+        log_dir=unused_log_dir(f"runs/{algo}_{env_id.rsplit(':', 1)[-1].replace('/', '_')}"),
         envs_per_agent=GymAgent.default_envs,  # the agent flare2 train plays
     )
     add_transform_options(parser)

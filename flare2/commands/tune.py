@@ -34,7 +34,7 @@ from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.options import number_option
 from flare2.runtime.processes import interrupt_at_parent_death
-from flare2.runtime.run_files import TRAIN_FILE, make_log_dir
+from flare2.runtime.run_files import TRAIN_FILE, make_log_dir, unused_log_dir
 from flare2.zoo.registry import lookup, names
 
 BEST_FILE = "best.json"
@@ -72,7 +72,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--log-dir",
         default=None,
-        help="where the trials' runs, trials.csv and best.json go (default: runs/tune_ALGO_ENV)",
+        help="where the trials' runs, trials.csv and best.json go (default: runs/tune_ALGO_ENV, numbered _2, _3... "
+        "where that folder holds files)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampler and every trial's run")
     args, train_argv = parser.parse_known_args(argv)
@@ -85,7 +86,9 @@ def main(argv: list[str]) -> int:
             'flare2 tune searches with Optuna, which is not installed: python -m pip install -e ".[tune]" '
             "(or pip install optuna)"
         )
-    log_dir = Path(args.log_dir or f"runs/tune_{args.algo}_{args.env.rsplit(':', 1)[-1].replace('/', '_')}")
+    log_dir = Path(
+        args.log_dir or unused_log_dir(f"runs/tune_{args.algo}_{args.env.rsplit(':', 1)[-1].replace('/', '_')}")
+    )
     base_argv = [
         "--algo",
         args.algo,

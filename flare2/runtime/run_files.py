@@ -119,6 +119,24 @@ def make_log_dir(log_dir: str | Path) -> Path:
     return make_folder(log_dir, "--log-dir")
 
 
+def unused_log_dir(name: str) -> str:
+    """``name``, else ``name_2``, ``name_3``...: the first that is no folder with files in it, so that a default log
+    dir never takes the place of an earlier run's (as rl-baselines3-zoo numbers its runs)."""
+    candidate, number = name, 1
+    while Path(candidate).is_dir() and any(Path(candidate).iterdir()):
+        number += 1
+        candidate = f"{name}_{number}"
+    return candidate
+
+
+def replaces_a_run(config: RunConfig) -> bool:
+    """Whether the run's log dir holds the progress.csv of another run, which this one is about to replace (a run
+    resumed into its own log dir goes on with it instead)."""
+    log_dir = Path(config.log_dir)
+    resumed_here = config.resume_dir is not None and Path(config.resume_dir).resolve() == log_dir.resolve()
+    return (log_dir / "progress.csv").exists() and not resumed_here
+
+
 def make_folder(folder: str | Path, option: str) -> Path:
     """``folder`` made with its parents where missing, for what ``option`` writes there; a ConfigError naming both
     where it cannot be made or written."""

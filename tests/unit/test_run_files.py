@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,15 @@ from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
 from flare2.runtime.config import AgentConfig, CTConfig, RunConfig
 from flare2.runtime.manager.manager import Manager
-from flare2.runtime.run_files import check_output_file, log_resumed_changes, make_log_dir, record_run, run_record
+from flare2.runtime.run_files import (
+    check_output_file,
+    log_resumed_changes,
+    make_log_dir,
+    record_run,
+    replaces_a_run,
+    run_record,
+    unused_log_dir,
+)
 
 
 def build(hidden: int):  # named in the record, never called
@@ -121,3 +130,22 @@ def test_flare2_plot_given_an_output_it_cannot_write_says_so(tmp_path, capsys):
         plot_main([str(tmp_path), "-o", str(a_file / "curve.png")])
     assert stopped.value.code == 2
     assert "-o: " in capsys.readouterr().err
+
+
+def test_a_default_log_dir_never_takes_the_place_of_an_earlier_runs(tmp_path):
+    name = str(tmp_path / "ppo_CartPole-v1")
+    assert unused_log_dir(name) == name
+    Path(name).mkdir()
+    assert unused_log_dir(name) == name  # an empty folder holds no run
+    (Path(name) / "progress.csv").write_text("")
+    assert unused_log_dir(name) == name + "_2"
+    Path(name + "_2").mkdir()
+    (Path(name + "_2") / "manager.log").write_text("")
+    assert unused_log_dir(name) == name + "_3"
+
+
+def test_a_run_into_a_log_dir_with_another_runs_files_says_it_replaces_them_and_a_resume_into_it_does_not(tmp_path):
+    (tmp_path / "progress.csv").write_text("")
+    assert replaces_a_run(config(log_dir=str(tmp_path)))
+    assert not replaces_a_run(config(log_dir=str(tmp_path), resume_dir=str(tmp_path)))
+    assert not replaces_a_run(config(log_dir=str(tmp_path / "new")))

@@ -41,7 +41,7 @@ from flare2.runtime.manager.progress import ProgressLog, summary_line, wandb_log
 from flare2.runtime.manager.schedule import Schedule
 from flare2.runtime.manager.totals import RunTotals
 from flare2.runtime.processes import refuse_start_in_a_spawned_child
-from flare2.runtime.run_files import make_log_dir, record_run, run_logs_and_signals
+from flare2.runtime.run_files import make_log_dir, record_run, replaces_a_run, run_logs_and_signals
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,14 @@ class Manager:
         except ConfigError as exc:
             logger.error("%s", exc)
             return exit_codes.CONFIG_ERROR
+        replaces = replaces_a_run(self.config)
         with run_logs_and_signals(self.log_dir, self._on_signal), wandb_logging(self.config):
+            if replaces:
+                logger.warning(
+                    "%s holds the files of an earlier run: this run replaces them (give --log-dir another folder to "
+                    "keep both)",
+                    self.log_dir,
+                )
             try:
                 code = self._run()
             except FlareError as exc:

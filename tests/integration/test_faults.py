@@ -26,8 +26,6 @@ from runs import (
     wait_until_gone,
 )
 
-from flare2.runtime import exit_codes
-
 HERE = Path(__file__).resolve().parent
 UP = r"compute process is up"
 LEARNER_PROCESS_RUN = (
@@ -337,32 +335,16 @@ def test_past_max_restarts_the_run_fails_with_a_message_that_says_so(tmp_path, r
     assert counters["restarts"] == 3 and counters["env_steps"] > 0
 
 
-@pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(tmp_path, runs, signum, exit_code):
-    run = runs(
-        CARTPOLE,
-        "--num-agents",
-        "4",
-        "--max-steps",
-        "10000000",
-        "--progress-interval",
-        "0.5",
-        "--device",
-        "cpu",
-        log_dir=tmp_path,
-    )
-    run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
-    children = list(processes_started_here())
-    run.process.send_signal(signum)
-    assert run.wait(timeout_s=30) == exit_code
-    assert_no_timeout_waited_out(run.text)
-    assert (tmp_path / "checkpoints" / "RL.pt").is_file()
-    assert wait_until_gone(children, timeout_s=0) == []
-
-
-def test_sigterm_to_every_process_of_the_run_stops_it_as_sigterm_to_the_manager_does(tmp_path, runs):
-    # As `timeout`, Slurm's scancel and systemd send it: the compute process and its learner get it too, and
-    # must leave their stop to the manager rather than die and be restarted without the run's last steps.
+@pytest.mark.parametrize(
+    ("signum", "exit_code", "to_every_process"),
+    [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, False), (signal.SIGTERM, 143, True)],
+    ids=["SIGINT", "SIGTERM", "SIGTERM to every process"],
+)
+def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(
+    tmp_path, runs, signum, exit_code, to_every_process
+):
+    # To every process of the run is how `timeout`, Slurm's scancel and systemd send SIGTERM: the compute process and
+    # its learner must leave their stop to the manager rather than die and be restarted without the run's last steps.
     run = runs(
         CARTPOLE,
         "--num-agents",
@@ -379,15 +361,16 @@ def test_sigterm_to_every_process_of_the_run_stops_it_as_sigterm_to_the_manager_
     )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     children = list(processes_started_here())
-    for pid in children:
+    for pid in children if to_every_process else [run.process.pid]:
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signum)
         except ProcessLookupError:
             pass
-    assert run.wait(timeout_s=30) == exit_codes.SIGTERM
+    assert run.wait(timeout_s=30) == exit_code
     assert_no_timeout_waited_out(run.text)
     assert "the compute process died" not in run.text
     assert "compute process saved its checkpoints" in run.text
+    assert (tmp_path / "checkpoints" / "RL.pt").is_file()
     assert wait_until_gone(children, timeout_s=0) == []
 
 

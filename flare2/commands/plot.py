@@ -172,14 +172,9 @@ def plot(run_dirs: list[Path], output: Path, *, title: str | None = None) -> lis
     axes.set_title(title or "return against env steps")
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize="small")
-    try:
-        figure.savefig(output, dpi=100, bbox_inches="tight")
-    except OSError as exc:
-        raise ConfigError(
-            f"-o {output}: cannot write it ({exc.strerror or exc}): give a path you can write to"
-        ) from None
-    finally:
-        plt.close(figure)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=100, bbox_inches="tight")
+    plt.close(figure)
     return lines
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from flare2.errors import ConfigError, ReplyTimeoutError, RunFailed, TransportError
 from flare2.runtime import exit_codes
 from flare2.runtime.config import REJOIN_FOR_S, RunConfig
+from flare2.runtime.processes import handle_stop_signals, restore_signal_handlers
 from flare2.runtime.supervisor import (
     SUPERVISE_INTERVAL_S,
     AgentLaunch,
@@ -213,7 +214,7 @@ def attach(config: AttachConfig) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         raise _Detach(signum)
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = handle_stop_signals(on_signal)
     try:
         return agents.run()
     except RunFailed as exc:
@@ -224,8 +225,7 @@ def attach(config: AttachConfig) -> int:
         # Ctrl+C is how a user detaches: that is a success.
         return exit_codes.OK if detach.signum == signal.SIGINT else exit_codes.stopped_by(detach.signum)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore_signal_handlers(previous)
         agents.stop()
 
 

@@ -88,7 +88,8 @@ class TrainedRun:
     log_dir: Path
     """The run's log dir: progress.csv, train.json, checkpoints/ (``flare2 eval``, ``flare2 plot`` take it)."""
     exit_code: int
-    """0 once the budget was reached; 130 or 143 when Ctrl+C or SIGTERM stopped it (its checkpoint is written)."""
+    """0 once the budget was reached; 130, 143 or 129 when Ctrl+C, SIGTERM or SIGHUP stopped it (its checkpoint is
+    written)."""
     env_steps: int
     episodes: int
     return_mean: float
@@ -121,7 +122,7 @@ def train(env: str, algo: str = "ppo", *, max_steps: int | None = None, **settin
     manager = Manager(plan.run)
     code = manager.run()
     log_dir = Path(plan.run.log_dir)
-    if code not in (exit_codes.OK, exit_codes.SIGINT, exit_codes.SIGTERM):
+    if code not in (exit_codes.OK, *exit_codes.STOPPED_BY_SIGNAL):
         raise RunFailed(f"{exit_codes.outcome(code)} (exit code {code}): see {log_dir / 'manager.log'}", code)
     totals = manager.totals
     return TrainedRun(

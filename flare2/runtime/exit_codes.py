@@ -1,7 +1,7 @@
 """The exit codes of flare2's processes: one number for each meaning, whichever process exits with it.
 
-The manager (and ``--serial``) ends with OK, FAILED, CONFIG_ERROR, SIGINT or
-SIGTERM; an agent process tells its supervisor (the manager or ``flare2
+The manager (and ``--serial``) ends with OK, FAILED, CONFIG_ERROR, SIGINT,
+SIGTERM or SIGHUP; an agent process tells its supervisor (the manager or ``flare2
 attach``) why it ended with one of the others; ``flare2 attach`` ends with
 UNREACHABLE when no manager answers, MANAGER_LOST when the run went away.
 """
@@ -34,11 +34,15 @@ SIGINT = 130
 """Stopped by Ctrl+C."""
 SIGTERM = 143
 """Stopped by SIGTERM."""
+SIGHUP = 129
+"""Stopped by SIGHUP: the terminal or ssh session it ran in closed."""
+STOPPED_BY_SIGNAL = (SIGINT, SIGTERM, SIGHUP)
 
 
 def stopped_by(signum: int) -> int:
-    """The exit code of a process that stopped because it received ``signum`` (SIGINT or SIGTERM)."""
-    return SIGINT if signum == signal.SIGINT else SIGTERM
+    """The exit code of a process that stopped because it received ``signum`` (SIGINT, SIGTERM or SIGHUP): 128 plus
+    the signal's number, as a shell reports a process the signal killed."""
+    return 128 + signum
 
 
 def outcome(code: int) -> str:
@@ -47,6 +51,7 @@ def outcome(code: int) -> str:
         OK: "run complete",
         SIGINT: "stopped by Ctrl+C",
         SIGTERM: "stopped by SIGTERM",
+        SIGHUP: "stopped by SIGHUP (its terminal closed)",
         CONFIG_ERROR: "run stopped: a setting is wrong",
     }.get(code, "run failed")
 

@@ -171,14 +171,38 @@ def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args
     target(*args)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops a run: Ctrl+C, SIGTERM, and SIGHUP (the terminal or ssh session it ran in closed)."""
+
+
 def ignore_stop_signals() -> None:
-    """Children ignore Ctrl+C and SIGTERM and obey their owner's STOP instead: the terminal sends Ctrl+C to the whole
-    process group, and `timeout`, Slurm's scancel and systemd send SIGTERM to every process of the run. The manager
-    stops them in order (agents first, then the compute process, which writes the checkpoints); a compute process
-    that died of the signal would be restarted and the run's last steps lost. An agent process takes SIGTERM back (its
-    owner may be ``flare2 attach``, which stops its agents with it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Children ignore the stop signals and obey their owner's STOP instead: the terminal sends Ctrl+C, and SIGHUP as
+    it closes, to the whole process group, and `timeout`, Slurm's scancel and systemd send SIGTERM to every process of
+    the run. The manager stops them in order (agents first, then the compute process, which writes the checkpoints);
+    a compute process that died of the signal would be restarted and the run's last steps lost. An agent process takes
+    SIGTERM back (its owner may be ``flare2 attach``, which stops its agents with it)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def handle_stop_signals(handler: Any) -> dict[int, Any]:
+    """Hand the stop signals to ``handler``, in the main thread (elsewhere the caller handles them); returns the
+    handlers before, for ``restore_signal_handlers``. SIGHUP ignored from the start stays ignored: that is how
+    ``nohup`` keeps a run alive after its terminal closes."""
+    previous: dict[int, Any] = {}
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except ValueError:  # not the main thread
+            break
+    return previous
+
+
+def restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def import_object(path: str) -> Any:

@@ -1,7 +1,7 @@
 """What a run keeps in LOG_DIR besides its tables: manager.log, run.json and config.json.
 
 - manager.log: everything flare2 logs while the run lasts (``run_logs_and_signals``,
-  which also hands Ctrl+C and SIGTERM to the run);
+  which also hands the stop signals to the run);
 - run.json: where the run listens, for tools and for agents attached by hand;
 - train.json: what ``flare2 train`` was asked, as a preset (``flare2 eval`` rebuilds the run from it);
 - config.json: the resolved configuration, with each CT's algorithm and specs.
@@ -17,7 +17,6 @@ import functools
 import json
 import logging
 import os
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from flare2.errors import ConfigError
 from flare2.runtime.config import RunConfig
+from flare2.runtime.processes import handle_stop_signals, restore_signal_handlers
 
 logger = logging.getLogger(__name__)
 
@@ -171,13 +171,13 @@ def check_output_file(file: Path, option: str) -> None:
 @contextmanager
 def run_logs_and_signals(log_dir: Path, on_signal: Any) -> Iterator[None]:
     """While a run lasts: its log also in LOG_DIR/manager.log (the folder made already: ``make_log_dir``), and
-    Ctrl+C/SIGTERM handed to ``on_signal``."""
+    Ctrl+C, SIGTERM and SIGHUP handed to ``on_signal``."""
     log_handler = _attach_log_file(log_dir / "manager.log")
-    previous_handlers = _install_signal_handlers(on_signal)
+    previous_handlers = handle_stop_signals(on_signal)
     try:
         yield
     finally:
-        _restore_signal_handlers(previous_handlers)
+        restore_signal_handlers(previous_handlers)
         logging.getLogger("flare2").removeHandler(log_handler)
         log_handler.close()
 
@@ -193,18 +193,3 @@ def _attach_log_file(path: Path) -> logging.Handler:
     if flare_logger.getEffectiveLevel() > logging.INFO:
         flare_logger.setLevel(logging.INFO)
     return handler
-
-
-def _install_signal_handlers(handler: Any) -> dict[int, Any]:
-    previous: dict[int, Any] = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[signum] = signal.signal(signum, handler)
-        except ValueError:  # not the main thread: the caller handles signals
-            pass
-    return previous
-
-
-def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)

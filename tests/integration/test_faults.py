@@ -337,14 +337,20 @@ def test_past_max_restarts_the_run_fails_with_a_message_that_says_so(tmp_path, r
 
 @pytest.mark.parametrize(
     ("signum", "exit_code", "to_every_process"),
-    [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, False), (signal.SIGTERM, 143, True)],
-    ids=["SIGINT", "SIGTERM", "SIGTERM to every process"],
+    [
+        (signal.SIGINT, 130, False),
+        (signal.SIGTERM, 143, False),
+        (signal.SIGTERM, 143, True),
+        (signal.SIGHUP, 129, True),
+    ],
+    ids=["SIGINT", "SIGTERM", "SIGTERM to every process", "SIGHUP to every process"],
 )
 def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(
     tmp_path, runs, signum, exit_code, to_every_process
 ):
-    # To every process of the run is how `timeout`, Slurm's scancel and systemd send SIGTERM: the compute process and
-    # its learner must leave their stop to the manager rather than die and be restarted without the run's last steps.
+    # To every process of the run is how `timeout`, Slurm's scancel and systemd send SIGTERM, and a closing terminal
+    # SIGHUP: the compute process and its learner must leave their stop to the manager rather than die and be
+    # restarted without the run's last steps.
     run = runs(
         CARTPOLE,
         "--num-agents",

@@ -18,6 +18,7 @@ from flare2.runtime.manager.manager import Manager
 from flare2.runtime.manager.parallel import ParallelSchedule
 from flare2.runtime.manager.registry import AgentRecord
 from flare2.runtime.manager.totals import RunTotals
+from flare2.runtime.processes import handle_stop_signals, restore_signal_handlers
 from flare2.runtime.supervisor import (
     HEALTHY_LIFE_S,
     MAX_RESTART_BACKOFF_S,
@@ -218,9 +219,30 @@ def test_a_restart_count_kept_elsewhere_counts_toward_the_limit():
         supervisor.restart_later(supervisor.slots[0], "exited with code 1", 1)
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_process_stopped_by_a_signal_exits_with_that_signals_code(signum, code):
     assert exit_codes.stopped_by(signum) == code
+    assert exit_codes.outcome(code).startswith("stopped by")
+
+
+@pytest.mark.parametrize("under_nohup", [False, True])
+def test_the_stop_signals_reach_the_run_but_sighup_stays_ignored_under_nohup(under_nohup):
+    def on_signal(_signum, _frame):
+        pass
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN if under_nohup else signal.SIG_DFL)
+    try:
+        previous = handle_stop_signals(on_signal)
+        try:
+            assert signal.getsignal(signal.SIGINT) is on_signal
+            assert signal.getsignal(signal.SIGTERM) is on_signal
+            assert signal.getsignal(signal.SIGHUP) is (signal.SIG_IGN if under_nohup else on_signal)
+        finally:
+            restore_signal_handlers(previous)
+        assert signal.getsignal(signal.SIGHUP) == (signal.SIG_IGN if under_nohup else signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGINT) is not on_signal
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_a_restarted_compute_process_whose_hello_comes_after_the_stop_gets_no_spare(tmp_path, control):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -280,6 +282,19 @@ def test_the_summary_names_the_best_and_last_mean_return_and_where_the_files_are
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "RL.pt").write_bytes(b"")
     assert f"checkpoints in {tmp_path / 'checkpoints'}; logs in" in summary_line("run complete", totals, tmp_path)
+
+
+def test_the_summary_does_not_take_an_earlier_runs_checkpoints_in_the_same_log_dir_for_this_runs(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    earlier = tmp_path / "checkpoints" / "RL.pt"
+    earlier.write_bytes(b"")
+    an_hour_ago = time.time() - 3600
+    os.utime(earlier, (an_hour_ago, an_hour_ago))
+    totals = RunTotals()
+    totals.add_agent_stats(300, [])
+    assert summary_line("run stopped: a setting is wrong", totals, tmp_path).endswith(
+        f"no checkpoint written; logs in {tmp_path}"
+    )
 
 
 def test_a_run_in_which_no_episode_ended_says_so_instead_of_a_mean_return(tmp_path):

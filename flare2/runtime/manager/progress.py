@@ -79,7 +79,11 @@ def duration_text(seconds: float) -> str:
 def summary_line(outcome: str, totals: RunTotals, log_dir: Path) -> str:
     """The run's last line: how it ended, what it did, and where its logs and checkpoints are."""
     checkpoints = log_dir / "checkpoints"
-    saved = f"checkpoints in {checkpoints}" if any(checkpoints.glob("*.pt")) else "no checkpoint written"
+    # Files of an earlier run in the same log dir are not this run's. A second's slack: file times come from the
+    # kernel's coarse clock.
+    started = time.time() - (time.monotonic() - totals.started) - 1.0
+    written = any(file.stat().st_mtime >= started for file in checkpoints.glob("*.pt"))
+    saved = f"checkpoints in {checkpoints}" if written else "no checkpoint written"
     returns = (
         f"mean return last {totals.return_mean:.1f}, best {totals.best_return_mean:.1f}"
         if totals.episodes

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
@@ -20,6 +21,8 @@ from typing import Any, cast
 
 from flare2.errors import ConfigError
 from flare2.runtime import exit_codes
+
+logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -40,19 +43,31 @@ def refuse_start_in_a_spawned_child(what: str) -> None:
         raise SystemExit(exit_codes.CONFIG_ERROR)
 
 
-def stop_resource_tracker() -> None:
-    """Stop the resource tracker process and wait for it to end.
+def stop_resource_tracker(timeout_s: float) -> None:
+    """Stop the resource tracker process and wait up to ``timeout_s`` for it to end.
 
     multiprocessing starts it, as a child of this process, with the first
     process it spawns (the compute process), and it would end only once this
     process has gone: stopped here, once the processes that share it have
-    ended, no process outlives the manager even by a moment.
+    ended, no process outlives the manager even by a moment. It ends when the
+    last spawned process holding its pipe has gone; one that does not go (stuck
+    in the kernel, say) must not keep the manager from exiting.
     """
     tracker = getattr(resource_tracker, "_resource_tracker", None)
     # Private, so looked up: a Python without it leaves the tracker to end by itself.
     stop = getattr(tracker, "_stop", None)
-    if stop is not None:
-        stop()
+    if stop is None:
+        return
+    waiter = threading.Thread(target=stop, name="flare2-resource-tracker-stop", daemon=True)
+    waiter.start()
+    waiter.join(timeout_s)
+    if waiter.is_alive():
+        logger.warning(
+            "multiprocessing's resource tracker (pid %s) has not ended %.0f s after the run's processes were stopped: "
+            "a process the run spawned still holds it; it ends when that process does",
+            getattr(tracker, "_pid", "?"),
+            timeout_s,
+        )
 
 
 def die_with_parent(parent_pid: int) -> None:

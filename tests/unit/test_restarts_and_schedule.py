@@ -4,7 +4,9 @@ on top of it, and the ``--checkpoint-every`` schedule."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
+from multiprocessing import resource_tracker
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +20,7 @@ from flare2.runtime.manager.manager import Manager
 from flare2.runtime.manager.parallel import ParallelSchedule
 from flare2.runtime.manager.registry import AgentRecord
 from flare2.runtime.manager.totals import RunTotals
-from flare2.runtime.processes import handle_stop_signals, restore_signal_handlers
+from flare2.runtime.processes import handle_stop_signals, restore_signal_handlers, stop_resource_tracker
 from flare2.runtime.supervisor import (
     HEALTHY_LIFE_S,
     MAX_RESTART_BACKOFF_S,
@@ -252,3 +254,14 @@ def test_a_restarted_compute_process_whose_hello_comes_after_the_stop_gets_no_sp
     compute.stop(control, serving=False, counters={}, timeout_s=1.0)
     compute.keep_a_spare("inline")
     assert compute.spare is None
+
+
+def test_a_resource_tracker_that_does_not_end_keeps_the_manager_waiting_only_so_long(monkeypatch, caplog):
+    released = threading.Event()
+    tracker = SimpleNamespace(_pid=4242, _stop=released.wait)  # ends only once a holder of its pipe is gone
+    monkeypatch.setattr(resource_tracker, "_resource_tracker", tracker)
+    try:
+        stop_resource_tracker(timeout_s=0.05)
+    finally:
+        released.set()
+    assert "resource tracker (pid 4242) has not ended" in caplog.text

@@ -429,7 +429,7 @@ class ParallelSchedule:
             serving = self.desk.served is not None
             self.compute.stop(control, serving=serving, counters=self.totals.counters(), timeout_s=timeout_s)
             self._drain_quietly(control, 0.0)
-            stop_resource_tracker()
+            stop_resource_tracker(timeout_s)
         if self.totals.dropped_messages:
             logger.warning("dropped %d malformed or unexpected control messages", self.totals.dropped_messages)
 

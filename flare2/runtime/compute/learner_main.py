@@ -43,6 +43,7 @@ from flare2.runtime.compute.learner_group import (
     gather_bytes,
     join,
 )
+from flare2.runtime.compute.shared_weights import SharedWeights, WeightsLayout
 from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import (
     configure_child_logging,
@@ -104,9 +105,7 @@ def weights_digest(ct: ComputationTask) -> str:
     return digest.hexdigest()
 
 
-def learner_main(
-    settings: LearnerSettings, pipe: Connection | None, weights: list[list[torch.Tensor]] | None
-) -> NoReturn:
+def learner_main(settings: LearnerSettings, pipe: Connection | None, weights_layout: WeightsLayout | None) -> NoReturn:
     """Entry point of a learner process (started with the spawn method by the compute process, or by ``flare2
     learn`` on another machine, which gives it no pipe: it logs what it would have said). Exits OK when it stopped
     when asked, COMPUTE_RESTARTS when asked to leave for a new group, LEARNERS_PARTED when its group broke (another
@@ -116,6 +115,12 @@ def learner_main(
     ignore_stop_signals()
     configure_child_logging()
     try:
+        # The first thing down the pipe after the work: the memory file of the weights (the first learner's).
+        weights = (
+            SharedWeights.receive(pipe, weights_layout).tensors
+            if pipe is not None and weights_layout is not None
+            else None
+        )
         code = _learn_until_stopped(settings, pipe, weights)
     finally:
         if dist.is_initialized():

@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -60,6 +60,7 @@ from flare2.runtime.compute.learner_main import (
     learner_device,
     learner_main,
 )
+from flare2.runtime.compute.shared_weights import SharedWeights
 from flare2.runtime.processes import OWN_PIPE, WarmProcess
 from flare2.wire.codec import decode, encode
 from flare2.wire.sockets import free_port
@@ -97,11 +98,6 @@ def check_learners(learners: int, device: str, cts: list[ComputationTask], *, re
             )
 
 
-def shared_weights(ct: ComputationTask) -> list[torch.Tensor]:
-    """A copy of the CT's weights in shared memory (host memory, whatever the device)."""
-    return [tensor.detach().to("cpu", copy=True).share_memory_() for tensor in ct.weight_tensors()]
-
-
 class LearnerProcess:
     """The compute process's end: hands learn batches over to the first learner process, one batch at a time, and
     adopts the weights the learners make.
@@ -115,7 +111,8 @@ class LearnerProcess:
         self._cts = cts
         self._learners = settings.learners
         self._remote = settings.remote_learners
-        self._weights = [shared_weights(ct) for ct in cts]
+        self._shared = SharedWeights.of(cts)
+        self._weights = self._shared.tensors
         rendezvous = settings.rendezvous or (f"tcp://127.0.0.1:{free_port('127.0.0.1')}" if self._learners > 1 else "")
         self._pipes: list[Connection] = []
         self._processes: list[multiprocessing.process.BaseProcess] = []
@@ -126,8 +123,14 @@ class LearnerProcess:
             own = replace(settings, rank=rank, rendezvous=rendezvous, device=learner_device(settings.device, rank))
             # Daemonic: multiprocessing ends it with this process even when the loop leaves by an exception.
             warm = ready.pop(0) if ready else WarmProcess(LEARNER_MODULE, daemon=True)
-            weights = self._weights if rank == 0 else None
-            self._processes.append(warm.run(f"flare2-learner-{rank}", learner_main, own, OWN_PIPE, weights))
+            layout = self._shared.layout if rank == 0 else None
+            process = warm.run(f"flare2-learner-{rank}", learner_main, own, OWN_PIPE, layout)
+            if rank == 0:
+                try:
+                    self._shared.send(warm.pipe, cast(int, process.pid))
+                except OSError:  # it died: its pipe says so as the first answer is awaited
+                    pass
+            self._processes.append(process)
             self._pipes.append(warm.pipe)
         for spare in ready:
             spare.discard()

@@ -28,6 +28,8 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 COMPUTE_IDENTITY = "compute"
 """The compute process's identity on the manager's control socket."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops a run: Ctrl+C, SIGTERM, and SIGHUP (the terminal or ssh session it ran in closed)."""
 
 
 def refuse_start_in_a_spawned_child(what: str) -> None:
@@ -113,8 +115,8 @@ class WarmProcess:
     compute restart would wait for. ``warm_up`` is the module to import (``package.module``), or a function of it to
     call with ``warm_up_args`` once it is imported (``package.module:function``).
 
-    It dies with its parent, as every child does, and leaves without a word when its parent lets it go (``discard``,
-    or the parent's end of the pipe closing). ``daemon``: as ``multiprocessing.Process``'s (a process that starts
+    It dies with its parent, as every child does, leaves the stop signals to its parent (``pass_sigterm_to_parent``),
+    and leaves without a word when its parent lets it go (``discard``, or the parent's end of the pipe closing). ``daemon``: as ``multiprocessing.Process``'s (a process that starts
     children of its own cannot be one).
     """
 
@@ -132,7 +134,13 @@ class WarmProcess:
             name="flare2-spare",
             daemon=daemon,
         )
-        process.start()
+        # Started with the stop signals blocked, as the child inherits them: one sent to it while Python starts up
+        # waits for its handlers (``_wait_for_work``) instead of killing it. Here they wait the few milliseconds.
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         child_end.close()
         return pipe, process
 
@@ -169,7 +177,8 @@ class WarmProcess:
 
 def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args: tuple[Any, ...]) -> None:
     die_with_parent(parent_pid)
-    ignore_stop_signals()
+    pass_sigterm_to_parent()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since it started (``WarmProcess._start``)
     name_process("flare2-spare")
     module, _, function = warm_up.partition(":")
     loaded = importlib.import_module(module)
@@ -186,10 +195,6 @@ def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args
     target(*args)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""What stops a run: Ctrl+C, SIGTERM, and SIGHUP (the terminal or ssh session it ran in closed)."""
-
-
 def ignore_stop_signals() -> None:
     """Children ignore the stop signals and obey their owner's STOP instead: the terminal sends Ctrl+C, and SIGHUP as
     it closes, to the whole process group, and `timeout`, Slurm's scancel and systemd send SIGTERM to every process of
@@ -198,6 +203,21 @@ def ignore_stop_signals() -> None:
     SIGTERM back (its owner may be ``flare2 attach``, which stops its agents with it)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+def pass_sigterm_to_parent() -> None:
+    """The compute process, its learners and the spares: ignore Ctrl+C and SIGHUP, which the terminal sends to the
+    whole process group (``ignore_stop_signals``), and hand SIGTERM on to the parent, so that ``kill PID`` of any of
+    them stops the run as SIGTERM to the manager does, in order and with its checkpoints, rather than doing nothing."""
+    parent = os.getppid()
+
+    def hand_on(signum: int, _frame: Any) -> None:
+        if os.getppid() == parent:  # not a pid the parent's death freed for another process
+            os.kill(parent, signum)
+
+    # SIGTERM is never set to SIG_IGN on the way: that would drop one already pending (``WarmProcess._start``).
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, hand_on if signum == signal.SIGTERM else signal.SIG_IGN)
 
 
 def handle_stop_signals(handler: Any) -> dict[int, Any]:

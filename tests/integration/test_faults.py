@@ -336,21 +336,28 @@ def test_past_max_restarts_the_run_fails_with_a_message_that_says_so(tmp_path, r
 
 
 @pytest.mark.parametrize(
-    ("signum", "exit_code", "to_every_process"),
+    ("signum", "exit_code", "to"),
     [
-        (signal.SIGINT, 130, False),
-        (signal.SIGTERM, 143, False),
-        (signal.SIGTERM, 143, True),
-        (signal.SIGHUP, 129, True),
+        (signal.SIGINT, 130, "the manager"),
+        (signal.SIGTERM, 143, "the manager"),
+        (signal.SIGTERM, 143, "every process"),
+        (signal.SIGHUP, 129, "every process"),
+        (signal.SIGTERM, 143, "the compute process"),
+        (signal.SIGTERM, 143, "the learner process"),
     ],
-    ids=["SIGINT", "SIGTERM", "SIGTERM to every process", "SIGHUP to every process"],
+    ids=[
+        "SIGINT",
+        "SIGTERM",
+        "SIGTERM to every process",
+        "SIGHUP to every process",
+        "SIGTERM to the compute process",
+        "SIGTERM to the learner process",
+    ],
 )
-def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(
-    tmp_path, runs, signum, exit_code, to_every_process
-):
+def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(tmp_path, runs, signum, exit_code, to):
     # To every process of the run is how `timeout`, Slurm's scancel and systemd send SIGTERM, and a closing terminal
     # SIGHUP: the compute process and its learner must leave their stop to the manager rather than die and be
-    # restarted without the run's last steps.
+    # restarted without the run's last steps. SIGTERM to one of them alone (`kill PID`) stops the run the same way.
     run = runs(
         CARTPOLE,
         "--num-agents",
@@ -367,7 +374,15 @@ def test_a_signal_stops_the_run_with_a_final_checkpoint_and_no_process_left(
     )
     run.wait_for_line(FIRST_PROGRESS, timeout_s=120)
     children = list(processes_started_here())
-    for pid in children if to_every_process else [run.process.pid]:
+    compute = [pid for pid in children if process_name(pid) == "flare2-compute"]
+    targets = {
+        "the manager": [run.process.pid],
+        "every process": children,
+        "the compute process": compute,
+        "the learner process": [pid for pid in children_of(compute[0]) if pid in children],
+    }[to]
+    assert targets
+    for pid in targets:
         try:
             os.kill(pid, signum)
         except ProcessLookupError:

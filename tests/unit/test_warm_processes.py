@@ -4,6 +4,10 @@ that died as it waited is replaced; one let go leaves."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import select
+import signal
+import socket
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -53,3 +57,24 @@ def test_one_let_go_leaves():
     spare = WarmProcess("json")
     spare.discard()
     assert spare.process.exitcode is not None
+
+
+def test_a_sigterm_sent_to_a_spare_as_it_starts_goes_to_its_parent_and_does_not_kill_it():
+    # `kill PID` of the compute process or a learner stops the run through the manager; one sent while Python still
+    # starts up in the child (before any handler is set) waits for the handler instead of killing it.
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous_handler = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+    previous_fd = signal.set_wakeup_fd(writer.fileno())  # written by whichever thread the signal lands in
+    try:
+        spare = WarmProcess("json")
+        os.kill(spare.pid, signal.SIGTERM)
+        ready, _, _ = select.select([reader], [], [], 60)
+        assert ready and reader.recv(1) == bytes([signal.SIGTERM])
+        assert spare.alive
+        spare.discard()
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGTERM, previous_handler)
+        reader.close()
+        writer.close()

@@ -44,7 +44,6 @@ from flare2.runtime.processes import (
     WarmProcess,
     configure_child_logging,
     die_with_parent,
-    ignore_stop_signals,
 )
 from flare2.wire.protocol import (
     BYE,
@@ -128,7 +127,6 @@ class ComputeSettings:
 def compute_main(settings: ComputeSettings) -> None:
     """Entry point of the compute process (a ``WarmProcess`` of the manager's, ``warm_up`` done)."""
     die_with_parent(settings.parent_pid)
-    ignore_stop_signals()
     configure_child_logging()
     with context() as ctx:
         authenticator = start_authenticator(ctx, settings.curve_server) if settings.curve_server else None

@@ -48,7 +48,6 @@ from flare2.runtime.config import CTConfig
 from flare2.runtime.processes import (
     configure_child_logging,
     die_with_parent,
-    ignore_stop_signals,
 )
 from flare2.wire.codec import decode, encode
 
@@ -112,7 +111,6 @@ def learner_main(settings: LearnerSettings, pipe: Connection | None, weights_lay
     learner is gone; the first learner stays until it is told to stop, to write the checkpoints the next group
     starts from) and FAILED when its own learn() or build failed."""
     die_with_parent(settings.parent_pid)
-    ignore_stop_signals()
     configure_child_logging()
     try:
         # The first thing down the pipe after the work: the memory file of the weights (the first learner's).

@@ -196,19 +196,20 @@ def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args
 
 
 def ignore_stop_signals() -> None:
-    """Children ignore the stop signals and obey their owner's STOP instead: the terminal sends Ctrl+C, and SIGHUP as
-    it closes, to the whole process group, and `timeout`, Slurm's scancel and systemd send SIGTERM to every process of
-    the run. The manager stops them in order (agents first, then the compute process, which writes the checkpoints);
-    a compute process that died of the signal would be restarted and the run's last steps lost. An agent process takes
-    SIGTERM back (its owner may be ``flare2 attach``, which stops its agents with it)."""
+    """Ignore the stop signals: a child obeys its owner's STOP instead. The terminal sends Ctrl+C, and SIGHUP as it
+    closes, to the whole process group, and `timeout`, Slurm's scancel and systemd send SIGTERM to every process of
+    the run; the manager stops its children in order (agents first, then the compute process, which writes the
+    checkpoints). An agent process takes SIGTERM back (its owner may be ``flare2 attach``, which stops its agents with
+    it); the compute process, its learners and the spares hand it on (``pass_sigterm_to_parent``)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 
 def pass_sigterm_to_parent() -> None:
-    """The compute process, its learners and the spares: ignore Ctrl+C and SIGHUP, which the terminal sends to the
-    whole process group (``ignore_stop_signals``), and hand SIGTERM on to the parent, so that ``kill PID`` of any of
-    them stops the run as SIGTERM to the manager does, in order and with its checkpoints, rather than doing nothing."""
+    """What the compute process, its learners and the spares do with the stop signals: Ctrl+C and SIGHUP are ignored
+    (``ignore_stop_signals``), and SIGTERM is handed on to the parent, so that ``kill PID`` of any of them stops the
+    run as SIGTERM to the manager does, in order and with its checkpoints. A compute process that died of the signal
+    would be restarted and the run's last steps lost."""
     parent = os.getppid()
 
     def hand_on(signum: int, _frame: Any) -> None:

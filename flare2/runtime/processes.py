@@ -9,9 +9,9 @@ import importlib.util
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
@@ -53,23 +53,45 @@ def stop_resource_tracker(timeout_s: float) -> None:
     process has gone: stopped here, once the processes that share it have
     ended, no process outlives the manager even by a moment. It ends when the
     last spawned process holding its pipe has gone; one that does not go (stuck
-    in the kernel, say) must not keep the manager from exiting.
+    in the kernel, say) must not keep the manager from exiting. Done as the
+    tracker's own ``_stop`` does, but with the wait bounded and outside its lock,
+    which a later spawn in this process (a second ``flare2.train()``) takes.
     """
-    tracker = getattr(resource_tracker, "_resource_tracker", None)
-    # Private, so looked up: a Python without it leaves the tracker to end by itself.
-    stop = getattr(tracker, "_stop", None)
-    if stop is None:
+    tracker: Any = getattr(resource_tracker, "_resource_tracker", None)
+    # Private, so looked up: a Python without them leaves the tracker to end by itself.
+    lock = getattr(tracker, "_lock", None)
+    if lock is None or not hasattr(tracker, "_fd") or not hasattr(tracker, "_pid"):
         return
-    waiter = threading.Thread(target=stop, name="flare2-resource-tracker-stop", daemon=True)
-    waiter.start()
-    waiter.join(timeout_s)
-    if waiter.is_alive():
+    with lock:
+        fd, pid = tracker._fd, tracker._pid
+        if fd is None:
+            return
+        os.close(fd)  # the tracker ends once no process holds the other end of its pipe
+        tracker._fd = tracker._pid = None
+    if pid is not None and not _reaped_within(pid, timeout_s):
         logger.warning(
             "multiprocessing's resource tracker (pid %s) has not ended %.0f s after the run's processes were stopped: "
             "a process the run spawned still holds it; it ends when that process does",
-            getattr(tracker, "_pid", "?"),
+            pid,
             timeout_s,
         )
+
+
+def _reaped_within(pid: int, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for child ``pid`` to end, and reap it; whether it did."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ended, _, _ = select.select([pidfd], [], [], timeout_s)
+        if ended:
+            os.waitpid(pid, 0)
+        return bool(ended)
+    except ChildProcessError:  # reaped elsewhere
+        return True
+    finally:
+        os.close(pidfd)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -135,7 +157,9 @@ class WarmProcess:
             daemon=daemon,
         )
         # Started with the stop signals blocked, as the child inherits them: one sent to it while Python starts up
-        # waits for its handlers (``_wait_for_work``) instead of killing it. Here they wait the few milliseconds.
+        # waits for its handlers (``_wait_for_work``) instead of killing it. Here they wait the few milliseconds. The
+        # resource tracker first: the first spawn starts it, and unblocks SIGINT and SIGTERM as it does.
+        resource_tracker.ensure_running()
         unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             process.start()
@@ -192,7 +216,19 @@ def _wait_for_work(pipe: Connection, parent_pid: int, warm_up: str, warm_up_args
     args = tuple(pipe if isinstance(arg, str) and arg == OWN_PIPE else arg for arg in args)
     if not any(arg is pipe for arg in args):
         pipe.close()
-    target(*args)
+    try:
+        target(*args)
+    finally:
+        _kill_children_left()
+
+
+def _kill_children_left() -> None:
+    """A process that ends kills what is left of its children (a spare it never took, the learners of a start that
+    failed) rather than leave them to multiprocessing's exit, which sends its daemonic children SIGTERM, which they
+    hand on to it (``pass_sigterm_to_parent``), and waits for the others."""
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join()
 
 
 def ignore_stop_signals() -> None:

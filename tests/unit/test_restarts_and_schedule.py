@@ -3,7 +3,10 @@ on top of it, and the ``--checkpoint-every`` schedule."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from multiprocessing import resource_tracker
@@ -256,12 +259,25 @@ def test_a_restarted_compute_process_whose_hello_comes_after_the_stop_gets_no_sp
     assert compute.spare is None
 
 
-def test_a_resource_tracker_that_does_not_end_keeps_the_manager_waiting_only_so_long(monkeypatch, caplog):
-    released = threading.Event()
-    tracker = SimpleNamespace(_pid=4242, _stop=released.wait)  # ends only once a holder of its pipe is gone
+@pytest.mark.parametrize("held_elsewhere", [False, True])
+def test_the_resource_tracker_is_stopped_and_one_that_does_not_end_keeps_the_manager_waiting_only_so_long(
+    monkeypatch, caplog, held_elsewhere
+):
+    # A stand-in tracker: a child that ends once no process holds the write end of the pipe it reads.
+    read_end, write_end = os.pipe()
+    holder = os.dup(write_end) if held_elsewhere else None  # a process of the run that does not go
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.buffer.read()"], stdin=read_end)
+    os.close(read_end)
+    tracker = SimpleNamespace(_lock=threading.RLock(), _fd=write_end, _pid=child.pid)
     monkeypatch.setattr(resource_tracker, "_resource_tracker", tracker)
     try:
-        stop_resource_tracker(timeout_s=0.05)
+        stop_resource_tracker(timeout_s=0.2 if held_elsewhere else 60)
+        assert tracker._fd is None and tracker._pid is None
+        # The lock is free: a later spawn in this process may start a new tracker.
+        assert tracker._lock.acquire(blocking=False)
+        tracker._lock.release()
+        assert (f"resource tracker (pid {child.pid}) has not ended" in caplog.text) == held_elsewhere
     finally:
-        released.set()
-    assert "resource tracker (pid 4242) has not ended" in caplog.text
+        if holder is not None:
+            os.close(holder)
+        child.wait(60)

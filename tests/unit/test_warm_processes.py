@@ -3,11 +3,14 @@ that died as it waited is replaced; one let go leaves."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
-import os
 import select
 import signal
 import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -59,22 +62,59 @@ def test_one_let_go_leaves():
     assert spare.process.exitcode is not None
 
 
-def test_a_sigterm_sent_to_a_spare_as_it_starts_goes_to_its_parent_and_does_not_kill_it():
-    # `kill PID` of the compute process or a learner stops the run through the manager; one sent while Python still
-    # starts up in the child (before any handler is set) waits for the handler instead of killing it.
+@contextlib.contextmanager
+def sigterms_received() -> Iterator[socket.socket]:
+    """While it lasts, SIGTERM to this process only writes a byte to the socket it gives (whichever thread the signal
+    lands in)."""
     reader, writer = socket.socketpair()
     writer.setblocking(False)
     previous_handler = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    previous_fd = signal.set_wakeup_fd(writer.fileno())  # written by whichever thread the signal lands in
+    previous_fd = signal.set_wakeup_fd(writer.fileno())
     try:
-        spare = WarmProcess("json")
-        os.kill(spare.pid, signal.SIGTERM)
-        ready, _, _ = select.select([reader], [], [], 60)
-        assert ready and reader.recv(1) == bytes([signal.SIGTERM])
-        assert spare.alive
-        spare.discard()
+        yield reader
     finally:
         signal.set_wakeup_fd(previous_fd)
         signal.signal(signal.SIGTERM, previous_handler)
         reader.close()
         writer.close()
+
+
+SIGTERM_AS_THE_FIRST_SPARE_STARTS = """
+import os, select, signal, socket
+from flare2.runtime.processes import WarmProcess
+received, writer = socket.socketpair()
+writer.setblocking(False)
+signal.signal(signal.SIGTERM, lambda signum, frame: None)
+signal.set_wakeup_fd(writer.fileno())
+spare = WarmProcess("json")  # the first process it spawns: multiprocessing starts its resource tracker too
+os.kill(spare.pid, signal.SIGTERM)
+handed_on = select.select([received], [], [], 60)[0] != []
+print("handed on" if handed_on else "not handed on", "alive" if spare.alive else "dead")
+spare.discard()
+"""
+
+
+def test_a_sigterm_sent_to_a_spare_as_it_starts_goes_to_its_parent_and_does_not_kill_it():
+    # `kill PID` of the compute process or a learner stops the run through the manager; one sent while Python still
+    # starts up in the child (before any handler is set) waits for the handler instead of killing it. In a process
+    # of its own: the first spawn of a process is the one that starts the resource tracker.
+    result = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AS_THE_FIRST_SPARE_STARTS], capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.split() == ["handed", "on", "alive"], result.stderr
+
+
+def start_a_spare_it_never_takes() -> None:
+    global kept_spare
+    kept_spare = WarmProcess("json", daemon=True)
+
+
+def test_work_that_ends_kills_the_children_it_left_instead_of_leaving_them_to_multiprocessings_exit():
+    # multiprocessing's exit sends daemonic children SIGTERM and waits for them: a spare would hand the SIGTERM on
+    # to its parent, which would hand it on to its own, the manager, which would stop the run.
+    with sigterms_received() as received:
+        spare = WarmProcess("json")
+        process = spare.run("flare2-test", start_a_spare_it_never_takes)
+        process.join(60)
+        assert process.exitcode == 0
+        assert select.select([received], [], [], 0)[0] == []

@@ -81,8 +81,7 @@ def summary_line(outcome: str, totals: RunTotals, log_dir: Path) -> str:
     checkpoints = log_dir / "checkpoints"
     # Files of an earlier run in the same log dir are not this run's. A second's slack: file times come from the
     # kernel's coarse clock.
-    started = time.time() - (time.monotonic() - totals.started) - 1.0
-    written = any(file.stat().st_mtime >= started for file in checkpoints.glob("*.pt"))
+    written = any(file.stat().st_mtime >= totals.started_at - 1.0 for file in checkpoints.glob("*.pt"))
     saved = f"checkpoints in {checkpoints}" if written else "no checkpoint written"
     returns = (
         f"mean return last {totals.return_mean:.1f}, best {totals.best_return_mean:.1f}"

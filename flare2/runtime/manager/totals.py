@@ -39,6 +39,8 @@ class RunTotals:
     """What the manager knows of the run so far."""
 
     started: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)
+    """The wall-clock time it started, for files' times (``started`` does not count a machine's sleep)."""
     env_steps: int = 0
     episodes: int = 0
     recent_returns: deque = field(default_factory=lambda: deque(maxlen=RETURN_WINDOW))

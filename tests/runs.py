@@ -17,6 +17,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CARTPOLE = REPO / "examples" / "cartpole_a2c.py"
+_WITH_SIGHUP_AT_DEFAULT = (
+    "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+)
+"""Runs start as from a terminal, SIGHUP at its default, even in a test session that inherited it ignored (started
+under nohup): a run keeps SIGHUP ignored where it found it so."""
 
 
 class RunProcess:
@@ -37,7 +42,12 @@ class RunProcess:
 
     def _start(self, argv: list[str], cwd: Path) -> None:
         self.process = subprocess.Popen(
-            argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", _WITH_SIGHUP_AT_DEFAULT, *argv],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()

@@ -138,8 +138,8 @@ class WarmProcess:
     call with ``warm_up_args`` once it is imported (``package.module:function``).
 
     It dies with its parent, as every child does, leaves the stop signals to its parent (``pass_sigterm_to_parent``),
-    and leaves without a word when its parent lets it go (``discard``, or the parent's end of the pipe closing). ``daemon``: as ``multiprocessing.Process``'s (a process that starts
-    children of its own cannot be one).
+    and leaves without a word when its parent lets it go (``discard``, or the parent's end of the pipe closing).
+    ``daemon``: as ``multiprocessing.Process``'s (a process that starts children of its own cannot be one).
     """
 
     def __init__(self, warm_up: str, *warm_up_args: Any, daemon: bool = False) -> None:

@@ -112,7 +112,6 @@ class LearnerProcess:
         self._learners = settings.learners
         self._remote = settings.remote_learners
         self._shared = SharedWeights.of(cts)
-        self._weights = self._shared.tensors
         rendezvous = settings.rendezvous or (f"tcp://127.0.0.1:{free_port('127.0.0.1')}" if self._learners > 1 else "")
         self._pipes: list[Connection] = []
         self._processes: list[multiprocessing.process.BaseProcess] = []
@@ -336,7 +335,7 @@ class LearnerProcess:
                 "them some other way (or a different number of times): run it with --learners 1"
                 + self._remote_rounding_hint()
             )
-        ct.adopt_weights(self._weights[self._cts.index(ct)], learn_calls=answers[0]["learn_calls"])
+        ct.adopt_weights(self._shared.tensors[self._cts.index(ct)], learn_calls=answers[0]["learn_calls"])
         costs = {key: float(np.mean([a["costs"][key] for a in answers])) for key in answers[0]["costs"]}
         lag_sum, lag_steps = sum(a["lag_sum"] for a in answers), sum(a["lag_steps"] for a in answers)
         batch.cdp.learned(batch, Learned(costs, lag_sum, lag_steps, max(a["seconds"] for a in answers)))

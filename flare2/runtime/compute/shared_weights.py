@@ -11,6 +11,7 @@ the kernel frees it when both processes are gone, whichever way they went.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from dataclasses import dataclass
@@ -71,9 +72,7 @@ class SharedWeights:
 
     def _tensor(self, dtype_name: str, shape: tuple[int, ...], offset: int) -> torch.Tensor:
         dtype = getattr(torch, dtype_name)
-        count = 1
-        for dim in shape:
-            count *= dim
+        count = math.prod(shape)
         if count == 0:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(self._memory, dtype=dtype, count=count, offset=offset).view(shape)
